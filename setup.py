@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+version: dict = {}
+exec(open('vitdense/version.py').read(), version)
+
+setup(
+    name='vitdense',
+    version=version['__version__'],
+    description='ViT, CaiT, XCiT and ConViT backbones for the OpenMMLab stack',
+    long_description=open('README.md').read() if __import__('os').path.exists('README.md') else '',
+    long_description_content_type='text/markdown',
+    packages=find_packages(include=['vitdense', 'vitdense.*']),
+    python_requires='>=3.10',
+    install_requires=[
+        'torch>=2.1', 'torchvision', 'mmengine>=0.10.3,<0.11', 'timm>=1.0', 'numpy',
+    ],
+    extras_require={
+        'openmmlab': ['mmcv>=2.1.0,<2.2', 'mmdet>=3.3.0,<3.4', 'mmsegmentation>=1.2.2,<1.3',
+                      'mmpretrain>=1.2.0,<1.3', 'pycocotools', 'ftfy', 'regex'],
+        'tests': ['pytest'],
+    },
+)

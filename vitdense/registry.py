@@ -1,0 +1,28 @@
+"""The ``vitdense`` registry scope.
+
+Every registry here is a child of mmengine's root registry of the same kind, so a
+config of any downstream library (mmdet, mmseg, mmpretrain) can name our modules as
+``type='vitdense.XCiT'`` without clashing with its own ``XCiT``; the config's
+``default_scope`` stays the downstream library's.
+"""
+from mmengine.registry import DATASETS as MMENGINE_DATASETS
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import \
+    OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
+from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
+from mmengine.registry import Registry
+
+SCOPE = 'vitdense'
+
+MODELS = Registry('model', parent=MMENGINE_MODELS, scope=SCOPE,
+                  locations=['vitdense.models'])
+OPTIM_WRAPPER_CONSTRUCTORS = Registry(
+    'optimizer wrapper constructor', parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS,
+    scope=SCOPE, locations=['vitdense.engine'])
+DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope=SCOPE,
+                    locations=['vitdense.datasets'])
+TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope=SCOPE,
+                      locations=['vitdense.datasets'])
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope=SCOPE,
+                 locations=['vitdense.engine'])
