@@ -1,0 +1,10 @@
+# Semantic FPN, ADE20k 80k, ConViT-Ti (official IN-1k weights) with the XCiT dense recipe.
+_base_ = ['../_base_/models/fpn_columnar.py', '../_base_/datasets/ade20k_512x512.py',
+    '../_base_/schedules/adamw-poly_80k.py', '../_base_/default_runtime_mmseg.py']
+model = dict(
+    backbone=dict(
+        type='vitdense.ConViT', arch='tiny', drop_path_rate=0.1,
+        init_cfg=dict(
+            checkpoint='https://dl.fbaipublicfiles.com/convit/convit_tiny.pth')),
+    neck=dict(in_channels=[192] * 4, out_channels=192),
+    decode_head=dict(in_channels=[192] * 4))

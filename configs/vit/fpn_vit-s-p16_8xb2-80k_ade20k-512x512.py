@@ -1,0 +1,10 @@
+# Semantic FPN, ADE20k 80k, ViT-S/16 (DeiT IN-1k weights) with the XCiT dense recipe.
+_base_ = ['../_base_/models/fpn_columnar.py', '../_base_/datasets/ade20k_512x512.py',
+    '../_base_/schedules/adamw-poly_80k.py', '../_base_/default_runtime_mmseg.py']
+model = dict(
+    backbone=dict(
+        type='vitdense.ViT', arch='small', drop_path_rate=0.1,
+        init_cfg=dict(
+            checkpoint='https://dl.fbaipublicfiles.com/deit/deit_small_patch16_224-cd65a155.pth')),
+    neck=dict(in_channels=[384] * 4, out_channels=384),
+    decode_head=dict(in_channels=[384] * 4))

@@ -1,0 +1,10 @@
+# UperNet, ADE20k 160k, ViT-S/16 (DeiT IN-1k weights) with the XCiT dense recipe.
+_base_ = ['../_base_/models/upernet_columnar.py', '../_base_/datasets/ade20k_512x512.py',
+    '../_base_/schedules/adamw-poly_160k.py', '../_base_/default_runtime_mmseg.py']
+model = dict(
+    backbone=dict(
+        type='vitdense.ViT', arch='small', drop_path_rate=0.1,
+        init_cfg=dict(
+            checkpoint='https://dl.fbaipublicfiles.com/deit/deit_small_patch16_224-cd65a155.pth')),
+    decode_head=dict(in_channels=[384] * 4),
+    auxiliary_head=dict(in_channels=384))

@@ -1,0 +1,4 @@
+# XCiT-T24/16 on ImageNet-1k: the S12/16 recipe with stochastic depth 0.05.
+_base_ = ['./xcit-s12-p16_8xb128_in1k.py']
+
+model = dict(backbone=dict(arch='tiny_24', drop_path_rate=0.05), head=dict(in_channels=192))
