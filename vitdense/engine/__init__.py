@@ -1,0 +1,4 @@
+"""Training machinery shared by the dense and classification recipes."""
+from .optim_constructor import LayerDecayOptimWrapperConstructor
+
+__all__ = ['LayerDecayOptimWrapperConstructor']

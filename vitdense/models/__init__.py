@@ -1,0 +1,4 @@
+"""vitdense models: the four columnar backbone families and their shared layers."""
+from .backbones import CaiT, ColumnarBackbone, ConViT, ViT, XCiT
+
+__all__ = ['ColumnarBackbone', 'ViT', 'CaiT', 'XCiT', 'ConViT']

@@ -1,0 +1,367 @@
+"""What the four columnar families share: arch tables, the dense / classification forward,
+the multi-layer pyramid, freezing, activation checkpointing and checkpoint adaptation.
+
+A family (one file each) states its arch table, how its patch embedding, position encoding,
+blocks and class-attention blocks are built, and how official / timm checkpoint keys map to
+ours. Everything else lives here once.
+"""
+import re
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
+
+from ..layers.blocks import NORM_EPS
+from ..layers.branched import BranchedLinear
+from ..layers.pyramid import MultiLevelPyramid
+
+OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
+OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
+
+Rule = tuple[str, str]
+CLASS_ATTENTION_SPLIT = re.compile(r'^cls_blocks\.\d+\.attn\.(qkv|k)\.')
+
+
+def default_out_indices(num_layers: int) -> tuple[int, ...]:
+    """XCiT's official choice for 12 and 24 blocks; otherwise the ends of the four quarters."""
+    if num_layers in OFFICIAL_OUT_INDICES:
+        return OFFICIAL_OUT_INDICES[num_layers]
+    return tuple(max(num_layers * q // 4 - 1, 0) for q in (1, 2, 3, 4))
+
+
+class ColumnarBackbone(BaseModule):
+    """Base of the columnar backbones (see ``docs/backbone_contract.md``).
+
+    Args:
+        arch: a name from ``arch_zoo`` or a dict with at least ``arch_keys``.
+        patch_size: patch stride of the token grid.
+        img_size: pretraining resolution; only sizes learned position tables.
+        in_channels: image channels.
+        out_type: 'featmap' (dense maps), 'cls_token' or 'avg_featmap' (a (B, C) vector).
+        out_indices: 0-based blocks whose outputs form the dense features.
+        pyramid: bring the dense features to strides 4/8/16/32 (needs 4 out indices).
+        pyramid_norm_cfg: norm inside the pyramid's upsampling branch.
+        drop_rate: dropout after the position encoding and inside FFNs.
+        drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
+        frozen_stages: freeze the embeddings (>= 0) and the first ``frozen_stages`` blocks.
+        norm_eval: keep BatchNorm layers in eval mode while training.
+        with_cp: activation checkpointing of every block while training.
+    """
+
+    arch_zoo: dict[str, dict] = {}
+    arch_keys: tuple[str, ...] = ('embed_dims', 'num_layers', 'num_heads')
+    arch_defaults: dict = {}
+    uniform_drop_path = False
+    checkpoint_rules: tuple[Rule, ...] = ()
+    #: keys of foreign checkpoints that have no counterpart here (classifier heads)
+    foreign_only_keys = r'^(head|head_dist|fc_norm|pre_logits)\.'
+
+    def __init__(self,
+                 arch: Union[str, dict],
+                 patch_size: int = 16,
+                 img_size: Union[int, Sequence[int]] = 224,
+                 in_channels: int = 3,
+                 out_type: str = 'featmap',
+                 out_indices: Optional[Sequence[int]] = None,
+                 pyramid: bool = True,
+                 pyramid_norm_cfg: Optional[dict] = None,
+                 drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 init_cfg: Optional[Union[dict, list]] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.arch = self.resolve_arch(arch)
+        self.embed_dims = self.arch['embed_dims']
+        self.num_layers = self.arch['num_layers']
+        self.num_heads = self.arch['num_heads']
+        self.patch_size = patch_size
+        self.in_channels = in_channels
+        img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.pretrain_grid = (img_size[0] // patch_size, img_size[1] // patch_size)
+        if out_type not in OUT_TYPES:
+            raise ValueError(f'unknown out_type {out_type!r}; expected one of {OUT_TYPES}')
+        self.out_type = out_type
+        self.dense = out_type == 'featmap'
+        self.out_indices = self._check_out_indices(out_indices, pyramid and self.dense)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.drop_rate = drop_rate
+
+        self.patch_embed = self.build_patch_embed()
+        self.cls_token_block = self.class_token_block()
+        self.pos_embed = self.build_pos_embed()
+        self.pos_drop = nn.Dropout(drop_rate)
+        if self.uniform_drop_path:
+            rates = [drop_path_rate] * self.num_layers
+        else:
+            rates = torch.linspace(0, drop_path_rate, self.num_layers).tolist()
+        self.blocks = nn.ModuleList(
+            self.build_block(i, rates[i]) for i in range(self.num_layers))
+
+        self.cls_blocks = None
+        if not self.dense:
+            self.cls_blocks = self.build_class_attention_blocks()
+            self.norm = nn.LayerNorm(self.embed_dims, eps=NORM_EPS)
+        has_cls = self.cls_token_block is not None or self.cls_blocks is not None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
+        self.pyramid = None
+        if self.dense and pyramid:
+            self.pyramid = MultiLevelPyramid(self.embed_dims, patch_size,
+                                             pyramid_norm_cfg or dict(type='BN'))
+        self._init_parameters()
+        self._register_load_state_dict_pre_hook(self._adapt_checkpoint)
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ family hooks
+    def build_patch_embed(self) -> nn.Module:
+        """Module mapping an image (B, C, H, W) to (tokens (B, N, D), (rows, cols))."""
+        raise NotImplementedError
+
+    def build_pos_embed(self) -> Optional[nn.Module]:
+        """Module mapping (tokens, grid) to tokens with position information, or None."""
+        raise NotImplementedError
+
+    def build_block(self, index: int, drop_path: float) -> nn.Module:
+        """Trunk block ``index``: a module mapping (tokens, grid) to tokens."""
+        raise NotImplementedError
+
+    def build_class_attention_blocks(self) -> Optional[nn.ModuleList]:
+        """Class-attention stage for classification (CaiT, XCiT), or None."""
+        return None
+
+    def class_token_block(self) -> Optional[int]:
+        """Index of the trunk block before which the class token joins, or None."""
+        return None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def resolve_arch(cls, arch: Union[str, dict]) -> dict:
+        """The arch settings for a table name or a custom dict, with family defaults."""
+        if isinstance(arch, str):
+            if arch not in cls.arch_zoo:
+                raise KeyError(f'unknown {cls.__name__} arch {arch!r}; '
+                               f'choose one of {sorted(cls.arch_zoo)} or pass a dict')
+            return {**cls.arch_defaults, **cls.arch_zoo[arch]}
+        if not isinstance(arch, dict):
+            raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
+        missing = [k for k in cls.arch_keys if k not in arch]
+        unknown = [k for k in arch if k not in cls.arch_keys and k not in cls.arch_defaults]
+        if missing or unknown:
+            raise KeyError(f'custom {cls.__name__} arch: missing keys {missing}, unknown keys '
+                           f'{unknown}; allowed: {list(cls.arch_keys) + list(cls.arch_defaults)}')
+        return {**cls.arch_defaults, **arch}
+
+    def _check_out_indices(self, out_indices: Optional[Sequence[int]],
+                           pyramid: bool) -> tuple[int, ...]:
+        if out_indices is None:
+            out_indices = default_out_indices(self.num_layers)
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        checked = []
+        for index in out_indices:
+            if not -self.num_layers <= index < self.num_layers:
+                raise IndexError(f'out_indices: block {index} out of range for '
+                                 f'{self.num_layers} blocks')
+            checked.append(index % self.num_layers)
+        if len(set(checked)) != len(checked) or checked != sorted(checked):
+            raise ValueError(f'out_indices must be increasing and unique, got {out_indices}')
+        if pyramid and len(checked) != 4:
+            raise ValueError(f'the pyramid takes 4 out_indices (strides 4/8/16/32), got '
+                             f'{len(checked)}: {out_indices}; set pyramid=False for others')
+        return tuple(checked)
+
+    def _init_parameters(self) -> None:
+        """timm's init: truncated normal (std .02) linear weights and class token."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, BranchedLinear)):
+                nn.init.trunc_normal_(module.weight, std=.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=.02)
+
+    # ------------------------------------------------------------------ forward
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{type(self).__name__} expects images of shape (B, '
+                             f'{self.in_channels}, H, W), got {tuple(x.shape)}')
+
+    def _run_block(self, block: nn.Module, tokens: torch.Tensor,
+                   hw: tuple[int, int]) -> torch.Tensor:
+        if self.with_cp and self.training and tokens.requires_grad:
+            return checkpoint(block, tokens, hw, use_reentrant=False)
+        return block(tokens, hw)
+
+    def _prepend_cls_token(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self._check_input(x)
+        image_hw = (x.shape[2], x.shape[3])
+        pad_h, pad_w = (-image_hw[0]) % self.patch_size, (-image_hw[1]) % self.patch_size
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        tokens, hw = self.patch_embed(x)
+        if self.cls_token_block == 0:
+            tokens = self._prepend_cls_token(tokens)
+        if self.pos_embed is not None:
+            tokens = self.pos_embed(tokens, hw)
+        tokens = self.pos_drop(tokens)
+
+        features = []
+        last = self.out_indices[-1] if self.dense else self.num_layers - 1
+        for index, block in enumerate(self.blocks[:last + 1]):
+            if index and index == self.cls_token_block:
+                tokens = self._prepend_cls_token(tokens)
+            tokens = self._run_block(block, tokens, hw)
+            if self.dense and index in self.out_indices:
+                features.append(self._to_map(tokens, hw))
+        if not self.dense:
+            return (self._pool(tokens),)
+        if self.pyramid is None:
+            return tuple(features)
+        return self.pyramid(features, image_hw)
+
+    @staticmethod
+    def _to_map(tokens: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        """Patch tokens (the last rows·cols of the sequence) as a (B, C, rows, cols) map."""
+        patches = tokens[:, tokens.shape[1] - hw[0] * hw[1]:]
+        return patches.transpose(1, 2).reshape(tokens.shape[0], -1, *hw)
+
+    def _pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        num_prefix = 0 if self.cls_token_block is None else 1
+        if self.out_type == 'avg_featmap':
+            return self.norm(tokens[:, num_prefix:]).mean(dim=1)
+        if self.cls_blocks is None:
+            return self.norm(tokens[:, 0])
+        cls_token = self.cls_token.expand(tokens.shape[0], -1, -1)
+        for block in self.cls_blocks:
+            cls_token, tokens = block(cls_token, tokens)
+        return self.norm(cls_token[:, 0])
+
+    # ------------------------------------------------------------------ training modes
+    def _frozen_modules(self) -> list[nn.Module]:
+        if self.frozen_stages < 0:
+            return []
+        return [self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]]
+
+    def _freeze_stages(self) -> None:
+        for module in self._frozen_modules():
+            if module is None:
+                continue
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad = False
+        if self.frozen_stages >= 0 and self.cls_token is not None \
+                and self.cls_token_block == 0:
+            self.cls_token.requires_grad = False
+
+    def train(self, mode: bool = True) -> 'ColumnarBackbone':
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, _BatchNorm):
+                    module.eval()
+        return self
+
+    # ------------------------------------------------------------------ optimisation
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> tuple[int, int]:
+        """Layer id for layer-wise lr decay: embeddings 0, block i -> i + 1, the rest last."""
+        num_ids = self.num_layers + 2
+        if not param_name.startswith(prefix):
+            return num_ids - 1, num_ids
+        name = param_name[len(prefix):]
+        if name.startswith(('patch_embed', 'pos_embed')) or \
+                (name == 'cls_token' and self.cls_token_block == 0):
+            return 0, num_ids
+        if name.startswith('blocks.'):
+            return int(name.split('.')[1]) + 1, num_ids
+        return num_ids - 1, num_ids
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters trained without weight decay: position encodings, class token,
+        LayerScale gammas, XCA temperatures, GPSA gates."""
+        keep = re.compile(r'^(cls_token|pos_embed\..*|.*\.(gamma|temperature|gating))$')
+        return {name for name, _ in self.named_parameters() if keep.match(name)}
+
+    # ------------------------------------------------------------------ checkpoints
+    @classmethod
+    def convert_checkpoint(cls, state_dict: dict) -> dict:
+        """Map an official release or a timm state dict of this family to our keys.
+
+        Keys already in our layout pass through unchanged; classifier heads are dropped.
+        """
+        if 'model' in state_dict and isinstance(state_dict['model'], dict):
+            state_dict = state_dict['model']
+        converted = {}
+        for key, value in state_dict.items():
+            key = key[len('module.'):] if key.startswith('module.') else key
+            if re.match(cls.foreign_only_keys, key):
+                continue
+            for pattern, replacement in cls.checkpoint_rules:
+                key = re.sub(pattern, replacement, key)
+            converted[key] = value
+        return cls.merge_checkpoint_tensors(converted)
+
+    @classmethod
+    def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
+        """Tensors split or stacked differently. Class attention keeps a query map and a
+        fused key-value map; official XCiT stores one qkv map, timm and CaiT q, k, v."""
+        for key in [k for k in state_dict if CLASS_ATTENTION_SPLIT.search(k)]:
+            if key not in state_dict:
+                continue
+            base, kind, param = key.rsplit('.', 2)
+            if kind == 'qkv':
+                q, k, v = state_dict.pop(key).chunk(3)
+                state_dict[f'{base}.q.{param}'] = q
+            else:
+                k = state_dict.pop(key)
+                v = state_dict.pop(f'{base}.v.{param}')
+            state_dict[f'{base}.kv.{param}'] = torch.cat([k, v])
+        return state_dict
+
+    def _adapt_checkpoint(self, state_dict: dict, prefix: str, *args) -> None:
+        """Load-time hook: convert foreign layouts in place, drop what this mode does not
+        use, and refuse checkpoints of another architecture with a message that says why."""
+        if not prefix and isinstance(state_dict.get('model'), dict):
+            state_dict.update(state_dict.pop('model'))
+        own_keys = [k for k in list(state_dict) if k.startswith(prefix)]
+        if not own_keys:
+            return
+        converted = self.convert_checkpoint({k[len(prefix):]: state_dict.pop(k)
+                                             for k in own_keys})
+        expected = self.state_dict()
+        unused = sorted(k for k in converted if k not in expected and self._unused_in_mode(k))
+        for key in unused:
+            del converted[key]
+        mismatched = [
+            f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}'
+            for k, v in converted.items()
+            if k in expected and k != 'pos_embed.weight' and v.shape != expected[k].shape]
+        matched = sum(k in converted for k in expected)
+        if mismatched or matched < len(expected) // 2:
+            raise ValueError(
+                f'checkpoint does not match {type(self).__name__}(arch={self.arch}, '
+                f'patch_size={self.patch_size}): {matched}/{len(expected)} tensors found, '
+                f'{len(mismatched)} with other shapes' +
+                ''.join(f'\n  {m}' for m in mismatched[:10]) +
+                ('' if mismatched else '\n  unexpected keys: ' +
+                 ', '.join(k for k in list(converted)[:10] if k not in expected)))
+        if unused:
+            MMLogger.get_current_instance().info(
+                f'{type(self).__name__}: out_type={self.out_type!r} does not use '
+                f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
+        state_dict.update({prefix + k: v for k, v in converted.items()})
+
+    def _unused_in_mode(self, key: str) -> bool:
+        """Checkpoint tensors of the classification stage that dense mode does not build."""
+        return self.dense and (key.startswith(('norm.', 'cls_blocks.')) or key == 'cls_token')

@@ -1,0 +1,64 @@
+"""CaiT: Going deeper with Image Transformers (Touvron et al., 2021).
+
+A ViT trunk without class token, with LayerScale (ε per depth, Table 3) and talking-heads
+attention; classification appends the class token in two class-attention blocks (§3).
+Widths use 48 channels per head.
+"""
+from typing import Optional
+
+import torch.nn as nn
+
+from vitdense.registry import MODELS
+from ..layers.attention import MultiheadSelfAttention
+from ..layers.blocks import ClassAttentionBlock, TransformerBlock
+from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
+from .base import ColumnarBackbone
+
+
+def _cait(embed_dims: int, num_layers: int, layer_scale: float) -> dict:
+    return dict(embed_dims=embed_dims, num_layers=num_layers, num_heads=embed_dims // 48,
+                layer_scale=layer_scale)
+
+
+@MODELS.register_module()
+class CaiT(ColumnarBackbone):
+    """CaiT backbone; ``arch`` in ``arch_zoo`` (e.g. 'xxs24', 's36')."""
+
+    arch_zoo = {
+        'xxs24': _cait(192, 24, 1e-5), 'xxs36': _cait(192, 36, 1e-6),
+        'xs24': _cait(288, 24, 1e-5), 'xs36': _cait(288, 36, 1e-6),
+        's24': _cait(384, 24, 1e-5), 's36': _cait(384, 36, 1e-6), 's48': _cait(384, 48, 1e-6),
+        'm24': _cait(768, 24, 1e-5), 'm36': _cait(768, 36, 1e-6), 'm48': _cait(768, 48, 1e-6),
+    }
+    arch_defaults = dict(mlp_ratio=4., layer_scale=1e-5, qkv_bias=True, num_cls_layers=2)
+    uniform_drop_path = True
+    checkpoint_rules = (
+        (r'^pos_embed$', 'pos_embed.weight'),
+        (r'^blocks_token_only\.', 'cls_blocks.'),
+        (r'\.gamma_1$', '.ls1.gamma'),
+        (r'\.gamma_2$', '.ls2.gamma'),
+        (r'\.attn\.proj_l\.', '.attn.mix_logits.'),
+        (r'\.attn\.proj_w\.', '.attn.mix_weights.'),
+    )
+
+    def build_patch_embed(self) -> nn.Module:
+        return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
+
+    def build_pos_embed(self) -> nn.Module:
+        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid)
+
+    def build_block(self, index: int, drop_path: float) -> nn.Module:
+        arch = self.arch
+        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
+                                       talking_heads=True)
+        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+                                drop_path, self.drop_rate)
+
+    def build_class_attention_blocks(self) -> Optional[nn.ModuleList]:
+        if self.out_type != 'cls_token':
+            return None
+        arch = self.arch
+        return nn.ModuleList(
+            ClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
+                                arch['layer_scale'], arch['qkv_bias'])
+            for _ in range(arch['num_cls_layers']))

@@ -1,0 +1,61 @@
+"""ConViT: soft convolutional inductive biases (d'Ascoli et al., 2021).
+
+The first ``num_local_layers`` blocks use gated positional self-attention (GPSA) with a
+convolutional init; the class token joins after them, before the plain self-attention
+blocks (§3). Widths are 48 channels per head, or 64 for the "+" models (Table 1).
+"""
+from typing import Optional
+
+import torch.nn as nn
+
+from vitdense.registry import MODELS
+from ..layers.attention import GatedPositionalSelfAttention, MultiheadSelfAttention
+from ..layers.blocks import TransformerBlock
+from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
+from .base import ColumnarBackbone
+
+
+def _convit(num_heads: int, head_dims: int = 48) -> dict:
+    return dict(embed_dims=num_heads * head_dims, num_layers=12, num_heads=num_heads)
+
+
+@MODELS.register_module()
+class ConViT(ColumnarBackbone):
+    """ConViT backbone; ``arch`` in ``arch_zoo`` (e.g. 'small', 'tiny_plus')."""
+
+    arch_zoo = {
+        'tiny': _convit(4), 'small': _convit(9), 'base': _convit(16),
+        'tiny_plus': _convit(4, 64), 'small_plus': _convit(9, 64), 'base_plus': _convit(16, 64),
+    }
+    arch_defaults = dict(mlp_ratio=4., qkv_bias=False, num_local_layers=10,
+                         locality_strength=1.0)
+    checkpoint_rules = (
+        (r'^pos_embed$', 'pos_embed.weight'),
+        (r'\.attn\.gating_param$', '.attn.gating'),
+    )
+
+    def build_patch_embed(self) -> nn.Module:
+        return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
+
+    def build_pos_embed(self) -> nn.Module:
+        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid)
+
+    def class_token_block(self) -> Optional[int]:
+        return self.arch['num_local_layers']
+
+    def build_block(self, index: int, drop_path: float) -> nn.Module:
+        arch = self.arch
+        if index < arch['num_local_layers']:
+            mixer = GatedPositionalSelfAttention(self.embed_dims, self.num_heads,
+                                                 arch['qkv_bias'],
+                                                 locality_strength=arch['locality_strength'])
+        else:
+            mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'])
+        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], None, drop_path,
+                                self.drop_rate)
+
+    def _init_parameters(self) -> None:
+        super()._init_parameters()
+        for module in self.modules():
+            if isinstance(module, GatedPositionalSelfAttention):
+                module.convolutional_init()

@@ -1,0 +1,102 @@
+"""ViT (Dosovitskiy et al., 2021) with the options of "Three things everyone should know
+about Vision Transformers" (Touvron et al., 2022): parallel blocks (§3), the hMLP stem
+(§5, Appendix C) and LayerScale.
+
+Class token and learned absolute positions as in the ViT paper; widths are DeiT's for
+tiny/small and ViT's for base/large/huge.
+"""
+import re
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+
+from vitdense.registry import MODELS
+from ..layers.attention import MultiheadSelfAttention
+from ..layers.blocks import TransformerBlock
+from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
+from .base import ColumnarBackbone
+
+STEMS = ('linear', 'hmlp')
+
+
+@MODELS.register_module()
+class ViT(ColumnarBackbone):
+    """ViT backbone.
+
+    Args:
+        arch: 'tiny', 'small', 'base', 'large', 'huge' or a dict.
+        depth: overrides the number of blocks of ``arch`` (e.g. 18 for ViT-S18×2).
+        num_parallel: parallel attention / FFN branches per block ("Three things" §3).
+        stem: 'linear' patch projection or 'hmlp'.
+        stem_norm: 'BN' or 'LN' inside the hMLP stem.
+        layer_scale: LayerScale init value, None for none.
+        Other arguments: see :class:`ColumnarBackbone`.
+    """
+
+    arch_zoo = {
+        'tiny': dict(embed_dims=192, num_layers=12, num_heads=3),
+        'small': dict(embed_dims=384, num_layers=12, num_heads=6),
+        'base': dict(embed_dims=768, num_layers=12, num_heads=12),
+        'large': dict(embed_dims=1024, num_layers=24, num_heads=16),
+        'huge': dict(embed_dims=1280, num_layers=32, num_heads=16),
+    }
+    arch_defaults = dict(mlp_ratio=4., qkv_bias=True)
+    checkpoint_rules = (
+        (r'^pos_embed$', 'pos_embed.weight'),
+    )
+
+    def __init__(self, arch: Union[str, dict] = 'base', *args, depth: Optional[int] = None,
+                 num_parallel: int = 1, stem: str = 'linear', stem_norm: str = 'BN',
+                 layer_scale: Optional[float] = None, **kwargs) -> None:
+        arch = dict(self.resolve_arch(arch))
+        if depth is not None:
+            arch['num_layers'] = depth
+        if num_parallel < 1:
+            raise ValueError(f'num_parallel must be >= 1, got {num_parallel}')
+        if stem not in STEMS:
+            raise ValueError(f'unknown stem {stem!r}; expected one of {STEMS}')
+        self.num_parallel = num_parallel
+        self.stem, self.stem_norm = stem, stem_norm
+        self.layer_scale = layer_scale
+        super().__init__(arch, *args, **kwargs)
+
+    def build_patch_embed(self) -> nn.Module:
+        if self.stem == 'hmlp':
+            return HMLPPatchEmbed(self.in_channels, self.embed_dims, self.patch_size,
+                                  self.stem_norm)
+        return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
+
+    def build_pos_embed(self) -> nn.Module:
+        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
+                                        num_prefix_tokens=1)
+
+    def class_token_block(self) -> Optional[int]:
+        return 0
+
+    def build_block(self, index: int, drop_path: float) -> nn.Module:
+        arch = self.arch
+        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
+                                       num_branches=self.num_parallel)
+        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], self.layer_scale,
+                                drop_path, self.drop_rate, num_branches=self.num_parallel)
+
+    @classmethod
+    def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
+        """Stack timm's per-branch parallel modules (``attns.<b>`` / ``ffns.<b>``) into our
+        branched parameters."""
+        state_dict = super().merge_checkpoint_tensors(state_dict)
+        pattern = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
+        names = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn', ('attns', 'ls'): 'ls1',
+                 ('ffns', 'norm'): 'norm2', ('ffns', 'mlp'): 'mlp', ('ffns', 'ls'): 'ls2'}
+        branches: dict[str, dict[int, torch.Tensor]] = {}
+        for key in [k for k in state_dict if pattern.match(k)]:
+            block, group, branch, module, param = pattern.match(key).groups()
+            target = f'{block}.{names[group, module]}.{param}'
+            branches.setdefault(target, {})[int(branch)] = state_dict.pop(key)
+        for target, tensors in branches.items():
+            stacked = torch.stack([tensors[b] for b in sorted(tensors)])
+            if target.split('.')[2].startswith('ls'):
+                stacked = stacked.view(len(tensors), 1, 1, -1)
+            state_dict[target] = stacked
+        return state_dict

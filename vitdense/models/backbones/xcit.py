@@ -1,0 +1,69 @@
+"""XCiT: Cross-Covariance Image Transformers (El-Nouby et al., 2021).
+
+Blocks are XCA (attention over channels, linear in the number of tokens) + LPI + FFN on a
+convolutional patch embedding with Fourier position encoding; classification adds two
+class-attention blocks. Table 1 of the paper gives the sizes below.
+"""
+from typing import Optional
+
+import torch.nn as nn
+
+from vitdense.registry import MODELS
+from ..layers.attention import CrossCovarianceAttention
+from ..layers.blocks import TransformerBlock, XCiTClassAttentionBlock
+from ..layers.embed import ConvPatchEmbed, FourierPositionEncoding
+from .base import ColumnarBackbone
+
+
+@MODELS.register_module()
+class XCiT(ColumnarBackbone):
+    """XCiT backbone; ``arch`` in ``arch_zoo`` (e.g. 'small_12'), ``patch_size`` 16 or 8.
+
+    ``layer_scale`` is the paper's η; ``tokens_norm`` normalises all tokens in the
+    class-attention blocks (all models but nano, as released).
+    """
+
+    arch_zoo = {
+        'nano_12': dict(embed_dims=128, num_layers=12, num_heads=4, layer_scale=1.0,
+                        tokens_norm=False),
+        'tiny_12': dict(embed_dims=192, num_layers=12, num_heads=4, layer_scale=1.0),
+        'tiny_24': dict(embed_dims=192, num_layers=24, num_heads=4, layer_scale=1e-5),
+        'small_12': dict(embed_dims=384, num_layers=12, num_heads=8, layer_scale=1.0),
+        'small_24': dict(embed_dims=384, num_layers=24, num_heads=8, layer_scale=1e-5),
+        'medium_24': dict(embed_dims=512, num_layers=24, num_heads=8, layer_scale=1e-5),
+        'large_24': dict(embed_dims=768, num_layers=24, num_heads=16, layer_scale=1e-5),
+    }
+    arch_defaults = dict(mlp_ratio=4., layer_scale=1.0, tokens_norm=True, qkv_bias=True,
+                         num_cls_layers=2)
+    uniform_drop_path = True
+    checkpoint_rules = (
+        (r'^pos_embeder\.', 'pos_embed.'),
+        (r'^cls_attn_blocks\.', 'cls_blocks.'),
+        (r'\.gamma1$', '.ls1.gamma'),
+        (r'\.gamma2$', '.ls2.gamma'),
+        (r'\.gamma3$', '.ls_lpi.gamma'),
+        (r'\.norm3\.', '.norm_lpi.'),
+        (r'\.local_mp\.', '.lpi.'),
+    )
+
+    def build_patch_embed(self) -> nn.Module:
+        return ConvPatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
+
+    def build_pos_embed(self) -> nn.Module:
+        return FourierPositionEncoding(self.embed_dims)
+
+    def build_block(self, index: int, drop_path: float) -> nn.Module:
+        arch = self.arch
+        mixer = CrossCovarianceAttention(self.embed_dims, self.num_heads, arch['qkv_bias'])
+        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+                                drop_path, self.drop_rate, local_patch_interaction=True)
+
+    def build_class_attention_blocks(self) -> Optional[nn.ModuleList]:
+        if self.out_type != 'cls_token':
+            return None
+        arch = self.arch
+        return nn.ModuleList(
+            XCiTClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
+                                    arch['layer_scale'], arch['qkv_bias'],
+                                    tokens_norm=arch['tokens_norm'])
+            for _ in range(arch['num_cls_layers']))

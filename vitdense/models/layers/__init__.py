@@ -1,0 +1,19 @@
+"""Each mechanism of the four families, once."""
+from .attention import (ClassAttention, CrossCovarianceAttention,
+                        GatedPositionalSelfAttention, MultiheadSelfAttention)
+from .blocks import (ClassAttentionBlock, FeedForward, LayerScale, LocalPatchInteraction,
+                     TransformerBlock, XCiTClassAttentionBlock)
+from .branched import BranchedLayerNorm, BranchedLinear
+from .embed import (ConvPatchEmbed, FourierPositionEncoding, HMLPPatchEmbed,
+                    LearnedPositionEmbedding, PatchEmbed)
+from .norm import LayerNorm2d, build_norm2d
+from .pyramid import MultiLevelPyramid
+
+__all__ = [
+    'ClassAttention', 'CrossCovarianceAttention', 'GatedPositionalSelfAttention',
+    'MultiheadSelfAttention', 'ClassAttentionBlock', 'FeedForward', 'LayerScale',
+    'LocalPatchInteraction', 'TransformerBlock', 'XCiTClassAttentionBlock',
+    'BranchedLayerNorm', 'BranchedLinear', 'ConvPatchEmbed', 'FourierPositionEncoding',
+    'HMLPPatchEmbed', 'LearnedPositionEmbedding', 'PatchEmbed', 'LayerNorm2d',
+    'build_norm2d', 'MultiLevelPyramid',
+]

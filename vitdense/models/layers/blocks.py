@@ -1,0 +1,154 @@
+"""Residual blocks shared by the four families.
+
+A :class:`TransformerBlock` is ``x + drop_path(ls(mixer(norm(x))))`` followed by the same
+with an FFN; the token mixer (self-attention, talking heads, XCA, GPSA) is passed in, XCiT
+adds its local patch interaction (LPI) in between, and "Three things" parallel blocks use
+``num_branches > 1``. Class-attention blocks (CaiT §3, XCiT) update the class token only.
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from timm.layers import DropPath
+
+from .attention import ClassAttention, Grid
+from .branched import make_layer_norm, make_linear
+
+NORM_EPS = 1e-6
+
+
+class LayerScale(nn.Module):
+    """Per-channel residual scaling initialised to a small ``init_value`` (CaiT §2)."""
+
+    def __init__(self, dim: int, init_value: float, num_branches: int = 1) -> None:
+        super().__init__()
+        shape = (dim,) if num_branches == 1 else (num_branches, 1, 1, dim)
+        self.gamma = nn.Parameter(torch.full(shape, float(init_value)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class FeedForward(nn.Module):
+    """Two-layer MLP with GELU (one per branch when ``num_branches > 1``)."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.,
+                 num_branches: int = 1) -> None:
+        super().__init__()
+        self.fc1 = make_linear(dim, hidden_dim, True, num_branches)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(drop)
+        self.fc2 = make_linear(hidden_dim, dim, True, num_branches)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class LocalPatchInteraction(nn.Module):
+    """XCiT's LPI: depth-wise 3×3 conv, GELU, BN, depth-wise 3×3 conv on the token grid."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.act = nn.GELU()
+        self.bn = nn.BatchNorm2d(dim)
+        self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
+        batch, num_tokens, dim = x.shape
+        x = x.transpose(1, 2).reshape(batch, dim, *hw)
+        x = self.conv2(self.bn(self.act(self.conv1(x))))
+        return x.reshape(batch, dim, num_tokens).transpose(1, 2)
+
+
+def _layer_scale(dim: int, init_value: Optional[float], num_branches: int = 1) -> nn.Module:
+    return nn.Identity() if init_value is None else LayerScale(dim, init_value, num_branches)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: token mixer, optional LPI, FFN.
+
+    Args:
+        dim: token width.
+        token_mixer: module mapping (tokens, hw) -> tokens.
+        mlp_ratio: FFN hidden width / dim.
+        layer_scale: LayerScale init value, or None for no LayerScale.
+        drop_path: stochastic depth rate of this block.
+        local_patch_interaction: add XCiT's LPI sub-block.
+        num_branches: parallel branches; the mixer must be built with the same number.
+    """
+
+    def __init__(self, dim: int, token_mixer: nn.Module, mlp_ratio: float = 4.,
+                 layer_scale: Optional[float] = None, drop_path: float = 0., drop: float = 0.,
+                 local_patch_interaction: bool = False, num_branches: int = 1) -> None:
+        super().__init__()
+        self.num_branches = num_branches
+        self.norm1 = make_layer_norm(dim, NORM_EPS, num_branches)
+        self.attn = token_mixer
+        self.ls1 = _layer_scale(dim, layer_scale, num_branches)
+        if local_patch_interaction:
+            self.norm_lpi = nn.LayerNorm(dim, eps=NORM_EPS)
+            self.lpi = LocalPatchInteraction(dim)
+            self.ls_lpi = _layer_scale(dim, layer_scale)
+        else:
+            self.lpi = None
+        self.norm2 = make_layer_norm(dim, NORM_EPS, num_branches)
+        self.mlp = FeedForward(dim, int(dim * mlp_ratio), drop, num_branches)
+        self.ls2 = _layer_scale(dim, layer_scale, num_branches)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def _merge_branches(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.num_branches == 1 else x.sum(0)
+
+    def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
+        x = x + self.drop_path(self._merge_branches(self.ls1(self.attn(self.norm1(x), hw))))
+        if self.lpi is not None:
+            x = x + self.drop_path(self.ls_lpi(self.lpi(self.norm_lpi(x), hw)))
+        return x + self.drop_path(self._merge_branches(self.ls2(self.mlp(self.norm2(x)))))
+
+
+class ClassAttentionBlock(nn.Module):
+    """CaiT class-attention block: the class token attends to itself and the (frozen) patch
+    tokens, then goes through an FFN. Returns the updated (class token, patch tokens)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.,
+                 layer_scale: Optional[float] = None, qkv_bias: bool = True,
+                 drop_path: float = 0.) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=NORM_EPS)
+        self.attn = ClassAttention(dim, num_heads, qkv_bias)
+        self.ls1 = _layer_scale(dim, layer_scale)
+        self.norm2 = nn.LayerNorm(dim, eps=NORM_EPS)
+        self.mlp = FeedForward(dim, int(dim * mlp_ratio))
+        self.ls2 = _layer_scale(dim, layer_scale)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, cls_token: torch.Tensor,
+                tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([cls_token, tokens], dim=1)
+        cls_token = cls_token + self.drop_path(self.ls1(self.attn(self.norm1(x))))
+        cls_token = cls_token + self.drop_path(self.ls2(self.mlp(self.norm2(cls_token))))
+        return cls_token, tokens
+
+
+class XCiTClassAttentionBlock(ClassAttentionBlock):
+    """XCiT's class-attention block, wired as in the official code: the patch tokens also
+    take the normalised-token residual, and the FFN residual starts from the normalised
+    class token (all tokens normalised when ``tokens_norm``). Kept for weight compatibility.
+    """
+
+    def __init__(self, *args, tokens_norm: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tokens_norm = tokens_norm
+
+    def forward(self, cls_token: torch.Tensor,
+                tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([cls_token, tokens], dim=1)
+        normed = self.norm1(x)
+        x = x + self.drop_path(self.ls1(torch.cat([self.attn(normed), normed[:, 1:]], dim=1)))
+        if self.tokens_norm:
+            x = self.norm2(x)
+        else:
+            x = torch.cat([self.norm2(x[:, :1]), x[:, 1:]], dim=1)
+        x = x + self.drop_path(torch.cat([self.ls2(self.mlp(x[:, :1])), x[:, 1:]], dim=1))
+        return x[:, :1], x[:, 1:]

@@ -1,0 +1,153 @@
+"""Patch embeddings (linear, XCiT's conv stem, the hMLP stem) and position encodings
+(learned absolute tables resampled to any grid, XCiT's Fourier features)."""
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from timm.layers import resample_abs_pos_embed
+
+from .attention import Grid
+from .norm import LayerNorm2d
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping patches by a p×p, stride-p convolution (ViT §3.1)."""
+
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
+        x = self.proj(x)
+        return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
+
+
+def _conv3x3_bn(in_channels: int, out_channels: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, 2, 1, bias=False),
+                         nn.BatchNorm2d(out_channels))
+
+
+class ConvPatchEmbed(nn.Module):
+    """XCiT's stem: log2(p) stride-2 3×3 conv+BN layers with GELU, widths doubling up to
+    ``embed_dims`` (XCiT §3.2); ``proj`` indices match the official checkpoints."""
+
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: int) -> None:
+        super().__init__()
+        if patch_size not in (8, 16):
+            raise ValueError(f'XCiT conv patch embedding supports patch_size 8 or 16, '
+                             f'got {patch_size}')
+        num_convs = int(math.log2(patch_size))
+        widths = [in_channels] + [embed_dims // 2 ** i for i in range(num_convs - 1, -1, -1)]
+        layers: list[nn.Module] = []
+        for i in range(num_convs):
+            if i:
+                layers.append(nn.GELU())
+            layers.append(_conv3x3_bn(widths[i], widths[i + 1]))
+        self.proj = nn.Sequential(*layers)
+
+    forward = PatchEmbed.forward
+
+
+class HMLPPatchEmbed(nn.Module):
+    """Hierarchical MLP stem ("Three things", §5 and Appendix C): sub-patches of 4×4, then
+    2×2 merges, each a linear map (a conv with kernel = stride) + norm (+ GELU), so that
+    patches never interact. ``norm`` is 'BN' (the paper's choice) or 'LN'."""
+
+    def __init__(self, in_channels: int, embed_dims: int, patch_size: int,
+                 norm: str = 'BN') -> None:
+        super().__init__()
+        kernels = {16: (4, 2, 2), 8: (2, 2, 2)}.get(patch_size)
+        if kernels is None:
+            raise ValueError(f'hMLP stem supports patch_size 8 or 16, got {patch_size}')
+        if norm not in ('BN', 'LN'):
+            raise ValueError(f"hMLP stem norm must be 'BN' or 'LN', got {norm!r}")
+        norm_layer = nn.BatchNorm2d if norm == 'BN' else (lambda c: LayerNorm2d(c, eps=1e-6))
+        widths = (in_channels, embed_dims // 4, embed_dims // 4, embed_dims)
+        layers: list[nn.Module] = []
+        for i, kernel in enumerate(kernels):
+            layers += [nn.Conv2d(widths[i], widths[i + 1], kernel, stride=kernel),
+                       norm_layer(widths[i + 1])]
+            if i < len(kernels) - 1:
+                layers.append(nn.GELU())
+        self.proj = nn.Sequential(*layers)
+
+    forward = PatchEmbed.forward
+
+
+class LearnedPositionEmbedding(nn.Module):
+    """Learned absolute position table (ViT §3.1) for ``num_prefix_tokens`` + a grid of
+    patches. It is resampled (bicubic) to the token grid of each input, and checkpoints
+    with another grid are resampled to this one when loaded."""
+
+    def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0) -> None:
+        super().__init__()
+        self.grid = tuple(grid)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.weight = nn.Parameter(
+            torch.zeros(1, num_prefix_tokens + grid[0] * grid[1], embed_dims))
+        nn.init.trunc_normal_(self.weight, std=.02)
+        self._register_load_state_dict_pre_hook(self._resample_checkpoint)
+
+    def _resample_checkpoint(self, state_dict: dict, prefix: str, *args) -> None:
+        key = prefix + 'weight'
+        table = state_dict.get(key)
+        if table is None or table.shape == self.weight.shape:
+            return
+        num_patches = table.shape[1] - self.num_prefix_tokens
+        side = math.isqrt(num_patches)
+        if side * side != num_patches or table.shape[-1] != self.weight.shape[-1]:
+            raise ValueError(
+                f'{key}: checkpoint table of shape {tuple(table.shape)} cannot be resampled to '
+                f'{tuple(self.weight.shape)} ({self.num_prefix_tokens} prefix tokens + a square '
+                f'grid of width {self.weight.shape[-1]} expected)')
+        state_dict[key] = resample_abs_pos_embed(
+            table, self.grid, (side, side), num_prefix_tokens=self.num_prefix_tokens)
+
+    def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
+        table = self.weight
+        if tuple(hw) != self.grid:
+            table = resample_abs_pos_embed(table, hw, self.grid,
+                                           num_prefix_tokens=self.num_prefix_tokens)
+        return tokens + table
+
+
+class FourierPositionEncoding(nn.Module):
+    """XCiT's position encoding (§3.2): sinusoidal features of the normalised (y, x) patch
+    coordinates (``hidden_dim`` each) projected by a 1×1 conv; defined for any grid."""
+
+    def __init__(self, embed_dims: int, hidden_dim: int = 32,
+                 temperature: float = 10000.) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.temperature = temperature
+        self.token_projection = nn.Conv2d(hidden_dim * 2, embed_dims, kernel_size=1)
+        self._features: Optional[tuple[tuple, torch.Tensor]] = None
+
+    def _sinusoids(self, hw: Grid, device: torch.device) -> torch.Tensor:
+        key = (tuple(hw), device)
+        if self._features is None or self._features[0] != key:
+            eps, scale = 1e-6, 2 * math.pi
+            rows = torch.arange(1, hw[0] + 1, device=device, dtype=torch.float32)
+            cols = torch.arange(1, hw[1] + 1, device=device, dtype=torch.float32)
+            rows = rows / (rows[-1] + eps) * scale
+            cols = cols / (cols[-1] + eps) * scale
+            steps = torch.arange(self.hidden_dim, device=device, dtype=torch.float32)
+            freqs = self.temperature ** (2 * torch.div(steps, 2, rounding_mode='floor')
+                                         / self.hidden_dim)
+
+            def encode(coords: torch.Tensor) -> torch.Tensor:
+                angles = coords[:, None] / freqs
+                return torch.stack([angles[:, 0::2].sin(), angles[:, 1::2].cos()],
+                                   dim=2).flatten(1)
+
+            pos_y = encode(rows)[:, None, :].expand(-1, hw[1], -1)
+            pos_x = encode(cols)[None, :, :].expand(hw[0], -1, -1)
+            features = torch.cat([pos_y, pos_x], dim=2).permute(2, 0, 1)[None]
+            self._features = (key, features.contiguous())
+        return self._features[1]
+
+    def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
+        features = self._sinusoids(hw, tokens.device).to(self.token_projection.weight.dtype)
+        encoding = self.token_projection(features).flatten(2).transpose(1, 2)
+        return tokens + encoding

@@ -1,0 +1,49 @@
+"""The multi-layer pyramid of XCiT §4.2: columnar features taken from several blocks, all
+at the patch stride, are brought to strides 4, 8, 16 and 32 for FPN-style necks."""
+import math
+
+import torch
+import torch.nn as nn
+
+from .norm import build_norm2d
+
+PYRAMID_STRIDES = (4, 8, 16, 32)
+
+
+def _rescale(dims: int, patch_size: int, stride: int, norm_cfg: dict) -> nn.Module:
+    """Stride p -> s: 2×2 stride-2 transposed convs (norm + GELU between them) to go up,
+    identity, or max pooling to go down (as in the official XCiT detection code)."""
+    if stride == patch_size:
+        return nn.Identity()
+    if stride > patch_size:
+        return nn.MaxPool2d(stride // patch_size, stride // patch_size, ceil_mode=True)
+    layers: list[nn.Module] = []
+    for i in range(int(math.log2(patch_size // stride))):
+        if i:
+            layers += [build_norm2d(norm_cfg, dims), nn.GELU()]
+        layers.append(nn.ConvTranspose2d(dims, dims, 2, stride=2))
+    return nn.Sequential(*layers)
+
+
+class MultiLevelPyramid(nn.Module):
+    """Maps 4 feature maps at stride ``patch_size`` to strides 4/8/16/32 (``fpn1``..``fpn4``).
+
+    Outputs are cropped to ceil(H / stride) × ceil(W / stride) of the unpadded image, so the
+    levels stay aligned with the input whatever its size.
+    """
+
+    def __init__(self, embed_dims: int, patch_size: int, norm_cfg: dict) -> None:
+        super().__init__()
+        if patch_size & (patch_size - 1) or not 4 <= patch_size <= 32:
+            raise ValueError(f'the pyramid needs a power-of-two patch size in [4, 32], got '
+                             f'{patch_size}; use pyramid=False for patch size {patch_size}')
+        for level, stride in enumerate(PYRAMID_STRIDES, start=1):
+            self.add_module(f'fpn{level}', _rescale(embed_dims, patch_size, stride, norm_cfg))
+
+    def forward(self, features: list[torch.Tensor],
+                image_hw: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+        outs = []
+        for level, (feature, stride) in enumerate(zip(features, PYRAMID_STRIDES), start=1):
+            out = getattr(self, f'fpn{level}')(feature)
+            outs.append(out[..., :-(-image_hw[0] // stride), :-(-image_hw[1] // stride)])
+        return tuple(outs)
