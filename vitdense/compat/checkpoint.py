@@ -49,20 +49,24 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
             f'torch.save.\ntorch said: {detail}')
 
 
+# The statistics HistoryBuffer registers for itself (``HistoryBuffer.__init__``).
+_HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
+
+
 def _history_buffer_getattr(obj: Any, name: str) -> Callable:
     """``getattr`` as HistoryBuffer pickles need it, and nothing else.
 
     ``HistoryBuffer.__getstate__`` stores its statistics methods, which pickle as
-    ``getattr(HistoryBuffer, 'mean')``.  A general ``getattr`` would let a crafted file
-    reach arbitrary attributes (e.g. ``ndarray.tofile``), so only plain functions
-    defined on HistoryBuffer itself resolve.
+    ``getattr(HistoryBuffer, 'mean')``, and ``__setstate__`` merges them into a class-level
+    table that mmengine later calls.  A general ``getattr`` would let a crafted file plant
+    arbitrary attributes there (e.g. ``ndarray.tofile``), so only the built-in statistics
+    of HistoryBuffer itself resolve.
     """
-    attr = HistoryBuffer.__dict__.get(name) if obj is HistoryBuffer else None
-    if not callable(attr) or isinstance(attr, (classmethod, staticmethod, property)):
-        raise pickle.UnpicklingError(
-            f'Unsupported call: GETATTR {getattr(obj, "__name__", type(obj).__name__)}.{name}'
-            ' is not a HistoryBuffer statistics method')
-    return attr
+    if obj is HistoryBuffer and name in _HISTORY_BUFFER_STATISTICS:
+        return HistoryBuffer.__dict__[name]
+    raise pickle.UnpicklingError(
+        f'Unsupported call: GETATTR {getattr(obj, "__name__", type(obj).__name__)}.{name}'
+        ' is not a HistoryBuffer statistics method')
 
 
 def _numpy_globals() -> list[tuple[Any, str]]:

@@ -1,0 +1,180 @@
+"""mmengine checkpoints load with weights_only=True; code-running pickles are refused."""
+from __future__ import annotations
+
+import builtins
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mmengine.logging.history_buffer import HistoryBuffer
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.runner import Runner, load_checkpoint
+from mmengine.runner.checkpoint import CheckpointLoader
+from torch import nn
+from torch.utils.data import Dataset
+
+from vitdense.compat.checkpoint import UnsafeCheckpointError, safe_load
+
+
+class TinyNet(BaseModel):
+    """Linear regression to 1, enough for a Runner to train, log and checkpoint."""
+
+    def __init__(self, init_cfg: dict | None = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.fc = nn.Linear(2, 1)
+
+    def forward(self, inputs: torch.Tensor, mode: str = 'loss'):
+        out = self.fc(inputs)
+        if mode == 'loss':
+            return dict(loss=((out - 1) ** 2).mean())
+        return list(out)
+
+
+class Ones(Dataset):
+    metainfo = dict(classes=('thing', 'stuff'), palette=[(1, 2, 3), (4, 5, 6)])
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict:
+        return dict(inputs=torch.full((2,), float(i)))
+
+
+def make_runner(work_dir: Path, max_epochs: int, **kwargs) -> Runner:
+    return Runner(
+        model=TinyNet(), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=Ones(), batch_size=2, collate_fn=dict(type='default_collate'),
+                              sampler=dict(type='DefaultSampler', shuffle=False)),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
+        param_scheduler=[dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=2),
+                         dict(type='MultiStepLR', milestones=[1], by_epoch=True)],
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1),
+                           logger=dict(type='LoggerHook', interval=1)),
+        randomness=dict(seed=0),
+        env_cfg=dict(dist_cfg=dict(backend='gloo')), **kwargs)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory) -> tuple[Path, dict]:
+    """A real checkpoint written by Runner.save_checkpoint after one epoch."""
+    work_dir = tmp_path_factory.mktemp('run')
+    runner = make_runner(work_dir, max_epochs=1)
+    runner.train()
+    weights = {k: v.clone() for k, v in runner.model.state_dict().items()}
+    return work_dir / 'epoch_1.pth', weights
+
+
+def test_plain_weights_only_load_refuses_mmengine_checkpoints(trained):
+    # The premise of the fix: without vitdense's allow-list torch refuses the file.
+    allowed = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        with pytest.raises(Exception, match='numpy|HistoryBuffer'):
+            torch.load(trained[0], weights_only=True)
+    finally:
+        torch.serialization.add_safe_globals(allowed)
+    torch.load(trained[0], weights_only=True)
+
+
+def test_safe_load_restores_message_hub(trained):
+    ckpt = safe_load(str(trained[0]), map_location='cpu')
+    scalars = ckpt['message_hub']['log_scalars']
+    assert isinstance(scalars['train/loss'], HistoryBuffer)
+    assert scalars['train/loss'].statistics('mean') == pytest.approx(
+        float(np.mean(scalars['train/loss'].data[0])))
+    assert ckpt['meta']['dataset_meta']['classes'] == ('thing', 'stuff')
+    assert ckpt['meta']['epoch'] == 1
+    assert isinstance(ckpt['message_hub']['runtime_info']['eta'], np.floating)
+
+
+class RecordStart(Hook):
+    """Remembers where training started, i.e. what resume restored."""
+
+    def before_train(self, runner) -> None:
+        self.start = (runner.epoch, runner.iter, {k: v.clone() for k, v in
+                                                  runner.model.state_dict().items()})
+
+
+def test_runner_resume_round_trips(trained, tmp_path):
+    ckpt, weights = trained
+    record = RecordStart()
+    runner = make_runner(tmp_path, max_epochs=2, resume=True, load_from=str(ckpt),
+                         custom_hooks=[record])
+    runner.train()
+    epoch, iteration, start_weights = record.start
+    assert (epoch, iteration) == (1, 2)
+    for key, value in start_weights.items():
+        torch.testing.assert_close(value, weights[key])
+    saved = safe_load(str(ckpt))['message_hub']['log_scalars']['train/loss'].data[0]
+    losses = runner.message_hub.get_scalar('train/loss').data[0]
+    assert len(losses) == 4 and np.array_equal(losses[:2], saved)  # 2 resumed + 2 new
+    assert runner.epoch == 2 and (tmp_path / 'epoch_2.pth').is_file()
+
+
+def test_load_checkpoint_and_pretrained_init(trained):
+    ckpt, weights = trained
+    model = TinyNet()
+    load_checkpoint(model, str(ckpt), map_location='cpu')
+    torch.testing.assert_close(model.fc.weight, weights['fc.weight'])
+
+    model = TinyNet(init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+    model.init_weights()
+    torch.testing.assert_close(model.fc.bias, weights['fc.bias'])
+
+
+class _RunsCode:
+    """Pickles as a call of ``func(*args)`` on load: what a malicious checkpoint does."""
+
+    def __init__(self, func, *args) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def _write(path: Path, payload: object) -> str:
+    torch.save({'state_dict': {'fc.weight': torch.zeros(1, 2)}, 'meta': payload}, path)
+    return str(path)
+
+
+@pytest.fixture
+def marker(tmp_path) -> Path:
+    return tmp_path / 'pwned'
+
+
+@pytest.mark.parametrize('how', ['load_checkpoint', 'load_from', 'pretrained', 'env_override'])
+def test_malicious_checkpoint_is_refused(how, tmp_path, marker, monkeypatch):
+    evil = _write(tmp_path / 'evil.pth', _RunsCode(os.system, f'touch {marker}'))
+    if how == 'env_override':  # a user environment asking torch to trust every file
+        monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    with pytest.raises(UnsafeCheckpointError) as info:
+        if how == 'load_from':
+            runner = make_runner(tmp_path / 'wd', max_epochs=1, load_from=evil)
+            runner.load_or_resume()
+        elif how == 'pretrained':
+            TinyNet(init_cfg=dict(type='Pretrained', checkpoint=evil)).init_weights()
+        else:
+            load_checkpoint(TinyNet(), evil)
+    assert not marker.exists(), 'the payload ran'
+    message = str(info.value)
+    assert evil in message and 'system' in message and 'Nothing from the file was executed' in message
+
+
+def test_refusal_names_builtin_exec(tmp_path, marker):
+    evil = _write(tmp_path / 'exec.pth',
+                  _RunsCode(builtins.exec, f"open({str(marker)!r}, 'w').write('x')"))
+    with pytest.raises(UnsafeCheckpointError, match=r'`builtins\.exec`|`exec`'):
+        CheckpointLoader.load_checkpoint(evil)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize('target', [(HistoryBuffer, '__init__'), (np.ndarray, 'tofile')])
+def test_getattr_only_resolves_history_buffer_statistics(target, tmp_path, marker):
+    # HistoryBuffer pickles getattr(HistoryBuffer, 'mean'); nothing else may go through it.
+    evil = _write(tmp_path / 'getattr.pth', _RunsCode(getattr, *target))
+    with pytest.raises(UnsafeCheckpointError, match=target[1]):
+        load_checkpoint(TinyNet(), evil)
