@@ -1,0 +1,183 @@
+"""The four backbones: sizes, parity with timm, dense mode, training modes, bad input."""
+import pytest
+import torch
+
+from vitdense.models import CaiT, ConViT, ViT, XCiT
+from vitdense.models.timm_reference import compare_with_timm, count_parameters
+
+TOLERANCE = 1e-4
+TINY = {  # small custom archs for shape / training-mode tests
+    ViT: dict(embed_dims=32, num_layers=4, num_heads=2),
+    CaiT: dict(embed_dims=32, num_layers=4, num_heads=2),
+    XCiT: dict(embed_dims=32, num_layers=4, num_heads=2),
+    ConViT: dict(embed_dims=32, num_layers=4, num_heads=4, num_local_layers=2),
+}
+FAMILIES = list(TINY)
+
+
+def tiny(cls, **kwargs):
+    return cls(TINY[cls], out_indices=[0, 1, 2, 3], **kwargs)
+
+
+@pytest.mark.parametrize('cls,arch,kwargs,millions', [
+    (XCiT, 'small_12', {}, 26.25),
+    (CaiT, 'xxs24', {}, 11.96),
+    (ConViT, 'small', {}, 27.78),
+    (ViT, 'small', dict(depth=18, num_parallel=2, layer_scale=1e-5), 64.67),
+])
+def test_parameter_counts_of_the_papers(cls, arch, kwargs, millions):
+    model = cls(arch, out_type='cls_token', **kwargs)
+    total = count_parameters(model) + model.embed_dims * 1000 + 1000
+    assert round(total / 1e6, 2) == millions
+
+
+@pytest.mark.parametrize('family,arch,kwargs,timm_name,image_hw', [
+    ('xcit', 'nano_12', {}, 'xcit_nano_12_p16_224', None),
+    ('xcit', 'nano_12', dict(patch_size=8), 'xcit_nano_12_p8_224', None),
+    ('xcit', 'nano_12', {}, 'xcit_nano_12_p16_224', (160, 256)),
+    ('cait', 'xxs24', {}, 'cait_xxs24_224', None),
+    ('convit', 'tiny', {}, 'convit_tiny', None),
+    ('vit', 'tiny', {}, 'vit_tiny_patch16_224', None),
+    ('vit', 'tiny', {}, 'vit_tiny_patch16_224', (160, 256)),
+    ('vit', 'small', dict(depth=18, num_parallel=2, layer_scale=1e-5),
+     'vit_small_patch16_18x2_224', None),
+])
+def test_numerical_parity_with_timm(family, arch, kwargs, timm_name, image_hw):
+    result = compare_with_timm(family, arch, timm_name, image_hw=image_hw, **kwargs)
+    assert result['params_ours'] == result['params_timm']
+    assert result['logit_diff'] <= TOLERANCE
+    assert result['feature_diff'] <= TOLERANCE
+
+
+DENSE_CASES = [(16, hw) for hw in [(224, 224), (512, 512), (800, 1216), (333, 517)]] + \
+    [(8, hw) for hw in [(224, 224), (333, 517)]]
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
+@pytest.mark.parametrize('patch_size,image_hw', DENSE_CASES)
+def test_dense_outputs_have_strides_4_to_32(cls, patch_size, image_hw):
+    model = tiny(cls, patch_size=patch_size).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *image_hw))
+    assert [tuple(o.shape) for o in outs] == [
+        (1, 32, -(-image_hw[0] // s), -(-image_hw[1] // s)) for s in (4, 8, 16, 32)]
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
+def test_columnar_maps_without_pyramid(cls):
+    model = cls(TINY[cls], out_indices=[1, 3], pyramid=False).eval()
+    outs = model(torch.randn(2, 3, 100, 70))
+    assert [tuple(o.shape) for o in outs] == [(2, 32, 7, 5)] * 2
+
+
+def test_padding_does_not_leak_into_the_valid_region_of_a_cropped_image():
+    """An image that is a multiple of the patch size is unaffected by how it was padded."""
+    model = tiny(XCiT, pyramid=False).eval()
+    image = torch.randn(1, 3, 64, 96)
+    assert model(image)[0].shape[-2:] == (4, 6)
+    outs = model(torch.randn(1, 3, 65, 96))
+    assert outs[0].shape[-2:] == (5, 6)
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
+def test_gradient_reaches_every_parameter(cls):
+    model = tiny(cls, drop_path_rate=0.1).train()
+    loss = sum(o.square().mean() for o in model(torch.randn(2, 3, 64, 48)))
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    assert not missing
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
+@pytest.mark.parametrize('out_type', ['cls_token', 'avg_featmap'])
+def test_classification_mode_returns_a_vector(cls, out_type):
+    model = cls(TINY[cls], out_type=out_type).eval()
+    (feature,) = model(torch.randn(3, 3, 64, 64))
+    assert feature.shape == (3, 32)
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
+def test_frozen_stages_keep_embedding_and_first_blocks_fixed(cls):
+    model = tiny(cls, frozen_stages=2).train()
+    frozen = {n: p.clone() for n, p in model.named_parameters()
+              if n.startswith(('patch_embed', 'pos_embed', 'blocks.0.', 'blocks.1.'))}
+    assert frozen and all(not model.get_parameter(n).requires_grad for n in frozen)
+    assert all(p.requires_grad for n, p in model.named_parameters()
+               if n.startswith('blocks.2.'))
+    assert not model.patch_embed.training and model.blocks[2].training
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.)
+    sum(o.mean() for o in model(torch.randn(2, 3, 64, 64))).backward()
+    optimizer.step()
+    assert all(torch.equal(model.get_parameter(n), p) for n, p in frozen.items())
+
+
+def test_norm_eval_keeps_batch_norms_in_eval_mode():
+    model = tiny(XCiT, norm_eval=True).train()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and not any(m.training for m in norms)
+    assert model.blocks[0].training
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
+def test_activation_checkpointing_gives_the_same_output_and_gradients(cls):
+    torch.manual_seed(0)
+    plain = tiny(cls, pyramid_norm_cfg=dict(type='GN', num_groups=4)).train()
+    checkpointed = tiny(cls, pyramid_norm_cfg=dict(type='GN', num_groups=4), with_cp=True)
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.train()
+    # BatchNorm statistics change in train mode; compare with BN layers in eval mode
+    for model in (plain, checkpointed):
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.eval()
+    image = torch.randn(2, 3, 64, 64)
+    outs = [model(image) for model in (plain, checkpointed)]
+    for a, b in zip(*outs):
+        assert torch.allclose(a, b, atol=1e-6)
+    for model, out in zip((plain, checkpointed), outs):
+        sum(o.sum() for o in out).backward()
+    for (name, p), q in zip(plain.named_parameters(), checkpointed.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5), name
+
+
+def test_layer_depth_and_no_weight_decay():
+    model = tiny(ViT, layer_scale=1e-5)
+    assert model.get_layer_depth('backbone.patch_embed.proj.weight', 'backbone.') == (0, 6)
+    assert model.get_layer_depth('backbone.cls_token', 'backbone.') == (0, 6)
+    assert model.get_layer_depth('backbone.blocks.2.attn.qkv.weight', 'backbone.') == (3, 6)
+    assert model.get_layer_depth('backbone.pyramid.fpn1.0.weight', 'backbone.') == (5, 6)
+    no_decay = model.no_weight_decay()
+    assert {'cls_token', 'pos_embed.weight', 'blocks.0.ls1.gamma'} <= no_decay
+    assert not any('qkv' in n for n in no_decay)
+    assert {'blocks.0.attn.temperature'} <= tiny(XCiT).no_weight_decay()
+    assert {'blocks.0.attn.gating'} <= tiny(ConViT).no_weight_decay()
+
+
+def test_arch_tables_and_custom_dicts():
+    assert XCiT.resolve_arch('medium_24')['embed_dims'] == 512
+    assert CaiT.resolve_arch('s36')['num_heads'] == 8
+    assert CaiT.resolve_arch('xxs36')['layer_scale'] == 1e-6
+    assert ConViT.resolve_arch('base_plus')['embed_dims'] == 1024
+    assert ConViT.resolve_arch(dict(embed_dims=64, num_layers=3, num_heads=4))[
+        'num_local_layers'] == 10
+    assert len(ViT('tiny', depth=6).blocks) == 6
+    assert XCiT('nano_12').out_indices == (3, 5, 7, 11)
+    assert XCiT(dict(TINY[XCiT], num_layers=24)).out_indices == (7, 11, 15, 23)
+
+
+def test_bad_arguments_name_the_problem():
+    with pytest.raises(KeyError, match="unknown XCiT arch 'small_13'"):
+        XCiT('small_13')
+    with pytest.raises(KeyError, match=r"missing keys \['num_heads'\]"):
+        ViT(dict(embed_dims=32, num_layers=2))
+    with pytest.raises(IndexError, match='block 12 out of range for 12 blocks'):
+        XCiT('nano_12', out_indices=[3, 5, 7, 12])
+    with pytest.raises(ValueError, match='the pyramid takes 4 out_indices'):
+        XCiT('nano_12', out_indices=[3, 5])
+    with pytest.raises(ValueError, match='unknown out_type'):
+        XCiT('nano_12', out_type='logits')
+    with pytest.raises(ValueError, match='power-of-two patch size'):
+        ViT('tiny', patch_size=14)
+    model = tiny(ConViT)
+    with pytest.raises(ValueError, match=r'images of shape \(B, 3, H, W\), got \(1, 1, 32, 32\)'):
+        model(torch.randn(1, 1, 32, 32))

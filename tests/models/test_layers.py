@@ -1,0 +1,181 @@
+"""Shared layers: each mechanism against its definition."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitdense.models.layers import (CrossCovarianceAttention, GatedPositionalSelfAttention,
+                                    HMLPPatchEmbed, LearnedPositionEmbedding,
+                                    MultiheadSelfAttention, MultiLevelPyramid, build_norm2d)
+from vitdense.models.layers.attention import relative_positions
+
+
+def test_relative_positions_on_a_rectangular_grid():
+    offsets = relative_positions((2, 3), torch.device('cpu'), torch.float32)
+    assert offsets.shape == (6, 6, 3)
+    # token 1 is (row 0, col 1), token 5 is (row 1, col 2): dx = 1, dy = 1
+    assert offsets[1, 5].tolist() == [1., 1., 2.]
+    assert offsets[5, 0].tolist() == [-2., -1., 5.]
+    assert torch.equal(offsets[..., 2], offsets[..., 0] ** 2 + offsets[..., 1] ** 2)
+
+
+def test_gpsa_matches_explicit_gated_attention():
+    torch.manual_seed(0)
+    gpsa = GatedPositionalSelfAttention(dim=16, num_heads=4).eval()
+    gpsa.convolutional_init()
+    with torch.no_grad():
+        gpsa.gating.copy_(torch.randn(4))
+    x, hw = torch.randn(2, 6, 16), (2, 3)
+    q, k = gpsa.qk(x).reshape(2, 6, 2, 4, 4).permute(2, 0, 3, 1, 4)
+    v = gpsa.v(x).reshape(2, 6, 4, 4).transpose(1, 2)
+    content = (q @ k.transpose(-2, -1) * 4 ** -0.5).softmax(-1)
+    position = gpsa.pos_proj(relative_positions(hw, x.device, x.dtype)).permute(2, 0, 1)
+    gate = torch.sigmoid(gpsa.gating).view(1, 4, 1, 1)
+    attn = (1 - gate) * content + gate * position.softmax(-1)
+    attn = attn / attn.sum(-1, keepdim=True)
+    expected = gpsa.proj((attn @ v).transpose(1, 2).reshape(2, 6, 16))
+    assert torch.allclose(gpsa(x, hw), expected, atol=1e-6)
+
+
+def test_gpsa_convolutional_init_attends_to_kernel_neighbours():
+    gpsa = GatedPositionalSelfAttention(dim=36, num_heads=9, locality_strength=10.)
+    gpsa.convolutional_init()
+    hw = (5, 5)
+    position = gpsa.pos_proj(relative_positions(hw, torch.device('cpu'), torch.float32))
+    attention = position.permute(2, 0, 1).softmax(-1)  # (heads, N, N)
+    centre = 12  # (row 2, col 2)
+    targets = {int(attention[h, centre].argmax()) for h in range(9)}
+    neighbours = {r * 5 + c for r in (1, 2, 3) for c in (1, 2, 3)}
+    assert targets == neighbours
+
+
+def test_xca_is_softmax_over_channel_covariance():
+    torch.manual_seed(0)
+    xca = CrossCovarianceAttention(dim=8, num_heads=2).eval()
+    with torch.no_grad():
+        xca.temperature.copy_(torch.tensor([0.5, 2.0]).view(2, 1, 1))
+    x = torch.randn(1, 5, 8)
+    q, k, v = xca.qkv(x).reshape(1, 5, 3, 2, 4).permute(2, 0, 3, 4, 1)
+    q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    attn = ((q @ k.transpose(-2, -1)) * xca.temperature).softmax(-1)  # (1, 2, 4, 4)
+    expected = xca.proj((attn @ v).permute(0, 3, 1, 2).reshape(1, 5, 8))
+    assert torch.allclose(xca(x), expected, atol=1e-6)
+
+
+def test_xca_memory_is_linear_in_tokens():
+    """The attention map is d×d per head whatever the number of tokens."""
+    xca = CrossCovarianceAttention(dim=8, num_heads=2)
+    for n in (4, 400):
+        q, _, _ = xca.qkv(torch.randn(1, n, 8)).reshape(1, n, 3, 2, 4).permute(2, 0, 3, 4, 1)
+        assert (q @ q.transpose(-2, -1)).shape == (1, 2, 4, 4)
+
+
+def test_talking_heads_mix_logits_and_weights_across_heads():
+    torch.manual_seed(0)
+    attn = MultiheadSelfAttention(dim=8, num_heads=2, talking_heads=True).eval()
+    x = torch.randn(1, 3, 8)
+    q, k, v = attn.qkv(x).reshape(1, 3, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    logits = (q * 4 ** -0.5) @ k.transpose(-2, -1)
+    logits = torch.einsum('bhnm,gh->bgnm', logits, attn.mix_logits.weight) \
+        + attn.mix_logits.bias.view(1, 2, 1, 1)
+    weights = torch.einsum('bhnm,gh->bgnm', logits.softmax(-1), attn.mix_weights.weight) \
+        + attn.mix_weights.bias.view(1, 2, 1, 1)
+    expected = attn.proj((weights @ v).transpose(1, 2).reshape(1, 3, 8))
+    assert torch.allclose(attn(x), expected, atol=1e-6)
+
+
+def test_branched_attention_equals_independent_branches():
+    torch.manual_seed(0)
+    fused = MultiheadSelfAttention(dim=8, num_heads=2, num_branches=3).eval()
+    x = torch.randn(3, 2, 5, 8)  # (branches, B, N, C)
+    out = fused(x)
+    for b in range(3):
+        single = MultiheadSelfAttention(dim=8, num_heads=2).eval()
+        with torch.no_grad():
+            single.qkv.weight.copy_(fused.qkv.weight[b])
+            single.qkv.bias.copy_(fused.qkv.bias[b])
+            single.proj.weight.copy_(fused.proj.weight[b])
+            single.proj.bias.copy_(fused.proj.bias[b])
+        assert torch.allclose(out[b], single(x[b]), atol=1e-6)
+
+
+def test_hmlp_stem_follows_appendix_c_and_keeps_patches_independent():
+    torch.manual_seed(0)
+    stem = HMLPPatchEmbed(3, 64, 16).eval()
+    convs = [m for m in stem.proj if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.kernel_size, c.stride) for c in convs] == [((4, 4), (4, 4)), ((2, 2), (2, 2)),
+                                                          ((2, 2), (2, 2))]
+    assert [c.out_channels for c in convs] == [16, 16, 64]
+    assert [type(m).__name__ for m in stem.proj] == [
+        'Conv2d', 'BatchNorm2d', 'GELU', 'Conv2d', 'BatchNorm2d', 'GELU', 'Conv2d', 'BatchNorm2d']
+    for m in stem.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+    image = torch.randn(1, 3, 32, 48)
+    tokens, hw = stem(image)
+    assert hw == (2, 3)
+    # each token is the MLP of its own 16x16 patch: same result when run patch by patch
+    for r in range(2):
+        for c in range(3):
+            patch_token, _ = stem(image[:, :, 16 * r:16 * r + 16, 16 * c:16 * c + 16])
+            assert torch.allclose(tokens[:, r * 3 + c], patch_token[:, 0], atol=1e-5)
+    # the first layer is a linear map of each flattened 4x4 sub-patch
+    sub = image[:, :, :4, :4].reshape(1, -1)
+    first = sub @ convs[0].weight.reshape(16, -1).T + convs[0].bias
+    assert torch.allclose(stem.proj[0](image)[:, :, 0, 0], first, atol=1e-5)
+
+
+def test_hmlp_layer_norm_variant_and_bad_arguments():
+    stem = HMLPPatchEmbed(3, 32, 16, norm='LN')
+    assert stem(torch.randn(2, 3, 16, 16))[0].shape == (2, 1, 32)
+    with pytest.raises(ValueError, match='patch_size'):
+        HMLPPatchEmbed(3, 32, 14)
+    with pytest.raises(ValueError, match="'BN' or 'LN'"):
+        HMLPPatchEmbed(3, 32, 16, norm='GN')
+
+
+def test_position_table_resamples_on_load_and_per_grid():
+    table = LearnedPositionEmbedding(4, (4, 4), num_prefix_tokens=1)
+    small = LearnedPositionEmbedding(4, (2, 2), num_prefix_tokens=1)
+    small.load_state_dict(table.state_dict())
+    assert small.weight.shape == (1, 5, 4)
+    assert torch.equal(small.weight[:, 0], table.weight[:, 0])  # class position kept
+    out = table(torch.zeros(1, 1 + 6, 4), (2, 3))
+    assert out.shape == (1, 7, 4)
+    with pytest.raises(ValueError, match='cannot be resampled'):
+        small.load_state_dict({'weight': torch.zeros(1, 7, 4)})
+
+
+@pytest.mark.parametrize('patch_size,expected', [
+    (16, ['Sequential', 'Sequential', 'Identity', 'MaxPool2d']),
+    (8, ['Sequential', 'Identity', 'MaxPool2d', 'MaxPool2d']),
+])
+def test_pyramid_levels_follow_the_official_recipe(patch_size, expected):
+    pyramid = MultiLevelPyramid(16, patch_size, dict(type='BN'))
+    assert [type(getattr(pyramid, f'fpn{i}')).__name__ for i in range(1, 5)] == expected
+    if patch_size == 16:
+        assert [type(m).__name__ for m in pyramid.fpn1] == [
+            'ConvTranspose2d', 'BatchNorm2d', 'GELU', 'ConvTranspose2d']
+    maps = [torch.randn(2, 16, 7, 5) for _ in range(4)]
+    image_hw = (7 * patch_size, 5 * patch_size)
+    outs = pyramid(maps, image_hw)
+    assert [o.shape[-2:] for o in outs] == [
+        (-(-image_hw[0] // s), -(-image_hw[1] // s)) for s in (4, 8, 16, 32)]
+
+
+@pytest.mark.parametrize('cfg,name', [(dict(type='BN'), 'BatchNorm2d'),
+                                      (dict(type='SyncBN'), 'SyncBatchNorm'),
+                                      (dict(type='GN', num_groups=4), 'GroupNorm'),
+                                      (dict(type='LN'), 'LayerNorm2d')])
+def test_pyramid_norms(cfg, name):
+    pyramid = MultiLevelPyramid(16, 16, cfg)
+    assert type(pyramid.fpn1[1]).__name__ == name
+
+
+def test_layer_norm_2d_normalises_channels():
+    norm = build_norm2d(dict(type='LN'), 6)
+    x = torch.randn(2, 6, 3, 4)
+    expected = F.layer_norm(x.permute(0, 2, 3, 1), (6,)).permute(0, 3, 1, 2)
+    assert torch.allclose(norm(x), expected, atol=1e-6)
+    with pytest.raises(KeyError, match='unknown norm type'):
+        build_norm2d(dict(type='IN'), 6)
