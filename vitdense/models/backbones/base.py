@@ -77,6 +77,7 @@ class ColumnarBackbone(BaseModule):
                  with_cp: bool = False,
                  init_cfg: Optional[Union[dict, list]] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.arch = self.resolve_arch(arch)
         self.embed_dims = self.arch['embed_dims']
         self.num_layers = self.arch['num_layers']
@@ -347,15 +348,18 @@ class ColumnarBackbone(BaseModule):
             f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}'
             for k, v in converted.items()
             if k in expected and k != 'pos_embed.weight' and v.shape != expected[k].shape]
-        matched = sum(k in converted for k in expected)
-        if mismatched or matched < len(expected) // 2:
+        # the pyramid is new in dense fine-tuning: classification checkpoints never have it
+        missing = [k for k in expected if k not in converted and not k.startswith('pyramid.')]
+        unexpected = [k for k in converted if k not in expected]
+        if mismatched or (missing and unexpected):
+            details = mismatched[:10] if mismatched else [
+                f'missing: {", ".join(missing[:8])}', f'unexpected: {", ".join(unexpected[:8])}']
             raise ValueError(
-                f'checkpoint does not match {type(self).__name__}(arch={self.arch}, '
-                f'patch_size={self.patch_size}): {matched}/{len(expected)} tensors found, '
-                f'{len(mismatched)} with other shapes' +
-                ''.join(f'\n  {m}' for m in mismatched[:10]) +
-                ('' if mismatched else '\n  unexpected keys: ' +
-                 ', '.join(k for k in list(converted)[:10] if k not in expected)))
+                f'checkpoint does not match {type(self).__name__}(arch={self.arch_name}, '
+                f'embed_dims={self.embed_dims}, num_layers={self.num_layers}, patch_size='
+                f'{self.patch_size}): {len(mismatched)} tensors with other shapes, '
+                f'{len(missing)} missing, {len(unexpected)} unexpected' +
+                ''.join(f'\n  {d}' for d in details))
         if unused:
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}: out_type={self.out_type!r} does not use '

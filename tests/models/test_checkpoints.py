@@ -1,0 +1,88 @@
+"""Loading official releases and timm state dicts through ``init_cfg``."""
+import pytest
+import timm
+import torch
+
+from vitdense.models import CaiT, ViT, XCiT
+
+
+def _official_xcit(state_dict: dict) -> dict:
+    """The layout of the official XCiT release: ``pos_embeder`` and one qkv map in class
+    attention, wrapped in a ``model`` key."""
+    official = {}
+    for key, value in state_dict.items():
+        official[key.replace('pos_embed.', 'pos_embeder.')] = value
+    for i in range(2):
+        for param in ('weight', 'bias'):
+            parts = [official.pop(f'cls_attn_blocks.{i}.attn.{p}.{param}') for p in 'qkv']
+            official[f'cls_attn_blocks.{i}.attn.qkv.{param}'] = torch.cat(parts)
+    return {'model': official}
+
+
+@pytest.fixture(scope='module')
+def xcit_reference():
+    torch.manual_seed(0)
+    return timm.create_model('xcit_nano_12_p16_224', pretrained=False).eval()
+
+
+def _pretrained(cls, arch, path, **kwargs):
+    model = cls(arch, init_cfg=dict(type='Pretrained', checkpoint=str(path)), **kwargs)
+    model.init_weights()
+    return model.eval()
+
+
+def test_official_xcit_release_loads_for_classification_and_dense(tmp_path, xcit_reference):
+    path = tmp_path / 'xcit_nano_12_p16_224.pth'
+    torch.save(_official_xcit(xcit_reference.state_dict()), path)
+    images = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        expected = xcit_reference.forward_head(xcit_reference.forward_features(images),
+                                               pre_logits=True)
+        classifier = _pretrained(XCiT, 'nano_12', path, out_type='cls_token')
+        assert (classifier(images)[0] - expected).abs().max() < 1e-4
+        dense = _pretrained(XCiT, 'nano_12', path, pyramid=False)
+        reference_maps = xcit_reference.forward_intermediates(
+            images, indices=[3, 5, 7, 11], intermediates_only=True)
+        for ours, theirs in zip(dense(images), reference_maps):
+            assert (ours - theirs).abs().max() < 1e-4
+
+
+def test_timm_checkpoint_with_other_resolution_is_resampled(tmp_path):
+    torch.manual_seed(0)
+    reference = timm.create_model('vit_tiny_patch16_224', pretrained=False)
+    path = tmp_path / 'vit_tiny.pth'
+    torch.save(reference.state_dict(), path)
+    model = _pretrained(ViT, 'tiny', path, img_size=384, out_type='cls_token')
+    assert model.pos_embed.weight.shape == (1, 1 + 24 * 24, 192)
+    assert torch.equal(model.pos_embed.weight[0, 0], reference.pos_embed[0, 0])
+    assert torch.equal(model.blocks[3].attn.qkv.weight, reference.blocks[3].attn.qkv.weight)
+
+
+def test_official_cait_release_loads(tmp_path):
+    torch.manual_seed(0)
+    reference = timm.create_model('cait_xxs24_224', pretrained=False).eval()
+    path = tmp_path / 'XXS24_224.pth'
+    torch.save({'model': reference.state_dict()}, path)
+    model = _pretrained(CaiT, 'xxs24', path, out_type='cls_token')
+    images = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        logits = torch.nn.functional.linear(model(images)[0], reference.head.weight,
+                                            reference.head.bias)
+        assert (logits - reference(images)).abs().max() < 1e-4
+
+
+def test_checkpoint_of_another_size_is_refused(tmp_path, xcit_reference):
+    path = tmp_path / 'nano.pth'
+    torch.save(xcit_reference.state_dict(), path)
+    with pytest.raises(ValueError, match=r'checkpoint does not match XCiT\(arch=tiny_12, .*'
+                                         r'with other shapes(.|\n)*patch_embed.proj.0.0.weight: '
+                                         r'checkpoint \(16, 3, 3, 3\) vs model \(24, 3, 3, 3\)'):
+        _pretrained(XCiT, 'tiny_12', path)
+
+
+def test_checkpoint_of_another_family_is_refused(tmp_path, xcit_reference):
+    path = tmp_path / 'xcit_as_cait.pth'
+    torch.save(xcit_reference.state_dict(), path)
+    with pytest.raises(ValueError, match=r'checkpoint does not match CaiT(.|\n)*'
+                                         r'missing: patch_embed.proj.weight'):
+        _pretrained(CaiT, dict(embed_dims=128, num_layers=12, num_heads=4), path)
