@@ -57,6 +57,9 @@ class ColumnarBackbone(BaseModule):
     arch_keys: tuple[str, ...] = ('embed_dims', 'num_layers', 'num_heads')
     arch_defaults: dict = {}
     uniform_drop_path = False
+    #: classify with a class-attention stage (``arch['num_cls_layers']`` blocks, CaiT §3)
+    #: instead of pooling the trunk's class token
+    class_attention = False
     checkpoint_rules: tuple[Rule, ...] = ()
     #: keys of foreign checkpoints that have no counterpart here (classifier heads)
     foreign_only_keys = r'^(head|head_dist|fc_norm|pre_logits)\.'
@@ -108,8 +111,10 @@ class ColumnarBackbone(BaseModule):
             self.build_block(i, rates[i]) for i in range(self.num_layers))
 
         self.cls_blocks = None
+        if self.out_type == 'cls_token' and self.class_attention:
+            self.cls_blocks = nn.ModuleList(self.build_class_attention_block()
+                                            for _ in range(self.arch['num_cls_layers']))
         if not self.dense:
-            self.cls_blocks = self.build_class_attention_blocks()
             self.norm = nn.LayerNorm(self.embed_dims, eps=NORM_EPS)
         has_cls = self.cls_token_block is not None or self.cls_blocks is not None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
@@ -134,9 +139,9 @@ class ColumnarBackbone(BaseModule):
         """Trunk block ``index``: a module mapping (tokens, grid) to tokens."""
         raise NotImplementedError
 
-    def build_class_attention_blocks(self) -> Optional[nn.ModuleList]:
-        """Class-attention stage for classification (CaiT, XCiT), or None."""
-        return None
+    def build_class_attention_block(self) -> nn.Module:
+        """One block of the class-attention stage (families with ``class_attention``)."""
+        raise NotImplementedError
 
     def class_token_block(self) -> Optional[int]:
         """Index of the trunk block before which the class token joins, or None."""

@@ -4,8 +4,6 @@ A ViT trunk without class token, with LayerScale (ε per depth, Table 3) and tal
 attention; classification appends the class token in two class-attention blocks (§3).
 Widths use 48 channels per head.
 """
-from typing import Optional
-
 import torch.nn as nn
 
 from vitdense.registry import MODELS
@@ -32,6 +30,7 @@ class CaiT(ColumnarBackbone):
     }
     arch_defaults = dict(mlp_ratio=4., layer_scale=1e-5, qkv_bias=True, num_cls_layers=2)
     uniform_drop_path = True
+    class_attention = True
     checkpoint_rules = (
         (r'^pos_embed$', 'pos_embed.weight'),
         (r'^blocks_token_only\.', 'cls_blocks.'),
@@ -54,11 +53,7 @@ class CaiT(ColumnarBackbone):
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
                                 drop_path, self.drop_rate)
 
-    def build_class_attention_blocks(self) -> Optional[nn.ModuleList]:
-        if self.out_type != 'cls_token':
-            return None
+    def build_class_attention_block(self) -> nn.Module:
         arch = self.arch
-        return nn.ModuleList(
-            ClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
-                                arch['layer_scale'], arch['qkv_bias'])
-            for _ in range(arch['num_cls_layers']))
+        return ClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
+                                   arch['layer_scale'], arch['qkv_bias'])

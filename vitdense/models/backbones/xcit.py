@@ -4,8 +4,6 @@ Blocks are XCA (attention over channels, linear in the number of tokens) + LPI +
 convolutional patch embedding with Fourier position encoding; classification adds two
 class-attention blocks. Table 1 of the paper gives the sizes below.
 """
-from typing import Optional
-
 import torch.nn as nn
 
 from vitdense.registry import MODELS
@@ -36,6 +34,7 @@ class XCiT(ColumnarBackbone):
     arch_defaults = dict(mlp_ratio=4., layer_scale=1.0, tokens_norm=True, qkv_bias=True,
                          num_cls_layers=2)
     uniform_drop_path = True
+    class_attention = True
     checkpoint_rules = (
         (r'^pos_embeder\.', 'pos_embed.'),
         (r'^cls_attn_blocks\.', 'cls_blocks.'),
@@ -58,12 +57,8 @@ class XCiT(ColumnarBackbone):
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
                                 drop_path, self.drop_rate, local_patch_interaction=True)
 
-    def build_class_attention_blocks(self) -> Optional[nn.ModuleList]:
-        if self.out_type != 'cls_token':
-            return None
+    def build_class_attention_block(self) -> nn.Module:
         arch = self.arch
-        return nn.ModuleList(
-            XCiTClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
-                                    arch['layer_scale'], arch['qkv_bias'],
-                                    tokens_norm=arch['tokens_norm'])
-            for _ in range(arch['num_cls_layers']))
+        return XCiTClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
+                                       arch['layer_scale'], arch['qkv_bias'],
+                                       tokens_norm=arch['tokens_norm'])
