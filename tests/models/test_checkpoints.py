@@ -86,3 +86,19 @@ def test_checkpoint_of_another_family_is_refused(tmp_path, xcit_reference):
     with pytest.raises(ValueError, match=r'checkpoint does not match CaiT(.|\n)*'
                                          r'missing: patch_embed.proj.weight'):
         _pretrained(CaiT, dict(embed_dims=128, num_layers=12, num_heads=4), path)
+
+
+def test_offline_converter_writes_a_classifier_checkpoint(tmp_path, xcit_reference):
+    import subprocess
+    import sys
+    src, dst = tmp_path / 'official.pth', tmp_path / 'converted.pth'
+    torch.save(_official_xcit(xcit_reference.state_dict()), src)
+    subprocess.run([sys.executable, 'tools/model_converters/timm_to_vitdense.py', 'xcit',
+                    str(src), str(dst), '--arch', 'nano_12', '--classifier'], check=True)
+    converted = torch.load(dst, weights_only=True)['state_dict']
+    assert torch.equal(converted['head.fc.weight'], xcit_reference.head.weight)
+    assert torch.equal(converted['backbone.cls_blocks.1.attn.q.weight'],
+                       xcit_reference.cls_attn_blocks[1].attn.q.weight)
+    model = XCiT('nano_12', out_type='cls_token')
+    model.load_state_dict({k[len('backbone.'):]: v for k, v in converted.items()
+                           if k.startswith('backbone.')}, strict=True)
