@@ -1,6 +1,8 @@
 # UperNet, ADE20k 160k, CaiT-XXS24 (official IN-1k weights) with the XCiT dense recipe.
-_base_ = ['../_base_/models/upernet_columnar.py', '../_base_/datasets/ade20k_512x512.py',
-    '../_base_/schedules/adamw-poly_160k.py', '../_base_/default_runtime_mmseg.py']
+_base_ = [
+    '../_base_/models/upernet_columnar.py', '../_base_/datasets/ade20k_512x512.py',
+    '../_base_/schedules/adamw-poly_160k.py', '../_base_/default_runtime_mmseg.py'
+]
 model = dict(
     backbone=dict(
         type='vitdense.CaiT', arch='xxs24', drop_path_rate=0.05,

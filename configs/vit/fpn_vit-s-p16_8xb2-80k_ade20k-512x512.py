@@ -1,6 +1,8 @@
 # Semantic FPN, ADE20k 80k, ViT-S/16 (DeiT IN-1k weights) with the XCiT dense recipe.
-_base_ = ['../_base_/models/fpn_columnar.py', '../_base_/datasets/ade20k_512x512.py',
-    '../_base_/schedules/adamw-poly_80k.py', '../_base_/default_runtime_mmseg.py']
+_base_ = [
+    '../_base_/models/fpn_columnar.py', '../_base_/datasets/ade20k_512x512.py',
+    '../_base_/schedules/adamw-poly_80k.py', '../_base_/default_runtime_mmseg.py'
+]
 model = dict(
     backbone=dict(
         type='vitdense.ViT', arch='small', drop_path_rate=0.1,

@@ -1,0 +1,4 @@
+# mmdet runtime (hooks, logging, visualiser) with the vitdense modules imported.
+_base_ = 'mmdet::_base_/default_runtime.py'
+custom_imports = dict(imports=['vitdense'], allow_failed_imports=False)
+default_hooks = dict(checkpoint=dict(max_keep_ckpts=3))

@@ -1,0 +1,4 @@
+# mmseg runtime (logging, visualiser) with the vitdense modules imported; mmseg keeps its
+# default hooks in the schedule files.
+_base_ = 'mmseg::_base_/default_runtime.py'
+custom_imports = dict(imports=['vitdense'], allow_failed_imports=False)

@@ -1,0 +1,14 @@
+# Mask R-CNN 3x schedule of the XCiT paper (§4.2): AdamW, lr 1e-4, weight decay 0.05 at
+# batch 16, 36 epochs, lr /10 after epochs 27 and 33, 500-iteration linear warmup.
+# No weight decay on norms, biases, position embeddings, LayerScale and temperatures.
+_base_ = 'mmdet::_base_/schedules/schedule_1x.py'
+train_cfg = dict(max_epochs=36)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(type='MultiStepLR', by_epoch=True, begin=0, end=36, milestones=[27, 33], gamma=0.1),
+]
+optim_wrapper = dict(
+    constructor='vitdense.LayerDecayOptimWrapperConstructor',
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999),
+                   weight_decay=0.05),
+    paramwise_cfg=dict(layer_decay_rate=1.0))

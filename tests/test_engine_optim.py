@@ -1,0 +1,107 @@
+"""LayerDecayOptimWrapperConstructor and TimeBudgetHook on real backbones and a real Runner."""
+import time
+
+import pytest
+import torch
+from mmengine.model import BaseModel
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from mmengine.runner import Runner
+from torch import nn
+
+from vitdense.models import XCiT
+from vitdense.registry import HOOKS
+
+TINY_XCIT = dict(embed_dims=32, num_layers=4, num_heads=2)
+
+
+class Detector(BaseModel):
+    """A backbone plus a head, the shape of mmdet / mmseg / mmpretrain models."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Conv2d(backbone.embed_dims, 3, 1)
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        out = self.head(self.backbone(inputs)[0]).mean()
+        return {'loss': out ** 2} if mode == 'loss' else out
+
+
+def _build(model: nn.Module, **paramwise):
+    return OPTIM_WRAPPER_CONSTRUCTORS.build(dict(
+        type='vitdense.LayerDecayOptimWrapperConstructor',
+        optim_wrapper_cfg=dict(type='OptimWrapper',
+                               optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05)),
+        paramwise_cfg=paramwise))(model)
+
+
+def _groups_by_name(model: nn.Module, optim_wrapper) -> dict:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(g['params'][0])]: g for g in optim_wrapper.optimizer.param_groups}
+
+
+def _weight_decay(group: dict) -> float:
+    return group.get('weight_decay', 0.05)
+
+
+def test_no_decay_on_flat_params_and_backbone_names():
+    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    groups = _groups_by_name(model, _build(model))
+    assert len(groups) == sum(1 for _ in model.parameters())
+    no_decay = {n for n, g in groups.items() if _weight_decay(g) == 0}
+    flat = {n for n, p in model.named_parameters() if p.ndim <= 1}
+    named = {'backbone.' + n for n in model.backbone.no_weight_decay()}
+    assert 'backbone.blocks.0.attn.temperature' in named  # (heads, 1, 1): not flat
+    assert no_decay == flat | named
+    assert _weight_decay(groups['backbone.blocks.0.attn.qkv.weight']) == 0.05
+    assert _weight_decay(groups['head.weight']) == 0.05
+    assert all(g.get('lr', 1e-3) == 1e-3 for g in groups.values())  # decay rate 1: off
+
+
+def test_layer_wise_lr_decay_follows_get_layer_depth():
+    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    groups = _groups_by_name(model, _build(model, layer_decay_rate=0.5))
+    num_ids = TINY_XCIT['num_layers'] + 2
+    lr = {name: group['lr'] for name, group in groups.items()}
+    assert lr['backbone.patch_embed.proj.0.0.weight'] == pytest.approx(1e-3 * 0.5 ** (num_ids - 1))
+    assert lr['backbone.blocks.3.mlp.fc1.weight'] == pytest.approx(1e-3 * 0.5 ** 1)
+    assert lr['backbone.pyramid.fpn1.0.weight'] == pytest.approx(1e-3)
+    assert lr['head.weight'] == pytest.approx(1e-3)
+    assert lr['backbone.blocks.0.norm1.weight'] < lr['backbone.blocks.1.norm1.weight']
+
+
+def test_layer_decay_needs_get_layer_depth():
+    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    model.backbone = nn.Sequential(nn.Conv2d(3, 32, 8, 8))
+    model.backbone.embed_dims = 32
+    with pytest.raises(TypeError, match='get_layer_depth.*Sequential'):
+        _build(model, layer_decay_rate=0.8)
+    assert len(_build(model).optimizer.param_groups) == 4  # without decay any backbone works
+
+
+class _Images(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return dict(inputs=torch.randn(3, 32, 32))
+
+
+def test_time_budget_stops_training_and_anneals_lr(tmp_path):
+    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    runner = Runner(
+        model=model, work_dir=str(tmp_path),
+        train_dataloader=dict(dataset=_Images(), batch_size=2,
+                              collate_fn=dict(type='default_collate'),
+                              sampler=dict(type='InfiniteSampler', shuffle=True)),
+        train_cfg=dict(by_epoch=False, max_iters=100000),
+        optim_wrapper=dict(constructor='vitdense.LayerDecayOptimWrapperConstructor',
+                           optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05)),
+        custom_hooks=[dict(type='vitdense.TimeBudgetHook', minutes=0.05, warmup_iters=2)],
+        default_hooks=dict(checkpoint=None, logger=dict(type='LoggerHook', interval=1000)))
+    start = time.monotonic()
+    runner.train()
+    assert 3 <= time.monotonic() - start < 10
+    assert 2 < runner.iter < 100000
+    assert all(g['lr'] < 0.2 * g['initial_lr'] for g in runner.optim_wrapper.param_groups)
+    assert HOOKS.get('TimeBudgetHook') is not None

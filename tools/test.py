@@ -1,0 +1,49 @@
+"""Evaluate a checkpoint of any vitdense config (mmdet, mmseg or mmpretrain).
+
+    python tools/test.py CONFIG CHECKPOINT [--show-dir DIR] [--out FILE_OR_DIR]
+    bash tools/dist_test.sh CONFIG CHECKPOINT 8
+"""
+import argparse
+import os
+
+from mmengine.config import DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+from vitdense.engine.launch import HOSTS, add_test_metric, load_config
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', help='config file')
+    parser.add_argument('checkpoint', help='checkpoint file or URL')
+    parser.add_argument('--work-dir', help='where the metrics json and logs go')
+    parser.add_argument('--out', help='save predictions: ' + '; '.join(
+        f'{scope}: {host.out_help}' for scope, host in HOSTS.items()))
+    parser.add_argument('--show-dir', help='save pictures of the predictions here')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, key=value')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    cfg, host = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
+    cfg.load_from = args.checkpoint
+    if args.show_dir:
+        host.draw(cfg, args.show_dir)
+    if args.out:
+        add_test_metric(cfg, host.dump_metric(args.out))
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner.test()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,61 @@
+"""Training for a wall-clock budget instead of an iteration count.
+
+Comparing backbones "within N minutes" on a shared CPU needs every run to use the whole
+budget whatever its speed, with a learning rate that still anneals to zero at the end.
+Following "Budgeted Training" (Li et al., ICLR 2020), the learning rate decays linearly in
+the fraction of the budget spent, after a short warmup in iterations.
+"""
+from __future__ import annotations
+
+import time
+
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+
+from vitdense.registry import HOOKS
+
+
+@HOOKS.register_module()
+class TimeBudgetHook(Hook):
+    """Stop training after ``minutes``; lr = base lr · warmup(iter) · (1 - spent fraction).
+
+    Replaces the param schedulers (configure none): every optimizer group keeps its own base
+    lr (``initial_lr``, e.g. after layer-wise decay) and is scaled by the same factor.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self, minutes: float, warmup_iters: int = 50,
+                 warmup_ratio: float = 1e-3) -> None:
+        if minutes <= 0:
+            raise ValueError(f'minutes must be positive, got {minutes}')
+        self.budget = minutes * 60.0
+        self.warmup_iters = warmup_iters
+        self.warmup_ratio = warmup_ratio
+        self.start = 0.0
+
+    def before_train(self, runner) -> None:
+        if runner.param_schedulers:
+            raise ValueError('TimeBudgetHook sets the learning rate itself; '
+                             'configure param_scheduler = []')
+        for group in runner.optim_wrapper.param_groups:
+            group.setdefault('initial_lr', group['lr'])
+        self.start = time.monotonic()
+
+    def spent(self) -> float:
+        """Fraction of the budget used so far."""
+        return (time.monotonic() - self.start) / self.budget
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        warmup = min(1.0, self.warmup_ratio + (1 - self.warmup_ratio) *
+                     runner.iter / max(self.warmup_iters, 1))
+        decay = max(0.0, 1.0 - self.spent())
+        for group in runner.optim_wrapper.param_groups:
+            group['lr'] = group['initial_lr'] * warmup * decay
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs=None) -> None:
+        if self.spent() >= 1.0:
+            runner.train_loop.stop_training = True
+            print_log(f'time budget of {self.budget / 60:.1f} min used after '
+                      f'{runner.iter + 1} iterations', logger='current')
