@@ -5,7 +5,8 @@ in every config).  Each submodule fixes one symptom, named in its docstring; fix
 mmcv / mmdet / mmseg / mmpretrain are applied when those modules are imported, so
 importing vitdense does not import them.
 """
-from . import checkpoint, syncbn
+from . import checkpoint, packages, syncbn
 
 checkpoint.apply()
+packages.apply()
 syncbn.apply()
