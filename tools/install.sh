@@ -1,65 +1,105 @@
 #!/usr/bin/env bash
-# Install vitdense and the OpenMMLab stack into .venv/ (CPU or CUDA torch, mmcv with compiled ops).
+# Install vitdense and the OpenMMLab stack into .venv/ (torch 2.14.1, mmcv 2.1.0 with compiled ops).
 #
-# Idempotent: each step checks what is already there.  The mmcv wheel, the only
-# package that must be compiled (~13 min on 2 cores), is cached outside the repo in
-# $VITDENSE_CACHE (default ~/.cache/vitdense) so a second install takes seconds.
+# Idempotent and quick when warm: every step checks what is there first.  Versions come from
+# requirements/constraints.txt, the exact set the tests passed with.  mmcv is the one package
+# that must be compiled (~15-20 min on 2 cores, C++20 for torch 2.14's headers, setuptools<70
+# for its setup.py); the wheel is cached outside the repo, keyed by the torch version it was
+# built against, in $VITDENSE_CACHE (default ~/.cache/vitdense), so later installs take seconds.
+#
+# Environment: VITDENSE_VENV (default <repo>/.venv), VITDENSE_CACHE, PYTHON (default python3.11),
+# MAX_JOBS (compile jobs, default: number of cores).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VITDENSE_VENV:-$ROOT/.venv}"
 CACHE="${VITDENSE_CACHE:-$HOME/.cache/vitdense}"
 PYTHON="${PYTHON:-python3.11}"
-MMCV_VERSION=2.1.0
 CONSTRAINTS="$ROOT/requirements/constraints.txt"
+MMCV_VERSION=2.1.0
+MMCV_SETUPTOOLS=69.5.1   # last setuptools series whose pkg_resources mmcv 2.1.0's setup.py needs
 
 step() { printf '\n[vitdense install %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+die() { printf '[vitdense install] error: %s\n' "$*" >&2; exit 1; }
 
-mkdir -p "$CACHE/wheels"
+# Version of NAME pinned in the constraints file (empty when not pinned).
+pinned() { sed -n "s/^$1==//Ip" "$CONSTRAINTS" | head -1; }
+
+[ -f "$CONSTRAINTS" ] || die "missing $CONSTRAINTS"
+TORCH_VERSION="$(pinned torch)"
+[ -n "$TORCH_VERSION" ] || die "torch is not pinned in $CONSTRAINTS"
+
 if [ ! -x "$VENV/bin/python" ]; then
+  command -v "$PYTHON" >/dev/null || die "$PYTHON not found (set PYTHON=/path/to/python3.11)"
   step "creating virtual environment $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install --disable-pip-version-check --progress-bar off -c "$CONSTRAINTS")
 
-have() { "$PY" - "$@" <<'PYEOF' 2>/dev/null
+# have NAME[==VERSION] ...: true when every NAME is installed (at VERSION, if given).
+have() {
+  "$PY" - "$@" <<'PYEOF' 2>/dev/null
 import sys
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 for spec in sys.argv[1:]:
     name, _, want = spec.partition('==')
-    if version(name) != want:
+    try:
+        got = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and got != want:
         sys.exit(1)
 PYEOF
 }
 
-step "build tools and torch"
-have torch==2.14.1 torchvision==0.29.1 setuptools==69.5.1 || \
-  "${PIP[@]}" torch==2.14.1 torchvision==0.29.1 'setuptools<70' wheel ninja numpy packaging
+step "torch $TORCH_VERSION, torchvision and build tools"
+have "torch==$TORCH_VERSION" "torchvision==$(pinned torchvision)" "setuptools==$(pinned setuptools)" \
+     "ninja==$(pinned ninja)" "wheel==$(pinned wheel)" "mmengine==$(pinned mmengine)" || \
+  "${PIP[@]}" torch torchvision setuptools wheel ninja numpy mmengine
 
-step "mmengine"
-have "mmengine==$(sed -n 's/^mmengine==//p' "$CONSTRAINTS")" || "${PIP[@]}" mmengine
-
+WHEEL_DIR="$CACHE/wheels/torch-$TORCH_VERSION-$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
 if ! have "mmcv==$MMCV_VERSION"; then
-  WHEEL=$(ls "$CACHE"/wheels/mmcv-"$MMCV_VERSION"-*.whl 2>/dev/null | head -1 || true)
+  WHEEL=$(ls "$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl 2>/dev/null | head -1 || true)
   if [ -z "$WHEEL" ]; then
-    step "building mmcv $MMCV_VERSION with CPU/CUDA ops from source (one time, ~15 min on 2 cores)"
+    command -v g++ >/dev/null || die "g++ is needed to build mmcv's ops (apt-get install g++)"
+    step "building mmcv $MMCV_VERSION with its ops from the PyPI source (one time, ~15-20 min on 2 cores)"
     BUILD=$(mktemp -d)
-    "$PY" -m pip download --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD" --quiet
-    tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
+    restore_setuptools() { "${PIP[@]}" --no-deps --quiet "setuptools==$(pinned setuptools)"; }
+    trap 'restore_setuptools; rm -rf "$BUILD"' EXIT
+    # mmcv's setup.py imports pkg_resources, gone from setuptools >= 70: downgrade for the
+    # build only (--no-deps: torch itself asks for a newer one), restored right after.
+    "$PY" -m pip install --disable-pip-version-check --quiet --no-deps "setuptools==$MMCV_SETUPTOOLS"
+    "$PY" -m pip download --disable-pip-version-check --quiet --no-deps --no-binary :all: \
+      "mmcv==$MMCV_VERSION" -d "$BUILD"
+    tar -xzf "$BUILD/mmcv-$MMCV_VERSION.tar.gz" -C "$BUILD"
     # torch >= 2.6 headers need C++20; mmcv 2.1.0 hard-codes c++14 / c++17.
     sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g' "$BUILD/mmcv-$MMCV_VERSION/setup.py"
+    mkdir -p "$WHEEL_DIR"
     (cd "$BUILD/mmcv-$MMCV_VERSION" && MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-      "$PY" -m pip wheel --no-build-isolation --no-deps -w "$CACHE/wheels" .)
+      "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps \
+        -w "$WHEEL_DIR" .)
+    restore_setuptools
     rm -rf "$BUILD"
-    WHEEL=$(ls "$CACHE"/wheels/mmcv-"$MMCV_VERSION"-*.whl | head -1)
+    trap - EXIT
+    WHEEL=$(ls "$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl | head -1)
   fi
-  step "installing cached $WHEEL"
-  "${PIP[@]}" --no-deps "$WHEEL"
+  step "installing mmcv from $WHEEL"
+  "${PIP[@]}" --no-deps --quiet "$WHEEL"
 fi
 
-step "mmdet, mmsegmentation, mmpretrain, timm and the rest"
-"${PIP[@]}" -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt" --quiet
+step "mmdet, mmsegmentation, mmpretrain, timm, pycocotools and test tools"
+"${PIP[@]}" --quiet -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
+
 step "vitdense (editable)"
-"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT" --quiet
-"$PY" -c "import vitdense, mmcv.ops, mmdet, mmseg, mmpretrain, timm; print('vitdense stack OK: torch', __import__('torch').__version__, 'mmcv', mmcv.__version__, 'mmdet', mmdet.__version__, 'mmseg', mmseg.__version__, 'mmpretrain', mmpretrain.__version__, 'timm', timm.__version__)"
+# Already editable from this checkout? (find_spec only locates the package, runs none of it.)
+"$PY" -I -c 'import importlib.util as u, sys; s = u.find_spec("vitdense")
+sys.exit(not (s and s.origin == sys.argv[1]))' "$ROOT/vitdense/__init__.py" 2>/dev/null || \
+  "${PIP[@]}" --quiet --no-deps --no-build-isolation -e "$ROOT"
+
+"$PY" - <<'PYEOF'
+import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm, vitdense
+print('[vitdense install] ready: torch', torch.__version__, '| mmengine', mmengine.__version__,
+      '| mmcv', mmcv.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__,
+      '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__)
+PYEOF

@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from mmdet.registry import MODELS as MMDET_MODELS
+from mmengine.registry import DefaultScope
+from mmengine.structures import PixelData
 from mmseg.registry import MODELS as MMSEG_MODELS
 from mmseg.structures import SegDataSample
-from mmengine.structures import PixelData
 
 from vitdense.compat import syncbn
 
@@ -23,10 +24,11 @@ def gloo_group(tmp_path):
 
 
 def _fcn_head(norm: str):
-    return MMSEG_MODELS.build(dict(
-        type='FCNHead', in_channels=8, channels=8, num_convs=1, num_classes=3, dropout_ratio=0.0,
-        norm_cfg=dict(type=norm, requires_grad=True), align_corners=False,
-        loss_decode=dict(type='CrossEntropyLoss', loss_weight=1.0)))
+    with DefaultScope.overwrite_default_scope('mmseg'):  # other tests may leave another scope
+        return MMSEG_MODELS.build(dict(
+            type='FCNHead', in_channels=8, channels=8, num_convs=1, num_classes=3,
+            dropout_ratio=0.0, norm_cfg=dict(type=norm, requires_grad=True), align_corners=False,
+            loss_decode=dict(type='CrossEntropyLoss', loss_weight=1.0)))
 
 
 def _seg_step(head, feats: torch.Tensor) -> torch.Tensor:
@@ -68,8 +70,9 @@ def test_mmseg_head_with_syncbn_trains_without_process_group():
 
 
 def test_mmdet_fpn_with_syncbn_trains_in_cpu_process_group(gloo_group):
-    fpn = MMDET_MODELS.build(dict(type='FPN', in_channels=[4, 8], out_channels=8, num_outs=2,
-                                  norm_cfg=dict(type='SyncBN', requires_grad=True))).train()
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        fpn = MMDET_MODELS.build(dict(type='FPN', in_channels=[4, 8], out_channels=8, num_outs=2,
+                                      norm_cfg=dict(type='SyncBN', requires_grad=True))).train()
     outs = fpn([torch.randn(2, 4, 8, 8), torch.randn(2, 8, 4, 4)])
     sum(o.square().mean() for o in outs).backward()
     assert fpn.fpn_convs[0].bn.num_batches_tracked.item() == 1
