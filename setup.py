@@ -12,7 +12,7 @@ setup(
     packages=find_packages(include=['vitdense', 'vitdense.*']),
     python_requires='>=3.10',
     install_requires=[
-        'torch>=2.1', 'torchvision', 'mmengine>=0.10.3,<0.11', 'timm>=1.0', 'numpy',
+        'torch>=2.6', 'torchvision', 'mmengine>=0.10.3,<0.11', 'timm>=1.0', 'numpy>=1.24',
     ],
     extras_require={
         'openmmlab': ['mmcv>=2.1.0,<2.2', 'mmdet>=3.3.0,<3.4', 'mmsegmentation>=1.2.2,<1.3',

@@ -75,7 +75,10 @@ def _numpy_globals() -> list[tuple[Any, str]]:
     numpy 2 pickles as ``numpy._core.multiarray``; checkpoints written with numpy 1 name
     ``numpy.core.multiarray``.  Both resolve to the same safe functions.
     """
-    from numpy._core import multiarray
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray
     out: list[tuple[Any, str]] = [(np.ndarray, 'numpy.ndarray'), (np.dtype, 'numpy.dtype')]
     for prefix in ('numpy._core.multiarray', 'numpy.core.multiarray'):
         out += [(multiarray._reconstruct, f'{prefix}._reconstruct'),
