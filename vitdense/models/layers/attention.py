@@ -2,8 +2,9 @@
 ``hw`` (rows, cols) of the patch tokens, which some of them need (GPSA) and others ignore.
 
 Token attention runs through ``F.scaled_dot_product_attention`` wherever the operation is
-the same (plain, class and cross-covariance attention, the content term of GPSA); talking
-heads mix attention logits across heads, which the fused kernel cannot express.
+the same (plain and class attention, the content term of GPSA); talking heads mix attention
+logits across heads, which the fused kernel cannot express. XCA's attention map is only
+d×d per head, so it is written out in a layout that needs no copies besides one of qkv.
 """
 import math
 from typing import Optional
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from .branched import make_linear
 
 Grid = tuple[int, int]
+NORMALIZE_EPS = 1e-12  # F.normalize's default
 
 
 def _split_heads(x: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:
@@ -57,16 +59,28 @@ class MultiheadSelfAttention(nn.Module):
         self.talking_heads = talking_heads
 
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
-        q, k, v = _split_heads(self.qkv(x), 3, self.num_heads)
+        # branches are folded into the batch: SDPA's fused kernels take 4-D inputs only
+        q, k, v = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
         drop = self.attn_drop if self.training else 0.
         if self.talking_heads:
-            logits = (q * self.scale) @ k.transpose(-2, -1)
-            logits = self.mix_logits(logits.permute(0, 2, 3, 1))
-            weights = self.mix_weights(logits.softmax(dim=-2)).permute(0, 3, 1, 2)
+            logits = _mix_heads((q * self.scale) @ k.transpose(-2, -1), self.mix_logits)
+            weights = _mix_heads(logits.softmax(dim=-1), self.mix_weights)
             out = F.dropout(weights, drop, self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        return self.proj_drop(self.proj(_merge_heads(out)))
+        return self.proj_drop(self.proj(_merge_heads(out).view(x.shape)))
+
+
+def _mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
+    """A linear map across the heads of (B, heads, N, M) attention maps (talking heads).
+
+    Done as one batched matmul on the head-major layout: every map stays contiguous, so
+    the softmax runs over contiguous rows and no (B, N, M, heads) copies are made.
+    """
+    batch, heads = maps.shape[:2]
+    mixed = torch.baddbmm(mix.bias.view(1, heads, 1), mix.weight.expand(batch, -1, -1),
+                          maps.reshape(batch, heads, -1))
+    return mixed.view(maps.shape)
 
 
 class ClassAttention(nn.Module):
@@ -93,7 +107,12 @@ class ClassAttention(nn.Module):
 
 class CrossCovarianceAttention(nn.Module):
     """XCA (XCiT §3.1): attention over channels, from the cross-covariance of l2-normalised
-    keys and queries scaled by a learned per-head temperature. Cost is linear in tokens."""
+    keys and queries scaled by a learned per-head temperature. Cost is linear in tokens.
+
+    q, k and v are laid out as (heads, d, N) rows in one copy; the l2 norms over tokens
+    divide the d×d map rather than q and k, and the result is copied back to (N, C) rows
+    once, so the projection is a single matmul.
+    """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0.) -> None:
@@ -106,13 +125,17 @@ class CrossCovarianceAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
-        # channels play the role of tokens: (B, heads, d, N)
-        q, k, v = (t.transpose(-2, -1) for t in _split_heads(self.qkv(x), 3, self.num_heads))
-        q = F.normalize(q, dim=-1) * self.temperature
-        k = F.normalize(k, dim=-1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.attn_drop if self.training else 0., scale=1.0)
-        return self.proj_drop(self.proj(_merge_heads(out.transpose(-2, -1))))
+        batch, num_tokens, dim = x.shape
+        # channels play the role of tokens: (3, B, heads, d, N)
+        qkv = self.qkv(x).view(batch, num_tokens, 3, self.num_heads, -1)
+        q, k, v = qkv.permute(2, 0, 3, 4, 1).contiguous()
+        # F.normalize(q) · F.normalize(k): the same norms (clamped alike), applied to q kᵀ
+        q_norm = q.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
+        k_norm = k.norm(dim=-1).clamp_min(NORMALIZE_EPS).unsqueeze(-2)
+        attn = (q @ k.transpose(-2, -1)) / (q_norm * k_norm) * self.temperature
+        attn = F.dropout(attn.softmax(dim=-1), self.attn_drop, self.training)
+        out = (attn @ v).reshape(batch, dim, num_tokens).transpose(1, 2).contiguous()
+        return self.proj_drop(self.proj(out))
 
 
 def relative_positions(hw: Grid, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -167,12 +190,24 @@ class GatedPositionalSelfAttention(nn.Module):
             self._offsets = (key, relative_positions(hw, like.device, like.dtype))
         return self._offsets[1]
 
+    def positional_attention(self, hw: Grid, like: torch.Tensor) -> torch.Tensor:
+        """(heads, N, N) positional attention, computed head-major so that the softmax
+        runs over contiguous rows; it is the same for every image of a batch."""
+        num_tokens = hw[0] * hw[1]
+        offsets = self._relative_offsets(hw, like).view(-1, 3)
+        logits = torch.addmm(self.pos_proj.bias[:, None], self.pos_proj.weight, offsets.t())
+        return logits.view(-1, num_tokens, num_tokens).softmax(dim=-1)
+
     def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
+        batch, num_tokens, _ = x.shape
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
-        (v,) = _split_heads(self.v(x), 1, self.num_heads)
-        offsets = self._relative_offsets(hw, x)
-        positional = self.pos_proj(offsets).permute(2, 0, 1).softmax(dim=-1)  # (heads, N, N)
-        gate = torch.sigmoid(self.gating).view(-1, 1, 1)
+        values = self.v(x)
+        (v,) = _split_heads(values, 1, self.num_heads)
         content = F.scaled_dot_product_attention(q, k, v)
-        out = (1. - gate) * content + gate * (positional @ v)
+        # one (heads, N, N) map for the whole batch: images become value columns
+        columns = values.view(batch, num_tokens, self.num_heads, -1).permute(2, 1, 0, 3)
+        positional = self.positional_attention(hw, x) @ columns.reshape(
+            self.num_heads, num_tokens, -1)
+        positional = positional.view(self.num_heads, num_tokens, batch, -1).permute(2, 0, 1, 3)
+        out = torch.lerp(content, positional, torch.sigmoid(self.gating).view(-1, 1, 1))
         return self.proj_drop(self.proj(_merge_heads(out)))

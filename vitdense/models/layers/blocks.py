@@ -45,7 +45,11 @@ class FeedForward(nn.Module):
 
 
 class LocalPatchInteraction(nn.Module):
-    """XCiT's LPI: depth-wise 3×3 conv, GELU, BN, depth-wise 3×3 conv on the token grid."""
+    """XCiT's LPI: depth-wise 3×3 conv, GELU, BN, depth-wise 3×3 conv on the token grid.
+
+    Tokens (B, N, C) are viewed as a channels-last map without a copy: depth-wise convs
+    are much faster on CPU in that layout, which a transpose would lose at batch 1.
+    """
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -56,9 +60,9 @@ class LocalPatchInteraction(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
         batch, num_tokens, dim = x.shape
-        x = x.transpose(1, 2).reshape(batch, dim, *hw)
+        x = x.reshape(batch, *hw, dim).permute(0, 3, 1, 2)
         x = self.conv2(self.bn(self.act(self.conv1(x))))
-        return x.reshape(batch, dim, num_tokens).transpose(1, 2)
+        return x.permute(0, 2, 3, 1).reshape(batch, num_tokens, dim)
 
 
 def _layer_scale(dim: int, init_value: Optional[float], num_branches: int = 1) -> nn.Module:

@@ -12,7 +12,11 @@ from .norm import LayerNorm2d
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping patches by a p×p, stride-p convolution (ViT §3.1)."""
+    """Non-overlapping patches by a p×p, stride-p convolution (ViT §3.1).
+
+    Tokens come out contiguous: in the conv's (C, N) layout the residual stream would keep
+    that layout through every add, and each LayerNorm would copy it.
+    """
 
     def __init__(self, in_channels: int, embed_dims: int, patch_size: int) -> None:
         super().__init__()
@@ -20,7 +24,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Grid]:
         x = self.proj(x)
-        return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
+        return x.flatten(2).transpose(1, 2).contiguous(), (x.shape[2], x.shape[3])
 
 
 def _conv3x3_bn(in_channels: int, out_channels: int) -> nn.Sequential:
