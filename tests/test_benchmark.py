@@ -1,0 +1,101 @@
+"""The backbone benchmark: its measuring pieces and one tiny run end to end (no timed asserts)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitdense import benchmark as bm
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location('benchmark_tool', ROOT / 'tools/benchmark.py')
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+
+def test_interleaved_timing_alternates_order_and_repeats_each_step():
+    calls = []
+    steps = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
+    samples = bm.time_interleaved(steps, warmup=1, repeats=3, min_repeat_s=0.)
+    assert [len(v) for v in samples.values()] == [3, 3]
+    assert calls == ['a', 'b'] + ['a', 'b', 'b', 'a', 'a', 'b']
+    summary = bm.summarize_times([2., 1., 3.], batch=4)
+    assert summary['step_s'] == 2. and summary['images_per_s'] == 2.
+
+
+def test_flops_count_fused_attention_on_cpu_like_explicit_attention():
+    q = torch.randn(2, 3, 10, 8)
+    fused = bm.count_flops(lambda: F.scaled_dot_product_attention(q, q, q))
+    with bm.attention_backend('explicit'):
+        explicit = bm.count_flops(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert fused == explicit == 2 * 2 * (2 * 3) * 10 * 10 * 8  # QKᵀ and AV, 2 per MAC
+    linear = torch.nn.Linear(8, 4)
+    assert bm.count_flops(lambda: linear(torch.randn(5, 8))) == 2 * 5 * 8 * 4
+
+
+@pytest.mark.skipif(not Path('/proc/self/clear_refs').exists(), reason='Linux /proc only')
+def test_memory_meter_sees_the_peak_of_the_measured_step_only():
+    meter = bm.MemoryMeter('cpu')
+    big = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB before the measured step: not an activation
+    result = meter.measure(lambda: torch.ones(128 * 2 ** 20 // 4).add_(1), warmup=0)
+    assert 120 < result['activation_mb'] < 200
+    assert result['memory_mb'] >= result['activation_mb'] + 60
+    del big
+
+
+def test_a_failing_probe_reports_an_error_instead_of_numbers():
+    result = bm.probe_memory([sys.executable, '-c', 'import sys; sys.exit(3)'], {})
+    assert 'exited with 3' in result['memory_error']
+
+
+def test_backbone_pairs_share_weights_and_outputs():
+    spec = bm.backbone_specs()['xcit_nano_12_p16_224']
+    for task in bm.TASKS:
+        models = bm.build_backbone_pair(spec, task, 64)
+        assert set(models) == {bm.OURS, bm.TIMM}
+        assert bm.max_abs_difference(models, torch.randn(2, 3, 64, 64)) < 1e-4
+
+
+def test_presets_expand_to_unique_cases_and_unknown_models_are_refused():
+    cases = tool.expand_cases(tool.parse_args(['--preset', 'floors']))
+    assert len(cases) == len(set(cases))
+    assert bm.Case('xcit_small_12_p16_224', 'dense', 896, 1, 'infer', 'explicit') in cases
+    with pytest.raises(SystemExit, match='unknown models'):
+        tool.expand_cases(tool.parse_args(['--models', 'vit_gigantic']))
+
+
+def test_memory_growth_and_scaling_plot(tmp_path):
+    def record(size, tokens, memory):
+        return dict(model='m', task='dense', img_size=size, batch=1, mode='infer',
+                    attention='fused', tokens=tokens,
+                    impls={bm.OURS: dict(memory_mb=memory, activation_mb=memory / 2,
+                                         ms_per_image=tokens / 10)})
+    results = [record(224, 196, 100.), record(448, 784, 380.), record(896, 3136, 1500.)]
+    growth = {row['factor']: row for row in tool.memory_growth(results)}
+    assert growth[4]['memory_ratio'] == pytest.approx(3.8)
+    assert growth[16]['time_ratio'] == pytest.approx(16.)
+    plot = bm.plot_scaling(results, tmp_path / 'curves.png')
+    assert plot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert bm.plot_scaling(results[:1], tmp_path / 'none.png') is None
+
+
+def test_tiny_run_end_to_end_writes_table_json_and_plot(tmp_path, capsys):
+    out = tmp_path / 'run'
+    tool.main(['--models', 'vit_tiny_patch16_224', '--tasks', 'dense', '--sizes', '32', '64',
+               '--repeats', '1', '--min-repeat-s', '0', '--threads', '1', '--out', str(out)])
+    assert 'vitdense vs timm' in capsys.readouterr().out
+    report = json.loads(out.with_suffix('.json').read_text())
+    assert report['meta']['threads'] == 1 and 'load_average' in report['meta']
+    first = report['results'][0]
+    assert first['tokens'] == 4 and first['max_abs_diff'] < 1e-4
+    for impl in (bm.OURS, bm.TIMM):
+        values = first['impls'][impl]
+        assert values['images_per_s'] > 0 and values['memory_mb'] > 0
+        assert len(values['samples_s']) == 1
+    assert first['impls'][bm.OURS]['gflops'] == first['impls'][bm.TIMM]['gflops'] > 0
+    assert first['speed_ratio'] > 0
+    assert report['meta']['summary']['memory_growth']
+    assert out.with_suffix('.png').exists()
