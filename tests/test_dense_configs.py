@@ -1,0 +1,219 @@
+"""Every shipped dense config: recipe as in the XCiT paper, consistent widths, and its model
+(backbone shortened to 4 blocks, the rest as configured) takes a training step with the
+config's own optimizer and predicts, on a tiny synthetic batch."""
+import copy
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.config import config as mmengine_config
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import MODELS, DefaultScope
+
+from vitdense.engine.launch import host_of
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ('xcit', 'vit', 'cait', 'convit')
+CONFIGS = sorted(str(p.relative_to(ROOT)) for family in FAMILIES
+                 for task in ('mask-rcnn', 'upernet', 'fpn')
+                 for p in (ROOT / 'configs' / family).glob(f'{task}_*.py'))
+FULL = [c for c in CONFIGS if '_demo-' not in c]
+IMAGE_HW = (64, 80)
+RECIPES = {  # XCiT paper §4.2-4.3: lr, weight decay, images per GPU, length
+    'mask-rcnn': (1e-4, 0.05, 2, ('max_epochs', 36)),
+    'upernet': (6e-5, 0.01, 2, ('max_iters', 160000)),
+    'fpn': (6e-5, 0.01, 2, ('max_iters', 80000)),
+}
+
+
+def _memoised(lookup):
+    """mmengine resolves each ``mmdet::`` / ``mmseg::`` base by parsing the ~400 metafiles of
+    the package (about a second) and then, for ``_base_`` files, raising ValueError; the
+    answer is fixed for a session, so the 8 distinct lookups of these configs are memoised."""
+    answers: dict = {}
+
+    def memoised(package_path: str, cfg_file: str) -> str:
+        key = (package_path, cfg_file)
+        if key not in answers:
+            try:
+                answers[key] = lookup(package_path, cfg_file)
+            except ValueError as error:
+                answers[key] = error
+        if isinstance(answers[key], ValueError):
+            raise answers[key]
+        return answers[key]
+    return memoised
+
+
+mmengine_config._get_external_cfg_path = _memoised(mmengine_config._get_external_cfg_path)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(config: str) -> Config:
+    cfg = Config.fromfile(str(ROOT / config))
+    host_of(cfg)
+    return cfg
+
+
+def _load(config: str) -> Config:
+    """A private copy of the parsed config (parsing resolves mmdet:: / mmseg:: bases, slow)."""
+    return copy.deepcopy(_parsed(config))
+
+
+def _embed_dims(cfg: Config) -> int:
+    backbone = cfg.model.backbone
+    return MODELS.get(backbone.type).resolve_arch(backbone.arch)['embed_dims']
+
+
+def _head_widths(cfg: Config) -> list:
+    model = cfg.model
+    if 'neck' in model:
+        widths = list(model.neck.in_channels)
+    else:
+        widths = list(model.decode_head.in_channels) + [model.auxiliary_head.in_channels]
+    if model.get('neck', {}).get('type') == 'FPN' and 'decode_head' in model:
+        widths += [model.neck.out_channels] + list(model.decode_head.in_channels)
+    return widths
+
+
+def test_every_family_and_task_is_shipped():
+    names = {Path(c).name for c in FULL}
+    for task, suffix in (('mask-rcnn', '_fpn_3x_coco'), ('upernet', '_8xb2-160k_ade20k-512x512'),
+                         ('fpn', '_8xb2-80k_ade20k-512x512')):
+        for model in ('xcit-t12-p16', 'xcit-t12-p8', 'xcit-s12-p16', 'xcit-s12-p8',
+                      'xcit-s24-p16', 'xcit-s24-p8', 'xcit-m24-p16', 'xcit-m24-p8',
+                      'vit-s-p16', 'vit-b-p16', 'cait-xxs24-p16', 'cait-s24-p16',
+                      'convit-ti-p16', 'convit-s-p16', 'convit-b-p16'):
+            assert f'{task}_{model}{suffix}.py' in names
+
+
+@pytest.mark.parametrize('config', FULL)
+def test_full_config_follows_the_recipe(config):
+    cfg = _load(config)
+    task = Path(config).name.split('_')[0]
+    lr, weight_decay, batch, (length_key, length) = RECIPES[task]
+    assert cfg.custom_imports == dict(imports=['vitdense'], allow_failed_imports=False)
+    assert cfg.default_scope == ('mmdet' if task == 'mask-rcnn' else 'mmseg')
+    assert cfg.model.backbone.type.startswith('vitdense.')
+    assert cfg.model.backbone.init_cfg.type == 'Pretrained'
+    assert cfg.optim_wrapper.constructor == 'vitdense.LayerDecayOptimWrapperConstructor'
+    assert cfg.optim_wrapper.optimizer == dict(type='AdamW', lr=lr, betas=(0.9, 0.999),
+                                               weight_decay=weight_decay)
+    assert cfg.train_dataloader.batch_size == batch
+    assert cfg.train_cfg[length_key] == length
+    assert set(_head_widths(cfg)) == {_embed_dims(cfg)}
+    if task == 'mask-rcnn':  # DETR-style multi-scale augmentation
+        assert any(t.type == 'RandomChoice' for t in cfg.train_dataloader.dataset.pipeline)
+    else:
+        assert cfg.param_scheduler[1].type == 'PolyLR' and cfg.param_scheduler[1].end == length
+
+
+def _set_backbone_width(model: Config, width: int) -> None:
+    """Point every input that reads the backbone (and Semantic FPN's FPN) at ``width``."""
+    if 'neck' in model:
+        model.neck.in_channels = [width] * 4
+    if model.type == 'EncoderDecoder' and 'neck' in model:
+        model.neck.out_channels = width
+    if 'decode_head' in model:
+        model.decode_head.in_channels = [width] * 4
+    if 'auxiliary_head' in model:
+        model.auxiliary_head.in_channels = width
+
+
+def _shrink_heads(model: Config) -> None:
+    """Narrow the heads (same layers, fewer channels) and sample fewer RoIs."""
+    if model.type == 'MaskRCNN':
+        model.neck.out_channels = 32
+        model.rpn_head.update(in_channels=32, feat_channels=32)
+        roi = model.roi_head
+        roi.bbox_roi_extractor.out_channels = roi.mask_roi_extractor.out_channels = 32
+        roi.bbox_head.update(in_channels=32, fc_out_channels=64)
+        roi.mask_head.update(in_channels=32, conv_out_channels=32)
+        model.train_cfg.rpn_proposal.max_per_img = 64
+        model.train_cfg.rcnn.sampler.num = 32
+        model.test_cfg.rpn.max_per_img = 64
+    else:
+        model.data_preprocessor.size = IMAGE_HW  # instead of padding to 512×512
+        model.decode_head.channels = 32
+        if 'auxiliary_head' in model:
+            model.auxiliary_head.channels = 16
+
+
+def _downsized(config: str) -> Config:
+    """The config with a 4-block backbone of head width 8 and narrow heads; the layers, the
+    pyramid, the optimizer and everything else as shipped."""
+    cfg = _load(config)
+    backbone = cfg.model.backbone
+    arch = MODELS.get(backbone.type).resolve_arch(backbone.arch)
+    arch.update(num_layers=4, embed_dims=8 * arch['num_heads'])
+    if 'num_local_layers' in arch:
+        arch['num_local_layers'] = 2
+    backbone.update(arch=arch, out_indices=(0, 1, 2, 3), init_cfg=None)
+    _set_backbone_width(cfg.model, arch['embed_dims'])
+    _shrink_heads(cfg.model)
+    return cfg
+
+
+def _det_batch(num_classes: int) -> dict:
+    from mmdet.testing import demo_mm_inputs
+    return demo_mm_inputs(batch_size=2, image_shapes=(3, *IMAGE_HW), num_items=[3, 2],
+                          num_classes=num_classes, with_mask=True)
+
+
+def _seg_batch(num_classes: int) -> dict:
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    rng = np.random.default_rng(0)
+    inputs, samples = [], []
+    for _ in range(2):
+        inputs.append(torch.from_numpy(rng.integers(0, 256, (3, *IMAGE_HW), dtype=np.uint8)))
+        label = torch.from_numpy(rng.integers(0, num_classes, (1, *IMAGE_HW)))
+        sample = SegDataSample(gt_sem_seg=PixelData(data=label))
+        sample.set_metainfo(dict(img_shape=IMAGE_HW, ori_shape=IMAGE_HW, pad_shape=IMAGE_HW))
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def _model_key(config: str) -> str:
+    cfg = _downsized(config)
+    return json.dumps([cfg.model.to_dict(), cfg.optim_wrapper.to_dict()], sort_keys=True,
+                      default=str)
+
+
+# configs whose downsized models are identical (e.g. S12 and S24) share one run
+_UNIQUE: dict = {}
+for _config in CONFIGS:
+    _UNIQUE.setdefault(_model_key(_config), _config)
+
+
+@pytest.mark.parametrize('config', sorted(_UNIQUE.values()))
+def test_train_step_and_inference(config):
+    cfg = _downsized(config)
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        model = MODELS.build(cfg.model)
+        model.init_weights()
+        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+        is_det = cfg.default_scope == 'mmdet'
+        num_classes = (cfg.model.roi_head.bbox_head.num_classes if is_det
+                       else cfg.model.decode_head.num_classes)
+        batch = (_det_batch if is_det else _seg_batch)(num_classes)
+        before = [p.detach().clone() for p in model.backbone.parameters()]
+        log_vars = model.train_step(batch, optim_wrapper)
+        assert torch.isfinite(log_vars['loss'].detach())
+        changed = [not torch.equal(b, p) for b, p in zip(before, model.backbone.parameters())]
+        assert sum(changed) > 0.9 * len(changed)
+        model.eval()
+        with torch.no_grad():
+            predictions = model.val_step(batch)
+    assert len(predictions) == 2
+    for prediction in predictions:
+        if is_det:
+            masks = prediction.pred_instances.masks
+            assert masks.shape[1:] == IMAGE_HW and len(masks) <= 100
+        else:
+            assert prediction.pred_sem_seg.data.shape == (1, *IMAGE_HW)
