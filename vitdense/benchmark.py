@@ -25,7 +25,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -232,7 +231,7 @@ class MemoryMeter:
         self.cuda = device.startswith('cuda')
         self.baseline_kib = 0 if self.cuda else _proc_status_kib('VmRSS')
 
-    def measure(self, step: Step, warmup: int = 1, repeats: int = 2) -> dict:
+    def measure(self, step: Step, warmup: int = 1, repeats: int = 1) -> dict:
         for _ in range(warmup):
             step()
         if self.cuda:
@@ -415,8 +414,8 @@ def curve_key(record: dict, impl: str, varying: Sequence[str]) -> str:
 
 def plot_scaling(results: list[dict], path: Path, title: str = '') -> Optional[Path]:
     """Peak memory and time per image against the number of tokens, one line per model and
-    implementation (XCiT Fig. 2). Only lines with at least two input sizes are drawn;
-    returns None when there are none."""
+    implementation (XCiT Fig. 2). Only the lines with the most input sizes are drawn (the
+    scaling study of a run), none if no line has two; returns the path or None."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -428,9 +427,10 @@ def plot_scaling(results: list[dict], path: Path, title: str = '') -> Optional[P
         for impl, values in record['impls'].items():
             lines.setdefault(curve_key(record, impl, varying), []).append(
                 (record['tokens'], values.get('memory_mb'), values.get('ms_per_image')))
-    lines = {k: sorted(v) for k, v in lines.items() if len({t for t, *_ in v}) > 1}
-    if not lines:
+    longest = max(len({t for t, *_ in v}) for v in lines.values()) if lines else 0
+    if longest < 2:
         return None
+    lines = {k: sorted(v) for k, v in lines.items() if len({t for t, *_ in v}) == longest}
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     for label, points in sorted(lines.items()):
         style = '--' if f' {TIMM}' in label else '-'
