@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VITDENSE_VENV:-$ROOT/.venv}"
 CACHE="${VITDENSE_CACHE:-$HOME/.cache/vitdense}"
-PYTHON="${PYTHON:-python3.11}"
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3 || echo python3.11)}"
 CONSTRAINTS="$ROOT/requirements/constraints.txt"
 MMCV_VERSION=2.1.0
 MMCV_SETUPTOOLS=69.5.1   # last setuptools series whose pkg_resources mmcv 2.1.0's setup.py needs
@@ -30,7 +30,8 @@ TORCH_VERSION="$(pinned torch)"
 [ -n "$TORCH_VERSION" ] || die "torch is not pinned in $CONSTRAINTS"
 
 if [ ! -x "$VENV/bin/python" ]; then
-  command -v "$PYTHON" >/dev/null || die "$PYTHON not found (set PYTHON=/path/to/python3.11)"
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || \
+    die "$PYTHON is not Python 3.11 (set PYTHON=/path/to/python3.11)"
   step "creating virtual environment $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
