@@ -116,7 +116,7 @@ def renormalize(inputs: torch.Tensor, src: nn.Module, dst: nn.Module) -> torch.T
     BGR-normalised mmpretrain RegNet teaching an RGB-normalised transformer.
     """
     raw = inputs * src.std + src.mean if src._enable_normalize else inputs
-    if src._channel_conversion != dst._channel_conversion:
+    if src.to_rgb != dst.to_rgb:
         raw = raw.flip(1)
     return (raw - dst.mean) / dst.std if dst._enable_normalize else raw
 

@@ -1,0 +1,9 @@
+# Demo: the ConViT ImageNet recipe end to end on the 10-class demo set (64x64, patch 8) with a
+# small ConViT (d=128, 6 blocks of which 4 GPSA, 4 heads).
+# Generate the data first: python tools/data/gen_demo_imagenet.py data/demo_in10
+_base_ = ['../xcit/xcit-mini-p8_1xb64-30e_demo-in10-64px.py']
+
+model = dict(
+    backbone=dict(type='vitdense.ConViT',
+                  arch=dict(embed_dims=128, num_layers=6, num_heads=4, num_local_layers=4),
+                  drop_path_rate=0.1))
