@@ -5,6 +5,7 @@ UperNet (mmseg) whose backbone is the same architecture in dense mode with
 ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')``: every trunk weight
 must equal the trained one.
 """
+import importlib
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
-from mmengine.utils import get_installed_path
 
 from vitdense.cls import generate_demo_imagenet
 
@@ -48,7 +48,9 @@ def trained(request: pytest.FixtureRequest,
 
 
 def package_config(package: str, relative: str) -> Config:
-    return Config.fromfile(Path(get_installed_path(package)) / '.mim' / 'configs' / relative)
+    """A config shipped inside an installed OpenMMLab package (``<package>/.mim/configs``)."""
+    root = Path(importlib.import_module(package).__file__).parent
+    return Config.fromfile(root / '.mim' / 'configs' / relative)
 
 
 def assert_trunk_loaded(backbone: torch.nn.Module, trained_state: dict) -> None:
@@ -75,7 +77,7 @@ def test_upernet_backbone_loads_the_classification_weights(trained: tuple[dict, 
     from mmseg.registry import MODELS
     dense, trained_state = trained
     init_default_scope('mmseg')
-    cfg = package_config('mmsegmentation', '_base_/models/upernet_r50.py').model
+    cfg = package_config('mmseg', '_base_/models/upernet_r50.py').model
     cfg.pop('pretrained', None)
     cfg.backbone = dense
     cfg.decode_head.in_channels = [TINY['embed_dims']] * 4
