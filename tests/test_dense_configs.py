@@ -217,3 +217,40 @@ def test_train_step_and_inference(config):
             assert masks.shape[1:] == IMAGE_HW and len(masks) <= 100
         else:
             assert prediction.pred_sem_seg.data.shape == (1, *IMAGE_HW)
+
+
+# #params (millions) of the XCiT paper: Table 5 (Mask R-CNN) per patch size; Table 6 per model
+# (the p16 and p8 rows agree to 0.1M): (Semantic FPN, UperNet)
+TABLE5 = {('t12', 16): 26.1, ('t12', 8): 25.8, ('s12', 16): 44.3, ('s12', 8): 43.1,
+          ('s24', 16): 65.8, ('s24', 8): 64.5, ('m24', 16): 101.1, ('m24', 8): 98.9}
+TABLE6 = {'t12': (8.4, 33.7), 's12': (30.4, 52.4), 's24': (51.8, 73.8), 'm24': (90.8, 109.0)}
+
+
+def _count(config: str, skip: str = '') -> int:
+    """Parameters of the full-size model (built on the meta device: no memory, no init)."""
+    cfg = _load(config)
+    cfg.model.backbone.init_cfg = None
+    with DefaultScope.overwrite_default_scope(cfg.default_scope), torch.device('meta'):
+        model = MODELS.build(cfg.model)
+    return sum(p.numel() for n, p in model.named_parameters() if not (skip and n.startswith(skip)))
+
+
+@pytest.mark.parametrize('size, patch', sorted(TABLE5))
+def test_mask_rcnn_sizes_are_table_5(size, patch):
+    """Our Mask R-CNN models have exactly the paper's sizes (Table 5 truncates to 0.1M)."""
+    count = _count(f'configs/xcit/mask-rcnn_xcit-{size}-p{patch}_fpn_3x_coco.py')
+    assert int(count / 1e5) / 10 == TABLE5[size, patch]
+
+
+@pytest.mark.parametrize('size', sorted(TABLE6))
+def test_segmentation_sizes_are_table_6_without_the_learned_pyramid(size):
+    """Table 6 gives one size per model for both patch sizes: it matches our patch-8 models
+    without their only learned pyramid layer (backbone.pyramid.fpn1, a 2×2 transposed conv,
+    4·C² + C parameters); patch-16 models have a deeper stem and two more transposed convs."""
+    paper_fpn, paper_upernet = TABLE6[size]
+    fpn = _count(f'configs/xcit/fpn_xcit-{size}-p8_8xb2-80k_ade20k-512x512.py',
+                 skip='backbone.pyramid.fpn1.')
+    upernet = _count(f'configs/xcit/upernet_xcit-{size}-p8_8xb2-160k_ade20k-512x512.py',
+                     skip='backbone.pyramid.fpn1.')
+    assert abs(fpn / 1e6 - paper_fpn) < 0.1
+    assert abs(upernet / 1e6 - paper_upernet) < 0.1

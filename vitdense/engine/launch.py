@@ -23,17 +23,18 @@ def _draw_mmdet(cfg: Config, show_dir: str) -> None:
 
 
 def _draw_mmseg(cfg: Config, show_dir: str) -> None:
-    cfg.default_hooks.visualization.draw = True
+    cfg.default_hooks.visualization.update(draw=True, interval=1)
     cfg.visualizer.save_dir = osp.abspath(show_dir)
 
 
 def _draw_mmpretrain(cfg: Config, show_dir: str) -> None:
-    cfg.default_hooks.visualization.update(enable=True, out_dir=osp.abspath(show_dir))
+    cfg.default_hooks.visualization.update(enable=True, interval=1,
+                                           out_dir=osp.abspath(show_dir))
 
 
 @dataclass(frozen=True)
 class Host:
-    """How one OpenMMLab library's own tools draw and dump test results."""
+    """How one OpenMMLab library's own tools draw (every image) and dump test results."""
 
     scope: str
     draw: Callable[[Config, str], None]
@@ -86,20 +87,37 @@ def load_config(path: str, cfg_options: dict | None, launcher: str,
 
 
 def _prepare_cpu_distributed(cfg: Config) -> None:
-    """Multi-process training without GPUs: gloo process group, DDP without device ids.
+    """Multi-process training without GPUs: gloo process group, DDP without device ids, BN.
 
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and its default DDP wrapper passes
     ``device_ids=[LOCAL_RANK]``; both assume one GPU per process. The process group is opened
     here (the Runner skips ``init_dist`` when one exists) and the wrapper gets no device ids.
+    torch's DDP refuses SyncBatchNorm in CPU modules (statistics sync needs an accelerator),
+    so ``SyncBN`` norm configs become ``BN``: each process normalises with its own batch, as
+    mmengine does for single-process runs.
     """
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend='gloo')
     wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel'))
     wrapper.setdefault('device_ids', None)
     cfg.model_wrapper_cfg = wrapper
+    replaced = _sync_bn_to_bn(cfg.model)
     print_log(f'no CUDA device: rank {os.environ.get("RANK")} of '
-              f'{os.environ.get("WORLD_SIZE")} runs on CPU with the gloo backend',
-              logger='current')
+              f'{os.environ.get("WORLD_SIZE")} runs on CPU with the gloo backend; '
+              f'{replaced} SyncBN norm configs use BN', logger='current')
+
+
+def _sync_bn_to_bn(node) -> int:
+    """Turn every ``dict(type='SyncBN', ...)`` below ``node`` into BN; return how many."""
+    if isinstance(node, dict):
+        count = 0
+        if node.get('type') == 'SyncBN':
+            node['type'] = 'BN'
+            count = 1
+        return count + sum(_sync_bn_to_bn(value) for value in node.values())
+    if isinstance(node, (list, tuple)):
+        return sum(_sync_bn_to_bn(value) for value in node)
+    return 0
 
 
 def add_test_metric(cfg: Config, metric: dict) -> None:

@@ -1,9 +1,11 @@
-"""Training for a wall-clock budget instead of an iteration count.
+"""Training for a time budget instead of an iteration count.
 
-Comparing backbones "within N minutes" on a shared CPU needs every run to use the whole
-budget whatever its speed, with a learning rate that still anneals to zero at the end.
-Following "Budgeted Training" (Li et al., ICLR 2020), the learning rate decays linearly in
-the fraction of the budget spent, after a short warmup in iterations.
+Comparing backbones "within N minutes" needs every run to use the whole budget whatever its
+speed, with a learning rate that still anneals to zero at the end. Following "Budgeted
+Training" (Li et al., ICLR 2020), the learning rate decays linearly in the fraction of the
+budget spent, after a short warmup in iterations. On a machine shared with other jobs the
+budget can be counted in this process's CPU time instead of wall-clock time, so that the
+work done in the budget does not depend on the neighbours.
 """
 from __future__ import annotations
 
@@ -19,19 +21,24 @@ from vitdense.registry import HOOKS
 class TimeBudgetHook(Hook):
     """Stop training after ``minutes``; lr = base lr · warmup(iter) · (1 - spent fraction).
 
+    ``clock`` is 'wall' (elapsed time) or 'process' (CPU time of this process, all threads).
     Replaces the param schedulers (configure none): every optimizer group keeps its own base
     lr (``initial_lr``, e.g. after layer-wise decay) and is scaled by the same factor.
     """
 
     priority = 'VERY_HIGH'
+    CLOCKS = {'wall': time.monotonic, 'process': time.process_time}
 
-    def __init__(self, minutes: float, warmup_iters: int = 50,
-                 warmup_ratio: float = 1e-3) -> None:
+    def __init__(self, minutes: float, warmup_iters: int = 50, warmup_ratio: float = 1e-3,
+                 clock: str = 'wall') -> None:
         if minutes <= 0:
             raise ValueError(f'minutes must be positive, got {minutes}')
+        if clock not in self.CLOCKS:
+            raise ValueError(f'clock must be one of {sorted(self.CLOCKS)}, got {clock!r}')
         self.budget = minutes * 60.0
         self.warmup_iters = warmup_iters
         self.warmup_ratio = warmup_ratio
+        self.clock = self.CLOCKS[clock]
         self.start = 0.0
 
     def before_train(self, runner) -> None:
@@ -40,11 +47,11 @@ class TimeBudgetHook(Hook):
                              'configure param_scheduler = []')
         for group in runner.optim_wrapper.param_groups:
             group.setdefault('initial_lr', group['lr'])
-        self.start = time.monotonic()
+        self.start = self.clock()
 
     def spent(self) -> float:
         """Fraction of the budget used so far."""
-        return (time.monotonic() - self.start) / self.budget
+        return (self.clock() - self.start) / self.budget
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         warmup = min(1.0, self.warmup_ratio + (1 - self.warmup_ratio) *

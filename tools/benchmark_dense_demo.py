@@ -1,0 +1,173 @@
+"""The dense floors of issue 4: every family against ResNet-18, same heads, data and minutes.
+
+Each run trains a demo config from scratch for a time budget (``TimeBudgetHook``: the
+learning rate decays linearly in the time spent, so fast and slow backbones both finish
+their schedule) and then evaluates on the validation split with the real evaluators
+(COCO bbox / segm mAP, mIoU). The ResNet-18 row is the vitdense demo config of the task with
+only the backbone swapped for mmdet's / mmseg's ResNet-18.
+
+On a machine shared with other jobs wall-clock minutes measure the neighbours, so by default
+the budget is CPU time of the run's process with one torch thread and data loading in the
+process (``--clock process --threads 1``): what an otherwise idle machine does in that many
+minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time instead.
+
+    nice python tools/benchmark_dense_demo.py                       # everything, ~2.5 h
+    nice python tools/benchmark_dense_demo.py --tasks det --families xcit resnet18
+
+Runs go one at a time, each in its own process; results are appended to
+``benchmarks/results/dense_demo.jsonl`` and summarised in ``dense_demo.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    'det': {
+        'xcit': 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py',
+        'vit': 'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',
+        'cait': 'configs/cait/mask-rcnn_cait-d6-p8_fpn_demo-coco.py',
+        'convit': 'configs/convit/mask-rcnn_convit-d6-p8_fpn_demo-coco.py',
+    },
+    'seg': {
+        'xcit': 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py',
+        'vit': 'configs/vit/upernet_vit-d6-p8_demo-ade.py',
+        'cait': 'configs/cait/upernet_cait-d6-p8_demo-ade.py',
+        'convit': 'configs/convit/upernet_convit-d6-p8_demo-ade.py',
+    },
+}
+RESNET18 = {
+    'det': dict(type='mmdet.ResNet', depth=18, norm_cfg=dict(type='BN'), norm_eval=False,
+                frozen_stages=-1, init_cfg=None),
+    'seg': dict(type='mmseg.ResNetV1c', depth=18, norm_cfg=dict(type='BN'), init_cfg=None),
+}
+RESNET18_CHANNELS = [64, 128, 256, 512]
+METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',)}
+FAMILIES = ('xcit', 'vit', 'cait', 'convit', 'resnet18')
+
+
+def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path):
+    """The demo config of ``family`` (or ResNet-18 in the XCiT config) on a time budget."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(str(ROOT / CONFIGS[task]['xcit' if family == 'resnet18' else family]))
+    if family == 'resnet18':
+        channels = RESNET18_CHANNELS
+        cfg.model.backbone = RESNET18[task]
+        if task == 'det':
+            cfg.model.neck.in_channels = channels
+        else:
+            cfg.model.decode_head.in_channels = channels
+            cfg.model.auxiliary_head.in_channels = channels[2]
+    cfg.work_dir = str(work_dir)
+    cfg.param_scheduler = []
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=10 ** 8, val_interval=10 ** 8)
+    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [
+        dict(type='vitdense.TimeBudgetHook', minutes=train_minutes, clock=clock)]
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].update(num_workers=0, persistent_workers=False)
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=10 ** 8)
+    cfg.default_hooks.logger = dict(type='LoggerHook', interval=25, log_metric_by_epoch=False)
+    cfg.log_processor = dict(by_epoch=False)
+    return cfg
+
+
+def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
+            threads: int) -> dict:
+    """Train and evaluate one (task, family) in this process; return the measured row."""
+    import torch
+    from mmengine.runner import Runner
+    torch.set_num_threads(threads)
+
+    import vitdense  # noqa: F401
+    from vitdense.engine.launch import host_of
+    cfg = build_config(task, family, train_minutes, clock, work_dir)
+    host_of(cfg)
+    start = (time.monotonic(), time.process_time())
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    trained = (time.monotonic(), time.process_time())
+    metrics = runner.test()
+    done = (time.monotonic(), time.process_time())
+    params = sum(p.numel() for p in runner.model.backbone.parameters())
+    return dict(task=task, family=family, clock=clock, threads=threads, iters=runner.iter,
+                backbone_params=params,
+                train_min=(trained[0] - start[0]) / 60, total_min=(done[0] - start[0]) / 60,
+                train_cpu_min=(trained[1] - start[1]) / 60,
+                total_cpu_min=(done[1] - start[1]) / 60,
+                **{name: float(metrics[name]) for name in METRICS[task]})
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: task, family, minutes, iterations, metrics."""
+    lines = ['| task | family | backbone params | iterations | minutes (CPU) train / total '
+             '| minutes (wall) total | metrics |', '|---|---|---|---|---|---|---|']
+    for row in rows:
+        values = ', '.join(f'{name.split("/")[-1]} {row[name]:.3f}'
+                           for name in METRICS[row['task']])
+        lines.append(f"| {row['task']} | {row['family']} | {row['backbone_params'] / 1e6:.2f}M "
+                     f"| {row['iters']} | {row['train_cpu_min']:.1f} / "
+                     f"{row['total_cpu_min']:.1f} | {row['total_min']:.1f} | {values} |")
+    return '\n'.join(lines)
+
+
+def ensure_data() -> None:
+    """Write the demo sets with their default seed if they are missing."""
+    from vitdense.datasets import make_demo_ade, make_demo_coco
+    if not (ROOT / 'data/demo_coco/annotations/instances_val.json').exists():
+        make_demo_coco(ROOT / 'data/demo_coco')
+    if not (ROOT / 'data/demo_ade/annotations/validation').exists():
+        make_demo_ade(ROOT / 'data/demo_ade')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--tasks', nargs='+', choices=sorted(CONFIGS), default=['det', 'seg'])
+    parser.add_argument('--families', nargs='+', choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument('--minutes', type=float, default=15.0,
+                        help='budget per run, training plus evaluation')
+    parser.add_argument('--eval-minutes', type=float, default=1.0,
+                        help='part of the budget kept for evaluation')
+    parser.add_argument('--clock', choices=['process', 'wall'], default='process',
+                        help='count the budget in CPU time of the run or in elapsed time')
+    parser.add_argument('--threads', type=int, default=1, help='torch threads per run')
+    parser.add_argument('--out', default='benchmarks/results',
+                        help='folder for work dirs and the results table')
+    parser.add_argument('--one', nargs=2, metavar=('TASK', 'FAMILY'), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = ROOT / args.out
+    train_minutes = args.minutes - args.eval_minutes
+    if args.one:
+        task, family = args.one
+        row = run_one(task, family, train_minutes, args.clock,
+                      out / 'dense_demo' / f'{task}_{family}', args.threads)
+        with open(out / 'dense_demo.jsonl', 'a') as f:
+            f.write(json.dumps(row) + '\n')
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    ensure_data()
+    rows = []
+    for task in args.tasks:
+        for family in args.families:
+            before = (out / 'dense_demo.jsonl').read_text().splitlines() \
+                if (out / 'dense_demo.jsonl').exists() else []
+            subprocess.run([sys.executable, __file__, '--one', task, family,
+                            '--minutes', str(args.minutes),
+                            '--eval-minutes', str(args.eval_minutes), '--out', args.out,
+                            '--clock', args.clock, '--threads', str(args.threads)],
+                           check=True, cwd=ROOT)
+            rows.append(json.loads((out / 'dense_demo.jsonl').read_text().splitlines()[
+                len(before)]))
+            print(table(rows[-1:]), flush=True)
+    summary = table(rows)
+    (out / 'dense_demo.md').write_text(summary + '\n')
+    print(summary)
+
+
+if __name__ == '__main__':
+    main()
