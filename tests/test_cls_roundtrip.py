@@ -26,7 +26,7 @@ def trained(request: pytest.FixtureRequest,
     """(backbone config in dense form, trained classification state dict)."""
     work = tmp_path_factory.mktemp(f'{request.param}_cls')
     cfg = Config.fromfile(
-        ROOT / 'configs' / request.param / f'{request.param}-mini-p8_1xb64-30e_demo-in10-64px.py')
+        ROOT / 'configs' / request.param / f'{request.param}-mini-p16_1xb64-8e_demo-in10-64px.py')
     cfg.model.backbone.arch = TINY
     cfg.model.head.in_channels = TINY['embed_dims']
     cfg.train_dataloader.update(batch_size=5, num_workers=0, persistent_workers=False)

@@ -9,7 +9,7 @@ the 60% top-1 floor.
 the steps, and the bytes autograd keeps for the backward pass. Each mode runs in a fresh
 process so the peaks do not mix.
 
-    nice python tools/benchmark_cls_demo.py demo [--families xcit cait] [--epochs 30]
+    nice python tools/benchmark_cls_demo.py demo [--families xcit cait] [--epochs 8]
     nice python tools/benchmark_cls_demo.py attn [--batch-size 16]
 """
 from __future__ import annotations
@@ -27,12 +27,14 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
+import vitdense  # noqa: F401  (host-stack fixes before any config resolves 'mmpretrain::')
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIGS = {
-    'vit': 'configs/vit/vit-mini-p8_1xb64-a2-30e_demo-in10-64px.py',
-    'cait': 'configs/cait/cait-mini-p8_1xb64-30e_demo-in10-64px.py',
-    'xcit': 'configs/xcit/xcit-mini-p8_1xb64-30e_demo-in10-64px.py',
-    'convit': 'configs/convit/convit-mini-p8_1xb64-30e_demo-in10-64px.py',
+    'vit': 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
+    'cait': 'configs/cait/cait-mini-p16_1xb64-8e_demo-in10-64px.py',
+    'xcit': 'configs/xcit/xcit-mini-p16_1xb64-8e_demo-in10-64px.py',
+    'convit': 'configs/convit/convit-mini-p16_1xb64-8e_demo-in10-64px.py',
 }
 FINETUNE_CONFIGS = {
     'full': 'configs/vit/vit-s-p16_8xb64_in1k-384px.py',
@@ -56,15 +58,16 @@ class AccuracyTimeline(Hook):
         self.points.append((minutes, metrics['accuracy/top1'], metrics['accuracy/top5']))
 
 
-def run_demo(family: str, data_root: Path, epochs: int | None, work_root: Path) -> dict:
+def run_demo(family: str, args: argparse.Namespace) -> dict:
     """Train one family's demo config; return its accuracy timeline."""
     cfg = Config.fromfile(ROOT / DEMO_CONFIGS[family])
     for loader in (cfg.train_dataloader, cfg.val_dataloader):
-        loader.dataset.data_root = str(data_root)
-    if epochs is not None:
-        cfg.train_cfg.max_epochs = epochs
+        loader.dataset.data_root = args.data_root
+    if args.epochs is not None:
+        cfg.train_cfg.max_epochs = args.epochs
+    cfg.train_cfg.val_interval = args.val_interval
     cfg.test_dataloader = cfg.test_evaluator = cfg.test_cfg = None
-    cfg.work_dir = str(work_root / family)
+    cfg.work_dir = str(Path(args.work_dir) / family)
     cfg.randomness = dict(seed=0)
     runner = Runner.from_cfg(cfg)
     timeline = AccuracyTimeline()
@@ -77,11 +80,10 @@ def run_demo(family: str, data_root: Path, epochs: int | None, work_root: Path) 
 
 
 def demo(args: argparse.Namespace) -> None:
-    data_root = Path(args.data_root)
-    if not (data_root / 'meta' / 'val.txt').exists():
+    if not (Path(args.data_root) / 'meta' / 'val.txt').exists():
         from vitdense.cls import generate_demo_imagenet
-        generate_demo_imagenet(data_root)
-    rows = [run_demo(f, data_root, args.epochs, Path(args.work_dir)) for f in args.families]
+        generate_demo_imagenet(args.data_root)
+    rows = [run_demo(f, args) for f in args.families]
     print(f'\n| family | epochs | minutes | top-1 | top-5 | minutes to {FLOOR:.0f}% top-1 |')
     print('|---|---|---|---|---|---|')
     for r in rows:
@@ -139,7 +141,7 @@ def attn(args: argparse.Namespace) -> None:
     for mode in FINETUNE_CONFIGS:
         out = subprocess.run(
             [sys.executable, __file__, 'attn-worker', mode, '--batch-size',
-             str(args.batch_size), '--steps', str(args.steps)],
+             str(args.batch_size), '--steps', str(args.steps), '--threads', str(args.threads)],
             check=True, capture_output=True, text=True, cwd=ROOT)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     full = rows[0]
@@ -165,6 +167,7 @@ def main() -> None:
     p_demo.add_argument('--families', nargs='+', default=list(DEMO_CONFIGS),
                         choices=list(DEMO_CONFIGS))
     p_demo.add_argument('--epochs', type=int, help="override the configs' epochs")
+    p_demo.add_argument('--val-interval', type=int, default=2, help='epochs between evaluations')
     p_demo.add_argument('--data-root', default=str(ROOT / 'data' / 'demo_in10'))
     p_demo.add_argument('--work-dir', default=str(ROOT / 'work_dirs' / 'benchmark_cls_demo'))
     for name in ('attn', 'attn-worker'):
@@ -173,7 +176,11 @@ def main() -> None:
             p.add_argument('mode', choices=list(FINETUNE_CONFIGS))
         p.add_argument('--batch-size', type=int, default=16)
         p.add_argument('--steps', type=int, default=3)
+    for p in sub.choices.values():
+        p.add_argument('--threads', type=int, default=1,
+                       help='torch threads (1 is fastest for small models on a busy machine)')
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     if args.command == 'demo':
         demo(args)
     elif args.command == 'attn':
