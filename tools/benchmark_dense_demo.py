@@ -54,6 +54,8 @@ FAMILIES = ('xcit', 'vit', 'cait', 'convit', 'resnet18')
 def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path):
     """The demo config of ``family`` (or ResNet-18 in the XCiT config) on a time budget."""
     from mmengine.config import Config
+
+    from vitdense.engine import train_on_time_budget
     cfg = Config.fromfile(str(ROOT / CONFIGS[task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
         channels = RESNET18_CHANNELS
@@ -64,15 +66,10 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
             cfg.model.decode_head.in_channels = channels
             cfg.model.auxiliary_head.in_channels = channels[2]
     cfg.work_dir = str(work_dir)
-    cfg.param_scheduler = []
-    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=10 ** 8, val_interval=10 ** 8)
-    cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [
-        dict(type='vitdense.TimeBudgetHook', minutes=train_minutes, clock=clock)]
+    train_on_time_budget(cfg, train_minutes, clock)
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].update(num_workers=0, persistent_workers=False)
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=10 ** 8)
     cfg.default_hooks.logger = dict(type='LoggerHook', interval=25, log_metric_by_epoch=False)
-    cfg.log_processor = dict(by_epoch=False)
     return cfg
 
 

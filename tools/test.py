@@ -4,33 +4,22 @@
     bash tools/dist_test.sh CONFIG CHECKPOINT 8
 """
 import argparse
-import os
 
-from mmengine.config import DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
-from vitdense.engine.launch import HOSTS, add_test_metric, load_config
+from vitdense.engine.launch import (HOSTS, add_test_metric, load_config, parse_tool_args,
+                                    tool_parser)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config', help='config file')
+    parser = tool_parser(__doc__)
     parser.add_argument('checkpoint', help='checkpoint file or URL')
-    parser.add_argument('--work-dir', help='where the metrics json and logs go')
     parser.add_argument('--out', help='save predictions: ' + '; '.join(
         f'{scope}: {host.out_help}' for scope, host in HOSTS.items()))
     parser.add_argument('--show-dir', help='save pictures of the predictions here')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, key=value')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parse_tool_args(parser)
 
 
 def main() -> None:

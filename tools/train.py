@@ -1,37 +1,25 @@
 """Train any vitdense config (mmdet, mmseg or mmpretrain, chosen by its ``default_scope``).
 
-    python tools/train.py configs/xcit/mask-rcnn_xcit-t12-p16_fpn_demo-coco.py
+    python tools/train.py configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py
     bash tools/dist_train.sh CONFIG 8 [--amp] [--resume]
 """
 import argparse
-import os
 
-from mmengine.config import DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
-from vitdense.engine.launch import load_config
+from vitdense.engine.launch import load_config, parse_tool_args, tool_parser
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config', help='config file')
-    parser.add_argument('--work-dir', help='where logs and checkpoints go')
+    parser = tool_parser(__doc__)
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CHECKPOINT',
                         help='resume from CHECKPOINT, or from the latest one in the work dir')
     parser.add_argument('--amp', action='store_true', help='mixed precision (GPU only)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr by total batch / auto_scale_lr.base_batch_size')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, key=value (e.g. train_cfg.max_iters=10)')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parse_tool_args(parser)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ drawn, how predictions are dumped) are one table.
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import os.path as osp
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 
 
@@ -36,20 +37,19 @@ def _draw_mmpretrain(cfg: Config, show_dir: str) -> None:
 class Host:
     """How one OpenMMLab library's own tools draw (every image) and dump test results."""
 
-    scope: str
     draw: Callable[[Config, str], None]
     dump_metric: Callable[[str], dict]
     out_help: str
 
 
 HOSTS = {
-    'mmdet': Host('mmdet', _draw_mmdet,
+    'mmdet': Host(_draw_mmdet,
                   lambda out: dict(type='DumpDetResults', out_file_path=out),
                   'pickle file of the predictions (masks RLE-encoded)'),
-    'mmseg': Host('mmseg', _draw_mmseg,
+    'mmseg': Host(_draw_mmseg,
                   lambda out: dict(type='IoUMetric', output_dir=out, format_only=True),
                   'folder for the predicted label maps (PNG)'),
-    'mmpretrain': Host('mmpretrain', _draw_mmpretrain,
+    'mmpretrain': Host(_draw_mmpretrain,
                        lambda out: dict(type='DumpResults', out_file_path=out),
                        'pickle file of the predictions'),
 }
@@ -63,6 +63,27 @@ def host_of(cfg: Config) -> Host:
                          f'{sorted(HOSTS)}')
     importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
     return HOSTS[scope]
+
+
+def tool_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every OpenMMLab train/test tool takes: config, work dir, overrides, launcher."""
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', help='config file')
+    parser.add_argument('--work-dir', help='where logs, checkpoints and metrics go')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, key=value (e.g. train_cfg.max_iters=10)')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
+    return parser
+
+
+def parse_tool_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse, and export LOCAL_RANK for launchers that pass it as an argument."""
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
 
 
 def load_config(path: str, cfg_options: dict | None, launcher: str,

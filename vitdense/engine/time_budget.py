@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 
@@ -66,3 +67,20 @@ class TimeBudgetHook(Hook):
             runner.train_loop.stop_training = True
             print_log(f'time budget of {self.budget / 60:.1f} min used after '
                       f'{runner.iter + 1} iterations', logger='current')
+
+
+def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> None:
+    """Rewrite ``cfg`` in place to train for ``minutes`` and evaluate once, at the end.
+
+    The iteration loop is made open-ended, the param schedulers give way to
+    :class:`TimeBudgetHook`, and one checkpoint is kept (the last), so the run's length is
+    set by the clock on any machine while everything else of the recipe stays as configured.
+    """
+    cfg.param_scheduler = []
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=10 ** 9, val_interval=10 ** 9)
+    cfg.custom_hooks = [hook for hook in cfg.get('custom_hooks') or []
+                        if hook.get('type') not in ('TimeBudgetHook', 'vitdense.TimeBudgetHook')]
+    cfg.custom_hooks.append(dict(type='vitdense.TimeBudgetHook', minutes=minutes, clock=clock))
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
+                                        interval=10 ** 9, save_last=True, max_keep_ckpts=1)
+    cfg.log_processor = dict(by_epoch=False)
