@@ -331,6 +331,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                                               f'{case.img_size}px b{case.batch} '
                                               f'{case.attention}')
             results.append(run_case(case, args))
+            # written after every case: a long run stopped early keeps what it measured
+            bm.write_json(args.out.with_suffix('.json'), dict(meta, complete=False), results)
             progress.advance(task)
     meta['load_average_end'] = list(os.getloadavg())
     growth = memory_growth(results)
@@ -342,7 +344,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         console.print(growth_table(growth))
     if parallel:
         console.print(parallel_table(parallel))
-    bm.write_json(args.out.with_suffix('.json'), dict(meta, summary=summary), results)
+    bm.write_json(args.out.with_suffix('.json'), dict(meta, complete=True, summary=summary),
+                  results)
     plot = bm.plot_scaling(results, args.out.with_suffix('.png'),
                            title=f"{meta['cpu'] if args.device == 'cpu' else meta.get('gpu')}, "
                                  f'{args.threads} threads')
