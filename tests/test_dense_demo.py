@@ -10,25 +10,16 @@ from mmengine.registry import DATASETS, MODELS, DefaultScope
 from mmengine.runner import Runner
 
 from vitdense.datasets import make_demo_ade, make_demo_coco
-from vitdense.engine.launch import load_config
+from vitdense.engine.launch import load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 DET = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
 SEG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 
 
-def point_at(cfg: Config, data_root: Path) -> None:
-    """Read the data from ``data_root`` instead of data/demo_*."""
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        cfg[loader].dataset.data_root = str(data_root)
-    for evaluator in ('val_evaluator', 'test_evaluator'):
-        if 'ann_file' in cfg[evaluator]:
-            cfg[evaluator].ann_file = str(data_root / 'annotations' / 'instances_val.json')
-
-
 def _short_run(config: str, data_root: Path, work_dir: Path, iters: int) -> Config:
     cfg, _ = load_config(str(ROOT / config), None, 'none', str(work_dir))
-    point_at(cfg, data_root)
+    point_at_data_root(cfg, data_root)
     cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)
     cfg.val_dataloader.update(num_workers=0, persistent_workers=False)
     cfg.test_dataloader = cfg.val_dataloader
@@ -70,7 +61,7 @@ def test_demo_recipe_learns_and_is_evaluated(config, make, metrics, tmp_path):
 def test_missing_dataset_names_the_path(tmp_path):
     for config in (DET, SEG):
         cfg, _ = load_config(str(ROOT / config), None, 'none', str(tmp_path))
-        point_at(cfg, tmp_path / 'no_such_set')
+        point_at_data_root(cfg, tmp_path / 'no_such_set')
         with DefaultScope.overwrite_default_scope(cfg.default_scope), \
                 pytest.raises(Exception, match='no_such_set'):
             DATASETS.build(cfg.train_dataloader.dataset)

@@ -26,7 +26,7 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.datasets import make_demo_coco
 from vitdense.engine import train_on_time_budget
-from vitdense.engine.launch import load_config
+from vitdense.engine.launch import load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
@@ -44,6 +44,8 @@ def metric_table(metrics: dict) -> str:
 
 def picture_grid(drawn: list[Path], out: Path, columns: int = 4) -> None:
     """Tile the drawn prediction images (ground truth | prediction pairs) into one PNG."""
+    if not drawn:
+        raise FileNotFoundError(f'no drawn predictions to tile into {out}')
     images = [cv2.imread(str(path)) for path in drawn]
     height = max(img.shape[0] for img in images)
     width = max(img.shape[1] for img in images)
@@ -71,10 +73,7 @@ def main() -> None:
         print(f'wrote the demo COCO set to {data_root}')
     work_dir = Path(args.work_dir).resolve()
     cfg, host = load_config(str(CONFIG), None, 'none', str(work_dir))
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        cfg[loader].dataset.data_root = str(data_root)
-    for evaluator in ('val_evaluator', 'test_evaluator'):
-        cfg[evaluator].ann_file = str(data_root / 'annotations' / 'instances_val.json')
+    point_at_data_root(cfg, str(data_root))
     train_on_time_budget(cfg, args.minutes)
     show_dir = work_dir / 'show'
     host.draw(cfg, str(show_dir))

@@ -141,6 +141,17 @@ def _sync_bn_to_bn(node) -> int:
     return 0
 
 
+def point_at_data_root(cfg: Config, data_root: str | os.PathLike) -> None:
+    """Read every split from ``data_root``; evaluators with an annotation file (COCO) read
+    the file of the same name from ``data_root/annotations``."""
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = str(data_root)
+    for evaluator in ('val_evaluator', 'test_evaluator'):
+        if 'ann_file' in cfg[evaluator]:
+            name = osp.basename(cfg[evaluator].ann_file)
+            cfg[evaluator].ann_file = osp.join(str(data_root), 'annotations', name)
+
+
 def add_test_metric(cfg: Config, metric: dict) -> None:
     """Append ``metric`` to the test evaluator (a dict or a list of dicts)."""
     evaluator = cfg.test_evaluator
