@@ -105,3 +105,7 @@ def test_time_budget_stops_training_and_anneals_lr(tmp_path):
     assert 2 < runner.iter < 100000
     assert all(g['lr'] < 0.2 * g['initial_lr'] for g in runner.optim_wrapper.param_groups)
     assert HOOKS.get('TimeBudgetHook') is not None
+    saved = tmp_path / f'iter_{runner.iter}.pth'
+    assert (tmp_path / 'last_checkpoint').read_text() == str(saved)
+    state = torch.load(saved, map_location='cpu', weights_only=False)['state_dict']
+    assert all(torch.equal(state[key], value) for key, value in model.state_dict().items())

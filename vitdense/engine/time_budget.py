@@ -10,6 +10,7 @@ work done in the budget does not depend on the neighbours.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from mmengine.config import Config
 from mmengine.hooks import Hook
@@ -25,6 +26,8 @@ class TimeBudgetHook(Hook):
     ``clock`` is 'wall' (elapsed time) or 'process' (CPU time of this process, all threads).
     Replaces the param schedulers (configure none): every optimizer group keeps its own base
     lr (``initial_lr``, e.g. after layer-wise decay) and is scaled by the same factor.
+    The model it stops on is saved as ``iter_<n>.pth`` (and named in ``last_checkpoint``):
+    mmengine's ``save_last`` only fires at ``max_iters``, which a budgeted run never reaches.
     """
 
     priority = 'VERY_HIGH'
@@ -67,6 +70,12 @@ class TimeBudgetHook(Hook):
             runner.train_loop.stop_training = True
             print_log(f'time budget of {self.budget / 60:.1f} min used after '
                       f'{runner.iter + 1} iterations', logger='current')
+
+    def after_train(self, runner) -> None:
+        filename = f'iter_{runner.iter}.pth'
+        runner.save_checkpoint(runner.work_dir, filename)
+        Path(runner.work_dir, 'last_checkpoint').write_text(
+            str(Path(runner.work_dir, filename)))
 
 
 def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> None:
