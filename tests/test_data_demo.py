@@ -10,7 +10,7 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from vitdense.datasets import ADE_CLASSES, SHAPE_CLASSES, make_demo_ade, make_demo_coco
-from vitdense.datasets.demo import render_shapes
+from vitdense.datasets.demo import CLASS_COLOURS, render_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,6 +72,21 @@ def test_scene_pixels_follow_the_masks():
             assert inside.std(axis=0).max() < 10  # one flat colour plus pixel noise
         occluded += any(not _is_convex_blob(mask) for mask in scene.masks)
     assert occluded > 0, 'no scene with an occluded shape'
+
+
+def test_object_colours_follow_the_class_unless_random():
+    def mean_colours(class_colours):
+        found = {}
+        for i in range(30):
+            scene = render_shapes(np.random.default_rng(i), 96, class_colours=class_colours)
+            for kind, mask in zip(scene.labels, scene.masks):
+                found.setdefault(kind, []).append(scene.image[mask].mean(axis=0))
+        return {kind: np.array(colours) for kind, colours in found.items()}
+
+    for kind, colours in mean_colours(True).items():
+        assert np.abs(colours - CLASS_COLOURS[kind]).max() < 40 + 10  # jitter + noise
+    spread = np.concatenate(list(mean_colours(False).values())).std(axis=0)
+    assert spread.min() > 50, 'random colours should span the RGB cube'
 
 
 def _is_convex_blob(mask: np.ndarray) -> bool:

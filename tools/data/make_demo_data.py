@@ -21,10 +21,13 @@ def main() -> None:
     parser.add_argument('--size', type=int, help='image side in pixels (coco 160, ade 128)')
     parser.add_argument('--max-objects', type=int, default=4)
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--random-colours', action='store_true',
+                        help='shapes in any colour (default: shades of a colour per class)')
     args = parser.parse_args()
     make, default_out, default_size = _MAKERS[args.kind]
     out = make(args.out or default_out, num_train=args.num_train, num_val=args.num_val,
-               size=args.size or default_size, seed=args.seed, max_objects=args.max_objects)
+               size=args.size or default_size, seed=args.seed, max_objects=args.max_objects,
+               class_colours=not args.random_colours)
     print(f'wrote {args.kind} demo set: {out}')
 
 

@@ -1,7 +1,11 @@
 """Seeded synthetic datasets that make the dense recipes runnable on a CPU in minutes.
 
 Two layouts of the same scenes (coloured circles, squares and triangles that may occlude
-each other):
+each other). By default an object's colour is a jittered shade of its class's colour (reds,
+greens, blues; ``CLASS_COLOURS``), so classes differ in appearance as well as in shape, as
+object classes do in real data; ``class_colours=False`` paints every object in any colour, and
+then only shape tells the classes apart. (Measured with ResNet-18 Mask R-CNN, 7 CPU-minutes:
+bbox mAP 0.55 with class colours, 0.11 with random ones: shape alone is not learnt in minutes.)
 
 - :func:`make_demo_coco`: COCO instance segmentation (``annotations/instances_{train,val}.json``
   with compressed-RLE masks of the *visible* part of every object, ``{train,val}/*.jpg``).
@@ -26,6 +30,8 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 SHAPE_CLASSES = ('circle', 'square', 'triangle')
+#: Base colour of each shape class when colours follow the class (reds, greens, blues).
+CLASS_COLOURS = np.array([(210., 50., 50.), (50., 180., 60.), (50., 80., 215.)])
 ADE_CLASSES = ('wall', 'floor') + SHAPE_CLASSES
 _SPLITS = {'train': 0, 'val': 1}
 
@@ -99,20 +105,30 @@ def _gradient(rng: np.random.Generator, size: int, amplitude: float) -> np.ndarr
     return (amplitude * (np.cos(angle) * xx + np.sin(angle) * yy))[..., None]
 
 
+def _object_colour(rng: np.random.Generator, kind: int, by_class: bool,
+                   avoid: list[np.ndarray], jitter: float = 40.0) -> np.ndarray:
+    """An object's colour: its class's base colour jittered, or any colour apart from
+    ``avoid`` (the background and the objects already drawn)."""
+    if by_class:
+        return np.clip(CLASS_COLOURS[kind] + rng.uniform(-jitter, jitter, 3), 0, 255)
+    return _distinct_colour(rng, avoid)
+
+
 def _finish(rng: np.random.Generator, image: np.ndarray, noise: float = 6.0) -> np.ndarray:
     """Add pixel noise and convert to uint8."""
     image = image + rng.normal(0, noise, image.shape)
     return np.clip(np.round(image), 0, 255).astype(np.uint8)
 
 
-def render_shapes(rng: np.random.Generator, size: int = 160,
-                  max_objects: int = 4) -> Scene:
-    """One COCO-style scene: shapes of random colours over a shaded plain background."""
+def render_shapes(rng: np.random.Generator, size: int = 160, max_objects: int = 4,
+                  class_colours: bool = True) -> Scene:
+    """One COCO-style scene: shapes over a shaded plain background, in random colours or,
+    with ``class_colours``, in jittered shades of their class's colour."""
     canvas, kinds = _layout(rng, size, max_objects)
-    background = _distinct_colour(rng, [])
+    background = _distinct_colour(rng, list(CLASS_COLOURS) if class_colours else [])
     colours = [background]
-    for _ in kinds:
-        colours.append(_distinct_colour(rng, colours))
+    for kind in kinds:
+        colours.append(_object_colour(rng, kind, class_colours, colours))
     image = np.empty((size, size, 3))
     image[:] = background
     image += _gradient(rng, size, 60.0)
@@ -136,8 +152,8 @@ def _texture(rng: np.random.Generator, size: int, striped: bool) -> np.ndarray:
     return np.where((phase % 2 == 0)[..., None], first, second)
 
 
-def render_semantic(rng: np.random.Generator, size: int = 128,
-                    max_objects: int = 4) -> tuple[np.ndarray, np.ndarray]:
+def render_semantic(rng: np.random.Generator, size: int = 128, max_objects: int = 4,
+                    class_colours: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """One ADE-style scene: (RGB image, label map) with ADE ids (0 clutter, 1.. classes).
 
     A random straight boundary splits the background into a striped "wall" and a checkered
@@ -153,7 +169,7 @@ def render_semantic(rng: np.random.Generator, size: int = 128,
     image = image + _gradient(rng, size, 40.0)
     canvas, kinds = _layout(rng, size, max_objects)
     for index, kind in enumerate(kinds):
-        image[canvas == index] = rng.uniform(0, 255, 3)
+        image[canvas == index] = _object_colour(rng, kind, class_colours, [])
         label[canvas == index] = 3 + kind
     for _ in range(int(rng.integers(0, 3))):
         points = rng.uniform(0, size, (3, 2)).round().astype(np.int32)
@@ -173,12 +189,12 @@ def _write_jpg(path: Path, rgb: np.ndarray) -> None:
 
 
 def _coco_split(out_dir: Path, split: str, count: int, size: int, seed: int,
-                max_objects: int) -> Path:
+                max_objects: int, class_colours: bool) -> Path:
     """Write one split's images and its ``instances_<split>.json``; return the json path."""
     (out_dir / split).mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     for index in range(count):
-        scene = render_shapes(_rng(seed, split, index), size, max_objects)
+        scene = render_shapes(_rng(seed, split, index), size, max_objects, class_colours)
         file_name = f'{index:06d}.jpg'
         _write_jpg(out_dir / split / file_name, scene.image)
         image_id = index + 1
@@ -201,17 +217,17 @@ def _coco_split(out_dir: Path, split: str, count: int, size: int, seed: int,
 
 def make_demo_coco(out_dir: str | Path = 'data/demo_coco', num_train: int = 400,
                    num_val: int = 100, size: int = 160, seed: int = 0,
-                   max_objects: int = 4) -> Path:
+                   max_objects: int = 4, class_colours: bool = True) -> Path:
     """Write the demo COCO instance-segmentation set under ``out_dir``; return ``out_dir``."""
     out_dir = Path(out_dir)
     for split, count in (('train', num_train), ('val', num_val)):
-        _coco_split(out_dir, split, count, size, seed, max_objects)
+        _coco_split(out_dir, split, count, size, seed, max_objects, class_colours)
     return out_dir
 
 
 def make_demo_ade(out_dir: str | Path = 'data/demo_ade', num_train: int = 400,
                   num_val: int = 100, size: int = 128, seed: int = 0,
-                  max_objects: int = 4) -> Path:
+                  max_objects: int = 4, class_colours: bool = True) -> Path:
     """Write the demo ADE20k-layout semantic segmentation set; return ``out_dir``."""
     out_dir = Path(out_dir)
     for split, folder, count in (('train', 'training', num_train),
@@ -219,7 +235,8 @@ def make_demo_ade(out_dir: str | Path = 'data/demo_ade', num_train: int = 400,
         (out_dir / 'images' / folder).mkdir(parents=True, exist_ok=True)
         (out_dir / 'annotations' / folder).mkdir(parents=True, exist_ok=True)
         for index in range(count):
-            image, label = render_semantic(_rng(seed, split, index), size, max_objects)
+            image, label = render_semantic(_rng(seed, split, index), size, max_objects,
+                                           class_colours)
             stem = f'ADE_{split}_{index + 1:08d}'
             _write_jpg(out_dir / 'images' / folder / f'{stem}.jpg', image)
             cv2.imwrite(str(out_dir / 'annotations' / folder / f'{stem}.png'), label)
