@@ -13,6 +13,9 @@ minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time 
 
     nice python tools/benchmark_dense_demo.py                       # everything, ~2.5 h
     nice python tools/benchmark_dense_demo.py --tasks det --families xcit resnet18
+    # an ablation: the same run with a recipe change, on another generated set
+    nice python tools/benchmark_dense_demo.py --tasks det --families xcit --minutes 7 \
+        --cfg-options model.backbone.out_indices=[2,3,4,5] --data-root /tmp/coco_random
 
 Runs go one at a time, each in its own process; results are appended to
 ``benchmarks/results/dense_demo.jsonl`` and summarised in ``dense_demo.md``.
@@ -25,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from mmengine.config import DictAction
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -51,11 +56,14 @@ METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',)}
 FAMILIES = ('xcit', 'vit', 'cait', 'convit', 'resnet18')
 
 
-def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path):
-    """The demo config of ``family`` (or ResNet-18 in the XCiT config) on a time budget."""
+def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
+                 cfg_options: dict | None = None, data_root: str | None = None):
+    """The demo config of ``family`` (or ResNet-18 in the XCiT config) on a time budget,
+    with ``cfg_options`` merged in and the data read from ``data_root`` if given."""
     from mmengine.config import Config
 
     from vitdense.engine import train_on_time_budget
+    from vitdense.engine.launch import point_at_data_root
     cfg = Config.fromfile(str(ROOT / CONFIGS[task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
         channels = RESNET18_CHANNELS
@@ -65,6 +73,10 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
         else:
             cfg.model.decode_head.in_channels = channels
             cfg.model.auxiliary_head.in_channels = channels[2]
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if data_root:
+        point_at_data_root(cfg, data_root)
     cfg.work_dir = str(work_dir)
     train_on_time_budget(cfg, train_minutes, clock)
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
@@ -74,7 +86,7 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
 
 
 def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
-            threads: int) -> dict:
+            threads: int, cfg_options: dict | None = None, data_root: str | None = None) -> dict:
     """Train and evaluate one (task, family) in this process; return the measured row."""
     import torch
     from mmengine.runner import Runner
@@ -82,7 +94,7 @@ def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: 
 
     import vitdense  # noqa: F401
     from vitdense.engine.launch import host_of
-    cfg = build_config(task, family, train_minutes, clock, work_dir)
+    cfg = build_config(task, family, train_minutes, clock, work_dir, cfg_options, data_root)
     host_of(cfg)
     start = (time.monotonic(), time.process_time())
     runner = Runner.from_cfg(cfg)
@@ -92,7 +104,7 @@ def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: 
     done = (time.monotonic(), time.process_time())
     params = sum(p.numel() for p in runner.model.backbone.parameters())
     return dict(task=task, family=family, clock=clock, threads=threads, iters=runner.iter,
-                backbone_params=params,
+                backbone_params=params, cfg_options=cfg_options or {}, data_root=data_root,
                 train_min=(trained[0] - start[0]) / 60, total_min=(done[0] - start[0]) / 60,
                 train_cpu_min=(trained[1] - start[1]) / 60,
                 total_cpu_min=(done[1] - start[1]) / 60,
@@ -135,6 +147,9 @@ def main() -> None:
     parser.add_argument('--threads', type=int, default=1, help='torch threads per run')
     parser.add_argument('--out', default='benchmarks/results',
                         help='folder for work dirs and the results table')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
+                        help='recipe changes (key=value) applied to every run, for ablations')
+    parser.add_argument('--data-root', help='read the demo set from here (default data/demo_*)')
     parser.add_argument('--one', nargs=2, metavar=('TASK', 'FAMILY'), help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = ROOT / args.out
@@ -142,7 +157,8 @@ def main() -> None:
     if args.one:
         task, family = args.one
         row = run_one(task, family, train_minutes, args.clock,
-                      out / 'dense_demo' / f'{task}_{family}', args.threads)
+                      out / 'dense_demo' / f'{task}_{family}', args.threads,
+                      args.cfg_options, args.data_root)
         with open(out / 'dense_demo.jsonl', 'a') as f:
             f.write(json.dumps(row) + '\n')
         return
@@ -156,7 +172,11 @@ def main() -> None:
             subprocess.run([sys.executable, __file__, '--one', task, family,
                             '--minutes', str(args.minutes),
                             '--eval-minutes', str(args.eval_minutes), '--out', args.out,
-                            '--clock', args.clock, '--threads', str(args.threads)],
+                            '--clock', args.clock, '--threads', str(args.threads),
+                            *(['--data-root', args.data_root] if args.data_root else []),
+                            *(['--cfg-options', *(f'{key}={json.dumps(value)}' for key, value
+                                                  in args.cfg_options.items())]
+                              if args.cfg_options else [])],
                            check=True, cwd=ROOT)
             rows.append(json.loads((out / 'dense_demo.jsonl').read_text().splitlines()[
                 len(before)]))
