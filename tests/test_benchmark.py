@@ -94,6 +94,9 @@ def test_memory_growth_and_scaling_plot(tmp_path):
     plot = bm.plot_scaling(results, tmp_path / 'curves.png')
     assert plot.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     assert bm.plot_scaling(results[:1], tmp_path / 'none.png') is None
+    for row in results:  # --no-memory: the memory panel says so instead of failing
+        row['impls'][bm.OURS]['memory_mb'] = None
+    assert bm.plot_scaling(results, tmp_path / 'time_only.png').exists()
 
 
 def test_tiny_run_end_to_end_writes_table_json_and_plot(tmp_path, capsys):

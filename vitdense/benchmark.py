@@ -432,16 +432,21 @@ def plot_scaling(results: list[dict], path: Path, title: str = '') -> Optional[P
         return None
     lines = {k: sorted(v) for k, v in lines.items() if len({t for t, *_ in v}) == longest}
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    measured = [False, False]
     for label, points in sorted(lines.items()):
         style = '--' if f' {TIMM}' in label else '-'
-        for axis, column in zip(axes, (1, 2)):
+        for index, (axis, column) in enumerate(zip(axes, (1, 2))):
             xs = [p[0] for p in points if p[column] is not None]
             ys = [p[column] for p in points if p[column] is not None]
             axis.plot(xs, ys, style, marker='o', label=label)
+            measured[index] |= bool(ys)
     axes[0].set_ylabel('peak memory (MiB)')
     axes[1].set_ylabel('time per image (ms)')
-    for axis in axes:
+    for axis, has_data in zip(axes, measured):
         axis.set_xlabel('number of patch tokens')
+        if not has_data:  # e.g. --no-memory: an empty log axis cannot be drawn
+            axis.text(.5, .5, 'not measured', ha='center', transform=axis.transAxes)
+            continue
         axis.set_xscale('log')
         axis.set_yscale('log')
         axis.grid(True, which='both', alpha=.3)
