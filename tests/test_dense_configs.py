@@ -254,3 +254,29 @@ def test_segmentation_sizes_are_table_6_without_the_learned_pyramid(size):
                      skip='backbone.pyramid.fpn1.')
     assert abs(fpn / 1e6 - paper_fpn) < 0.1
     assert abs(upernet / 1e6 - paper_upernet) < 0.1
+
+
+DEMO_MASK_RCNN = [c for c in CONFIGS if Path(c).name.startswith('mask-rcnn_')
+                  and '_demo-' in c]
+
+
+@pytest.mark.parametrize('config', DEMO_MASK_RCNN)
+def test_roi_heads_pool_the_features_at_the_boxes(config):
+    """The RoI features Mask R-CNN pools from our pyramid (mmcv's RoIAlign, which indexes
+    raw NCHW buffers) are torchvision's stride-aware RoIAlign of the same maps. Before the
+    backbone returned contiguous maps they were scrambled, and the box / mask heads of every
+    transformer detector sat at chance (bbox mAP 0.02 where ResNet-18 reached 0.69)."""
+    from torchvision.ops import roi_align
+
+    cfg = _downsized(config)
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        model = MODELS.build(cfg.model).eval()
+    extractor = model.roi_head.bbox_roi_extractor
+    rois = torch.tensor([[0., 3., 5., 40., 30.], [1., 20., 10., 60., 50.]])  # level 0 boxes
+    with torch.no_grad():
+        features = model.extract_feat(torch.randn(2, 3, *IMAGE_HW))
+        pooled = extractor(features[:extractor.num_inputs], rois)
+        expected = roi_align(features[0], rois, extractor.roi_layers[0].output_size,
+                             spatial_scale=1 / 4, sampling_ratio=0, aligned=True)
+    torch.testing.assert_close(pooled, expected)

@@ -70,6 +70,16 @@ def test_columnar_maps_without_pyramid(cls):
     assert [tuple(o.shape) for o in outs] == [(2, 32, 7, 5)] * 2
 
 
+@pytest.mark.parametrize('cls', FAMILIES)
+@pytest.mark.parametrize('pyramid', [True, False])
+def test_dense_maps_are_contiguous_nchw(cls, pyramid):
+    """Heads that read raw buffers (mmcv's RoIAlign) need standard NCHW maps: the token
+    maps are channels-last views, and a Mask R-CNN on them pooled scrambled RoI features."""
+    model = tiny(cls, pyramid=pyramid).eval()
+    outs = model(torch.randn(2, 3, 96, 80))
+    assert all(out.is_contiguous() for out in outs)
+
+
 def test_padding_does_not_leak_into_the_valid_region_of_a_cropped_image():
     """An image that is a multiple of the patch size is unaffected by how it was padded."""
     model = tiny(XCiT, pyramid=False).eval()

@@ -232,13 +232,17 @@ class ColumnarBackbone(BaseModule):
                 features.append(self._to_map(tokens, hw))
         if not self.dense:
             return (self._pool(tokens),)
-        if self.pyramid is None:
-            return tuple(features)
-        return self.pyramid(features, image_hw)
+        if self.pyramid is not None:
+            features = self.pyramid(features, image_hw)
+        # Token maps are channels-last views of the sequence, and convs keep that layout.
+        # mmcv's RoIAlign indexes its input buffer as contiguous NCHW whatever the
+        # strides, so RoI heads would pool scrambled features: hand out contiguous maps.
+        return tuple(feature.contiguous() for feature in features)
 
     @staticmethod
     def _to_map(tokens: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        """Patch tokens (the last rows·cols of the sequence) as a (B, C, rows, cols) map."""
+        """Patch tokens (the last rows·cols of the sequence) as a (B, C, rows, cols) map:
+        a channels-last view, no copy."""
         patches = tokens[:, tokens.shape[1] - hw[0] * hw[1]:]
         return patches.transpose(1, 2).reshape(tokens.shape[0], -1, *hw)
 
