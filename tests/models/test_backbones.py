@@ -188,6 +188,8 @@ def test_bad_arguments_name_the_problem():
         XCiT('nano_12', out_type='logits')
     with pytest.raises(ValueError, match='power-of-two patch size'):
         ViT('tiny', patch_size=14)
+    with pytest.raises(ValueError, match=r'num_local_layers must be in \[0, num_layers\)'):
+        ConViT(dict(TINY[ConViT], num_local_layers=4))
     model = tiny(ConViT)
     with pytest.raises(ValueError, match=r'images of shape \(B, 3, H, W\), got \(1, 1, 32, 32\)'):
         model(torch.randn(1, 1, 32, 32))

@@ -7,6 +7,7 @@ from vitdense.models.layers import (CrossCovarianceAttention, GatedPositionalSel
                                     HMLPPatchEmbed, LearnedPositionEmbedding,
                                     MultiheadSelfAttention, MultiLevelPyramid, build_norm2d)
 from vitdense.models.layers.attention import relative_positions
+from vitdense.models.layers.blocks import TransformerBlock
 
 
 def test_relative_positions_on_a_rectangular_grid():
@@ -96,6 +97,22 @@ def test_branched_attention_equals_independent_branches():
             single.proj.weight.copy_(fused.proj.weight[b])
             single.proj.bias.copy_(fused.proj.bias[b])
         assert torch.allclose(out[b], single(x[b]), atol=1e-6)
+
+
+@pytest.mark.parametrize('num_branches,talking_heads', [(1, False), (2, False), (1, True)])
+def test_block_updating_only_the_first_tokens_equals_the_full_block(num_branches,
+                                                                     talking_heads):
+    """A classifier's last block needs only its class token: same values, FFN spared."""
+    torch.manual_seed(0)
+    mixer = MultiheadSelfAttention(8, 2, num_branches=num_branches,
+                                   talking_heads=talking_heads)
+    block = TransformerBlock(8, mixer, layer_scale=0.5, num_branches=num_branches).eval()
+    x = torch.randn(2, 7, 8)
+    torch.testing.assert_close(block(x, (2, 3), num_queries=1), block(x, (2, 3))[:, :1])
+    xca_block = TransformerBlock(8, CrossCovarianceAttention(8, 2),
+                                 local_patch_interaction=True)
+    with pytest.raises(ValueError, match='local patch interaction needs every token'):
+        xca_block(x[:, 1:], (2, 3), num_queries=1)
 
 
 def test_hmlp_stem_follows_appendix_c_and_keeps_patches_independent():

@@ -200,11 +200,11 @@ class ColumnarBackbone(BaseModule):
             raise ValueError(f'{type(self).__name__} expects images of shape (B, '
                              f'{self.in_channels}, H, W), got {tuple(x.shape)}')
 
-    def _run_block(self, block: nn.Module, tokens: torch.Tensor,
-                   hw: tuple[int, int]) -> torch.Tensor:
+    def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw: tuple[int, int],
+                   **kwargs) -> torch.Tensor:
         if self.with_cp and self.training and tokens.requires_grad:
-            return checkpoint(block, tokens, hw, use_reentrant=False)
-        return block(tokens, hw)
+            return checkpoint(block, tokens, hw, use_reentrant=False, **kwargs)
+        return block(tokens, hw, **kwargs)
 
     def _prepend_cls_token(self, tokens: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
@@ -224,10 +224,17 @@ class ColumnarBackbone(BaseModule):
 
         features = []
         last = self.out_indices[-1] if self.dense else self.num_layers - 1
+        # a classifier reading the trunk's class token needs only that token from the last
+        # block (the same output; the patch tokens' FFN and queries are skipped)
+        class_token_only = (self.out_type == 'cls_token' and self.cls_blocks is None
+                            and self.cls_token_block is not None)
         for index, block in enumerate(self.blocks[:last + 1]):
             if index and index == self.cls_token_block:
                 tokens = self._prepend_cls_token(tokens)
-            tokens = self._run_block(block, tokens, hw)
+            if index == last and class_token_only:
+                tokens = self._run_block(block, tokens, hw, num_queries=1)
+            else:
+                tokens = self._run_block(block, tokens, hw)
             if self.dense and index in self.out_indices:
                 features.append(self._to_map(tokens, hw))
         if not self.dense:

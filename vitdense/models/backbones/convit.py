@@ -41,7 +41,12 @@ class ConViT(ColumnarBackbone):
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid)
 
     def class_token_block(self) -> Optional[int]:
-        return self.arch['num_local_layers']
+        num_local = self.arch['num_local_layers']
+        if not 0 <= num_local < self.num_layers:
+            raise ValueError(f'num_local_layers must be in [0, num_layers) = [0, '
+                             f'{self.num_layers}) so that the class token joins a block, '
+                             f'got {num_local}')
+        return num_local
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         arch = self.arch

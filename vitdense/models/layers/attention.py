@@ -58,9 +58,14 @@ class MultiheadSelfAttention(nn.Module):
             self.mix_weights = nn.Linear(num_heads, num_heads)
         self.talking_heads = talking_heads
 
-    def forward(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
+                num_queries: Optional[int] = None) -> torch.Tensor:
+        """Attention of every token, or of the first ``num_queries`` tokens only (all
+        tokens still serve as keys and values); output (..., queries, C)."""
         # branches are folded into the batch: SDPA's fused kernels take 4-D inputs only
         q, k, v = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
+        if num_queries is not None:
+            q = q[..., :num_queries, :]
         drop = self.attn_drop if self.training else 0.
         if self.talking_heads:
             logits = _mix_heads((q * self.scale) @ k.transpose(-2, -1), self.mix_logits)
@@ -68,7 +73,7 @@ class MultiheadSelfAttention(nn.Module):
             out = F.dropout(weights, drop, self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        return self.proj_drop(self.proj(_merge_heads(out).view(x.shape)))
+        return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
 
 
 def _mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:

@@ -104,8 +104,20 @@ class TransformerBlock(nn.Module):
     def _merge_branches(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.num_branches == 1 else x.sum(0)
 
-    def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
-        x = x + self.drop_path(self._merge_branches(self.ls1(self.attn(self.norm1(x), hw))))
+    def forward(self, x: torch.Tensor, hw: Grid,
+                num_queries: Optional[int] = None) -> torch.Tensor:
+        """Update all tokens or, with ``num_queries``, only the first ones (a classifier's
+        class token in its last block): the others are keys and values and are not
+        returned, which spares the FFN and most of the attention for them."""
+        if num_queries is None:
+            mixed = self.attn(self.norm1(x), hw)
+        elif self.lpi is not None:
+            raise ValueError('the local patch interaction needs every token: '
+                             'num_queries is not supported with it')
+        else:
+            mixed = self.attn(self.norm1(x), hw, num_queries=num_queries)
+            x = x[..., :num_queries, :]
+        x = x + self.drop_path(self._merge_branches(self.ls1(mixed)))
         if self.lpi is not None:
             x = x + self.drop_path(self.ls_lpi(self.lpi(self.norm_lpi(x), hw)))
         return x + self.drop_path(self._merge_branches(self.ls2(self.mlp(self.norm2(x)))))
