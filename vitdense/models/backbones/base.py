@@ -231,10 +231,8 @@ class ColumnarBackbone(BaseModule):
         for index, block in enumerate(self.blocks[:last + 1]):
             if index and index == self.cls_token_block:
                 tokens = self._prepend_cls_token(tokens)
-            if index == last and class_token_only:
-                tokens = self._run_block(block, tokens, hw, num_queries=1)
-            else:
-                tokens = self._run_block(block, tokens, hw)
+            extra = dict(num_queries=1) if class_token_only and index == last else {}
+            tokens = self._run_block(block, tokens, hw, **extra)
             if self.dense and index in self.out_indices:
                 features.append(self._to_map(tokens, hw))
         if not self.dense:
