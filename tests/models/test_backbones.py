@@ -80,6 +80,27 @@ def test_dense_maps_are_contiguous_nchw(cls, pyramid):
     assert all(out.is_contiguous() for out in outs)
 
 
+@pytest.mark.parametrize('cls,kwargs', [(cls, {}) for cls in FAMILIES] + [
+    (ViT, dict(num_parallel=2, layer_scale=0.1))])
+@pytest.mark.parametrize('out_type', ['featmap', 'cls_token'])
+def test_inference_writing_into_branch_outputs_gives_the_same_bits(cls, kwargs, out_type):
+    """Without gradients, residual sums, LayerScale and GELU reuse their sub-block's
+    output buffer: every dense map and class token must equal the autograd path's exactly
+    (a block overwriting tokens that an earlier map still views would show up here)."""
+    model = cls(TINY[cls], out_indices=[0, 1, 2, 3], out_type=out_type, pyramid=False,
+                **kwargs).eval()
+    for module in model.modules():  # BN / LayerScale at non-trivial values
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-1, 1)
+    image = torch.randn(2, 3, 64, 48)
+    with torch.enable_grad():
+        reference = model(image)
+    assert all(out.requires_grad for out in reference)
+    with torch.no_grad():
+        inferred = model(image.clone())
+    assert all(torch.equal(a, b) for a, b in zip(inferred, reference))
+
+
 def test_padding_does_not_leak_into_the_valid_region_of_a_cropped_image():
     """An image that is a multiple of the patch size is unaffected by how it was padded."""
     model = tiny(XCiT, pyramid=False).eval()

@@ -7,7 +7,7 @@ from vitdense.models.layers import (CrossCovarianceAttention, GatedPositionalSel
                                     HMLPPatchEmbed, LearnedPositionEmbedding,
                                     MultiheadSelfAttention, MultiLevelPyramid, build_norm2d)
 from vitdense.models.layers.attention import relative_positions
-from vitdense.models.layers.blocks import TransformerBlock
+from vitdense.models.layers.blocks import GELU, TransformerBlock, residual_add
 
 
 def test_relative_positions_on_a_rectangular_grid():
@@ -113,6 +113,28 @@ def test_block_updating_only_the_first_tokens_equals_the_full_block(num_branches
                                  local_patch_interaction=True)
     with pytest.raises(ValueError, match='local patch interaction needs every token'):
         xca_block(x[:, 1:], (2, 3), num_queries=1)
+
+
+def test_in_place_only_when_no_gradient_is_needed():
+    """Inference writes into the branch (x, which a dense map may view, is untouched);
+    with autograd a new tensor is made and the gradient is that of x + branch."""
+    x, branch = torch.randn(3, 4), torch.randn(3, 4)
+    x_before, branch_before = x.clone(), branch.clone()
+    with torch.no_grad():
+        out = residual_add(x, branch)
+    assert out.data_ptr() == branch.data_ptr() and torch.equal(x, x_before)
+    assert torch.equal(out, x_before + branch_before)
+
+    x, branch = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4)
+    branch_before = branch.clone()
+    out = residual_add(x, branch)
+    out.sum().backward()
+    assert torch.equal(branch, branch_before) and torch.equal(x.grad, torch.ones(3, 4))
+
+    h = torch.randn(5)
+    with torch.no_grad():
+        expected = F.gelu(h)
+        assert GELU()(h).data_ptr() == h.data_ptr() and torch.equal(h, expected)
 
 
 def test_hmlp_stem_follows_appendix_c_and_keeps_patches_independent():

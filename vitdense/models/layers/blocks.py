@@ -4,6 +4,10 @@ A :class:`TransformerBlock` is ``x + drop_path(ls(mixer(norm(x))))`` followed by
 with an FFN; the token mixer (self-attention, talking heads, XCA, GPSA) is passed in, XCiT
 adds its local patch interaction (LPI) in between, and "Three things" parallel blocks use
 ``num_branches > 1``. Class-attention blocks (CaiT §3, XCiT) update the class token only.
+
+When no gradient is needed (inference, frozen blocks), residual sums, LayerScale and GELU
+write into the fresh output of the sub-block that feeds them instead of allocating a new
+token buffer: the same values bit for bit, less memory traffic (see ``docs/benchmarks.md``).
 """
 from typing import Optional
 
@@ -17,6 +21,24 @@ from .branched import make_layer_norm, make_linear
 NORM_EPS = 1e-6
 
 
+def _no_grad_needed(*tensors: torch.Tensor) -> bool:
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def residual_add(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """``x + branch``; written into ``branch`` (a sub-block's fresh output, never read
+    again) when no gradient is needed. IEEE addition commutes, so the sum is the same."""
+    return branch.add_(x) if _no_grad_needed(x, branch) else x + branch
+
+
+class GELU(nn.GELU):
+    """Exact GELU that overwrites its input when no gradient is needed: it only follows a
+    linear or conv layer here, whose output nothing else reads."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.gelu_(x) if _no_grad_needed(x) else super().forward(x)
+
+
 class LayerScale(nn.Module):
     """Per-channel residual scaling initialised to a small ``init_value`` (CaiT §2)."""
 
@@ -26,7 +48,9 @@ class LayerScale(nn.Module):
         self.gamma = nn.Parameter(torch.full(shape, float(init_value)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma
+        """Scales in place when no gradient is needed: its input is a residual branch's
+        fresh output."""
+        return x.mul_(self.gamma) if _no_grad_needed(x, self.gamma) else x * self.gamma
 
 
 class FeedForward(nn.Module):
@@ -36,7 +60,7 @@ class FeedForward(nn.Module):
                  num_branches: int = 1) -> None:
         super().__init__()
         self.fc1 = make_linear(dim, hidden_dim, True, num_branches)
-        self.act = nn.GELU()
+        self.act = GELU()
         self.drop = nn.Dropout(drop)
         self.fc2 = make_linear(hidden_dim, dim, True, num_branches)
 
@@ -54,7 +78,7 @@ class LocalPatchInteraction(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
-        self.act = nn.GELU()
+        self.act = GELU()
         self.bn = nn.BatchNorm2d(dim)
         self.conv2 = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
 
@@ -117,10 +141,11 @@ class TransformerBlock(nn.Module):
         else:
             mixed = self.attn(self.norm1(x), hw, num_queries=num_queries)
             x = x[..., :num_queries, :]
-        x = x + self.drop_path(self._merge_branches(self.ls1(mixed)))
+        x = residual_add(x, self.drop_path(self._merge_branches(self.ls1(mixed))))
         if self.lpi is not None:
-            x = x + self.drop_path(self.ls_lpi(self.lpi(self.norm_lpi(x), hw)))
-        return x + self.drop_path(self._merge_branches(self.ls2(self.mlp(self.norm2(x)))))
+            x = residual_add(x, self.drop_path(self.ls_lpi(self.lpi(self.norm_lpi(x), hw))))
+        return residual_add(
+            x, self.drop_path(self._merge_branches(self.ls2(self.mlp(self.norm2(x))))))
 
 
 class ClassAttentionBlock(nn.Module):
@@ -142,8 +167,9 @@ class ClassAttentionBlock(nn.Module):
     def forward(self, cls_token: torch.Tensor,
                 tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([cls_token, tokens], dim=1)
-        cls_token = cls_token + self.drop_path(self.ls1(self.attn(self.norm1(x))))
-        cls_token = cls_token + self.drop_path(self.ls2(self.mlp(self.norm2(cls_token))))
+        cls_token = residual_add(cls_token, self.drop_path(self.ls1(self.attn(self.norm1(x)))))
+        cls_token = residual_add(cls_token,
+                                 self.drop_path(self.ls2(self.mlp(self.norm2(cls_token)))))
         return cls_token, tokens
 
 
@@ -161,10 +187,12 @@ class XCiTClassAttentionBlock(ClassAttentionBlock):
                 tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.cat([cls_token, tokens], dim=1)
         normed = self.norm1(x)
-        x = x + self.drop_path(self.ls1(torch.cat([self.attn(normed), normed[:, 1:]], dim=1)))
+        x = residual_add(
+            x, self.drop_path(self.ls1(torch.cat([self.attn(normed), normed[:, 1:]], dim=1))))
         if self.tokens_norm:
             x = self.norm2(x)
         else:
             x = torch.cat([self.norm2(x[:, :1]), x[:, 1:]], dim=1)
-        x = x + self.drop_path(torch.cat([self.ls2(self.mlp(x[:, :1])), x[:, 1:]], dim=1))
+        x = residual_add(
+            x, self.drop_path(torch.cat([self.ls2(self.mlp(x[:, :1])), x[:, 1:]], dim=1)))
         return x[:, :1], x[:, 1:]
