@@ -26,6 +26,15 @@ def test_interleaved_timing_alternates_order_and_repeats_each_step():
     assert summary['step_s'] == 2. and summary['images_per_s'] == 2.
 
 
+def test_paired_ratio_cancels_a_load_change_that_the_ratio_of_medians_keeps():
+    """The machine gets 5x slower from the third sample pair on, just after the slow step
+    of that pair ran: pairwise the other step is 10% faster throughout."""
+    fast = [1., 1., 1., 5., 5.]
+    slow = [1.1, 1.1, 5.5, 5.5, 5.5]
+    assert bm.paired_ratio(slow, fast) == pytest.approx(1.1)
+    assert sorted(slow)[2] / sorted(fast)[2] == pytest.approx(5.5)
+
+
 def test_flops_count_fused_attention_on_cpu_like_explicit_attention():
     q = torch.randn(2, 3, 10, 8)
     fused = bm.count_flops(lambda: F.scaled_dot_product_attention(q, q, q))
@@ -116,3 +125,15 @@ def test_tiny_run_end_to_end_writes_table_json_and_plot(tmp_path, capsys):
     assert first['speed_ratio'] > 0
     assert report['meta']['summary']['memory_growth']
     assert out.with_suffix('.png').exists()
+
+
+def test_timing_in_fresh_processes_pools_their_samples(tmp_path):
+    out = tmp_path / 'processes'
+    tool.main(['--models', 'vit_tiny_patch16_224', '--tasks', 'cls', '--sizes', '32',
+               '--repeats', '2', '--min-repeat-s', '0', '--threads', '1', '--processes', '2',
+               '--no-memory', '--no-flops', '--out', str(out)])
+    (record,) = json.loads(out.with_suffix('.json').read_text())['results']
+    assert len(record['speed_ratio_per_process']) == 2
+    assert all(ratio > 0 for ratio in record['speed_ratio_per_process'])
+    for impl in (bm.OURS, bm.TIMM):
+        assert len(record['impls'][impl]['samples_s']) == 4

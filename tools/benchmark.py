@@ -2,8 +2,9 @@
 
 For each case (model, task, input size, batch, mode, attention) both implementations are
 built on timm's weights, their outputs compared, then timed in one interleaved loop
-(median of repeats after warm-up), their FLOPs counted, and their peak memory measured
-each in a fresh subprocess. Results: a table, ``<out>.json`` and ``<out>.png`` (peak
+(median of repeats after warm-up; also the median of pairwise ratios, and with
+``--processes N`` the loop runs in N fresh processes whose samples are pooled), their FLOPs
+counted, and their peak memory measured each in a fresh subprocess. Results: a table, ``<out>.json`` and ``<out>.png`` (peak
 memory and time per image vs number of tokens, as XCiT's Fig. 2).
 
     python tools/benchmark.py --models xcit_small_12_p16_224 vit_small_patch16_224 \\
@@ -23,6 +24,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -82,6 +84,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--min-repeat-s', type=float, default=0.3,
                         help='each timing sample repeats a step to last about this long')
+    parser.add_argument('--processes', type=int, default=1,
+                        help='time each case in this many fresh processes (alternating which '
+                             'model is built first), --repeats samples each, pooled: where a '
+                             "process's buffers land in memory shifts its ratio by a few %%")
     parser.add_argument('--no-memory', action='store_true', help='skip memory subprocesses')
     parser.add_argument('--no-flops', action='store_true')
     parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results/backbones',
@@ -123,31 +129,67 @@ def build_inputs(case: bm.Case, device: str) -> torch.Tensor:
     return images.to(device)
 
 
-def run_case(case: bm.Case, args: argparse.Namespace) -> dict:
-    """Numerics, FLOPs and times in this process; memory in one subprocess per model."""
+def build_models(case: bm.Case, args: argparse.Namespace,
+                 reference_first: bool = False) -> dict[str, torch.nn.Module]:
+    """Both implementations of a case on the device (and their compiled variants)."""
     spec = bm.backbone_specs()[case.model]
-    models = {name: model.to(args.device)
-              for name, model in bm.build_backbone_pair(spec, case.task, case.img_size).items()}
+    models = {name: model.to(args.device) for name, model in bm.build_backbone_pair(
+        spec, case.task, case.img_size, reference_first=reference_first).items()}
+    if args.compile:
+        models.update({f'{name}+compile': torch.compile(model)
+                       for name, model in list(models.items())})
+    return models
+
+
+def time_models(case: bm.Case, models: dict[str, torch.nn.Module],
+                args: argparse.Namespace) -> dict[str, list[float]]:
+    inputs = build_inputs(case, args.device)
+    steps = {name: bm.make_step(model, inputs, case.mode, case.attention)
+             for name, model in models.items()}
+    return bm.time_interleaved(steps, args.warmup, args.repeats, args.min_repeat_s,
+                               bm.synchronizer(args.device))
+
+
+def time_in_processes(case: bm.Case, args: argparse.Namespace) -> dict[str, list[list[float]]]:
+    """Samples of every implementation from ``args.processes`` fresh processes, each
+    building both models (timm's first in every other one); one list per process."""
+    samples: dict[str, list[list[float]]] = {}
+    for index in range(args.processes):
+        spec = dict(case.as_dict(), measure='time', device=args.device, threads=args.threads,
+                    reference_first=index % 2 == 1, compile=args.compile,
+                    warmup=args.warmup, repeats=args.repeats, min_repeat_s=args.min_repeat_s)
+        result = bm.run_probe([sys.executable, __file__, '--probe'], spec)
+        if 'probe_error' in result:
+            raise RuntimeError(f'timing process {index} of {case}: {result["probe_error"]}')
+        for name, values in result.items():
+            samples.setdefault(name, []).append(values)
+    return samples
+
+
+def run_case(case: bm.Case, args: argparse.Namespace) -> dict:
+    """Numerics and FLOPs in this process; times here or in ``args.processes`` fresh
+    processes; memory in one subprocess per model."""
+    spec = bm.backbone_specs()[case.model]
+    models = build_models(case, args)
     inputs = build_inputs(case, args.device)
     record = dict(case.as_dict(), timm_name=spec.timm_name,
                   tokens=math.ceil(case.img_size / spec.patch_size) ** 2,
                   max_abs_diff=bm.max_abs_difference(models, inputs))
-    if args.compile:
-        models.update({f'{name}+compile': torch.compile(model)
-                       for name, model in list(models.items())})
-    steps = {name: bm.make_step(model, inputs, case.mode, case.attention)
-             for name, model in models.items()}
     impls: dict[str, dict] = {name: {} for name in models}
     if not args.no_flops:  # per image, counted on the first one
         for name, model in models.items():
             if not name.endswith('+compile'):
                 step = bm.make_step(model, inputs[:1], case.mode, case.attention)
                 impls[name]['gflops'] = bm.count_flops(step) / 1e9
-    times = bm.time_interleaved(steps, args.warmup, args.repeats, args.min_repeat_s,
-                                bm.synchronizer(args.device))
-    for name, samples in times.items():
-        impls[name].update(bm.summarize_times(samples, case.batch))
-    del models, steps
+    if args.processes > 1:
+        del models
+        per_process = time_in_processes(case, args)
+    else:
+        per_process = {name: [samples] for name, samples in
+                       time_models(case, models, args).items()}
+        del models
+    for name, runs in per_process.items():
+        impls[name].update(bm.summarize_times([t for run in runs for t in run], case.batch))
     if not args.no_memory:
         for name in impls:
             probe = dict(case.as_dict(), impl=name, device=args.device, threads=args.threads)
@@ -158,16 +200,29 @@ def run_case(case: bm.Case, args: argparse.Namespace) -> dict:
         if ours and ref:
             record[f'speed_ratio{suffix}'] = bm.ratio(ours['images_per_s'],
                                                       ref['images_per_s'])
+            record[f'speed_ratio_paired{suffix}'] = bm.paired_ratio(ref['samples_s'],
+                                                                    ours['samples_s'])
+            record[f'speed_ratio_per_process{suffix}'] = [
+                bm.ratio(statistics.median(r), statistics.median(o)) for o, r in
+                zip(per_process[bm.OURS + suffix], per_process[bm.TIMM + suffix])]
             record[f'memory_ratio{suffix}'] = bm.ratio(ours.get('memory_mb'),
                                                        ref.get('memory_mb'))
     return record
 
 
 def probe(spec_json: str) -> None:
-    """Child process: build one implementation alone and report its peak memory."""
+    """Child process: time both implementations (``measure='time'``) or build one alone
+    and report its peak memory."""
     spec = json.loads(spec_json)
     torch.set_num_threads(spec['threads'])
     case = bm.Case(**{key: spec[key] for key in bm.Case.__dataclass_fields__})
+    if spec.get('measure') == 'time':
+        options = argparse.Namespace(device=spec['device'], compile=spec['compile'],
+                                     warmup=spec['warmup'], repeats=spec['repeats'],
+                                     min_repeat_s=spec['min_repeat_s'])
+        models = build_models(case, options, reference_first=spec['reference_first'])
+        bm.report_probe(time_models(case, models, options))
+        return
     meter = bm.MemoryMeter(spec['device'])
     backbone = bm.backbone_specs()[case.model]
     impl = spec['impl'].removesuffix('+compile')
@@ -188,13 +243,21 @@ def _fmt(value: Optional[float], digits: int = 1) -> str:
     return '-' if value is None else f'{value:.{digits}f}'
 
 
+def _range(values: Optional[list[float]]) -> str:
+    """min-max of per-process ratios ('-' for a single process)."""
+    if not values or len(values) < 2:
+        return '-'
+    return f'{min(values):.2f}-{max(values):.2f}'
+
+
 def results_table(results: list[dict]):
     """One row per case and variant (eager, compiled): speeds, memory, FLOPs, difference."""
     from rich.table import Table
 
     table = Table(title='vitdense vs timm (same weights)', show_lines=False)
     for column in ('model', 'task', 'mode', 'size', 'batch', 'attn', 'variant',
-                   'ours img/s', 'timm img/s', 'speed o/t', 'ours MiB', 'timm MiB',
+                   'ours img/s', 'timm img/s', 'speed o/t', 'paired o/t', 'processes o/t',
+                   'ours MiB', 'timm MiB',
                    'mem o/t', 'GFLOP/img o', 'GFLOP/img t', 'max|Δ|'):
         table.add_column(column, justify='left' if column in ('model', 'variant') else 'right',
                          no_wrap=column == 'model')
@@ -209,6 +272,8 @@ def results_table(results: list[dict]):
                 str(record['batch']), record['attention'], suffix.lstrip('+') or 'eager',
                 _fmt(ours.get('images_per_s')), _fmt(ref.get('images_per_s')),
                 _fmt(record.get('speed_ratio' + suffix), 2),
+                _fmt(record.get('speed_ratio_paired' + suffix), 2),
+                _range(record.get('speed_ratio_per_process' + suffix)),
                 _fmt(ours.get('memory_mb'), 0), _fmt(ref.get('memory_mb'), 0),
                 _fmt(record.get('memory_ratio' + suffix), 2),
                 _fmt(ours.get('gflops')), _fmt(ref.get('gflops')),

@@ -4,10 +4,13 @@ The pieces ``tools/benchmark.py`` (backbones vs timm) and ``tools/benchmark_dens
 (detectors / segmentors) share:
 
 - :func:`time_interleaved`: several steps timed in alternating order after a warm-up, so
-  that load changes on a shared machine hit every model alike; the median is reported.
+  that load changes on a shared machine hit every model alike; the median is reported, and
+  :func:`paired_ratio` compares two steps sample by sample (neighbours in time).
 - :func:`count_flops`: ``FlopCounterMode`` with the CPU flash-attention kernels added (torch
   counts fused attention only for the CUDA kernels); a multiply-add counts as 2 FLOPs.
-- :func:`probe_memory` runs one model in a fresh subprocess: on CPU the peak resident set
+- :func:`run_probe` runs a measurement in a fresh subprocess (timing in several processes
+  averages out where each one's buffers happen to land in memory);
+  :func:`probe_memory` runs one model in a fresh subprocess: on CPU the peak resident set
   (``VmHWM``) of that process above its size after imports, so nothing the parent holds
   (the other model, allocator caches) counts; on CUDA ``max_memory_allocated``.
 - backbone pairs: a vitdense backbone and its timm reference on the same weights
@@ -152,6 +155,12 @@ def time_interleaved(steps: dict[str, Step], warmup: int = 2, repeats: int = 5,
     return samples
 
 
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
+    """Median of ``numerator[i] / denominator[i]``: samples taken next to each other by
+    :func:`time_interleaved`, so a slow drift of the machine cancels within each pair."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator))
+
+
 def _elapsed(step: Step, count: int, sync: Callable[[], None]) -> float:
     sync()
     start = time.perf_counter()
@@ -255,29 +264,37 @@ class MemoryMeter:
                     memory_kind=kind)
 
 
-def probe_memory(command: Sequence[str], spec: dict, timeout_s: float = 1800.) -> dict:
-    """Run ``command + [json(spec)]`` in a fresh process and return the dict it reports
-    with :func:`report_probe`, or ``dict(memory_error=...)``.
-
-    On CPU, glibc's mmap threshold is pinned so that freed tensors go back to the system
-    and the resident size follows live memory.
-    """
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
-               OMP_NUM_THREADS=str(spec.get('threads', default_threads())))
+def run_probe(command: Sequence[str], spec: dict, timeout_s: float = 1800.,
+              env: Optional[dict] = None, error_key: str = 'probe_error') -> dict:
+    """Run ``command + [json(spec)]`` in a fresh process (``env`` added to this one's,
+    ``spec['threads']`` OpenMP threads) and return the dict it reports with
+    :func:`report_probe`, or ``{error_key: why}``."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec.get('threads', default_threads())),
+               **(env or {}))
     try:
         proc = subprocess.run([*command, json.dumps(spec)], capture_output=True, text=True,
                               env=env, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return dict(memory_error=f'probe timed out after {timeout_s:.0f} s')
+        return {error_key: f'probe timed out after {timeout_s:.0f} s'}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(PROBE_PREFIX):
             return json.loads(line[len(PROBE_PREFIX):])
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return dict(memory_error=f'probe exited with {proc.returncode}: ' + ' | '.join(tail))
+    return {error_key: f'probe exited with {proc.returncode}: ' + ' | '.join(tail)}
+
+
+def probe_memory(command: Sequence[str], spec: dict, timeout_s: float = 1800.) -> dict:
+    """:func:`run_probe` for one model's peak memory (``memory_error`` on failure).
+
+    On CPU, glibc's mmap threshold is pinned so that freed tensors go back to the system
+    and the resident size follows live memory.
+    """
+    return run_probe(command, spec, timeout_s, dict(MALLOC_MMAP_THRESHOLD_='131072'),
+                     error_key='memory_error')
 
 
 def report_probe(result: dict) -> None:
-    """The child side of :func:`probe_memory`: one tagged JSON line on stdout."""
+    """The child side of :func:`run_probe`: one tagged JSON line on stdout."""
     print(PROBE_PREFIX + json.dumps(result), flush=True)
 
 
@@ -352,15 +369,19 @@ def build_timm(spec: BackboneSpec, task: str, img_size: int) -> nn.Module:
     return model if task == 'cls' else TimmDense(model, default_out_indices(len(model.blocks)))
 
 
-def build_backbone_pair(spec: BackboneSpec, task: str, img_size: int,
-                        seed: int = 0) -> dict[str, nn.Module]:
+def build_backbone_pair(spec: BackboneSpec, task: str, img_size: int, seed: int = 0,
+                        reference_first: bool = False) -> dict[str, nn.Module]:
     """Ours and (where it exists) timm's model on the same weights: timm's random init is
-    loaded into ours through our checkpoint conversion."""
+    loaded into ours through our checkpoint conversion. ``reference_first`` builds timm's
+    model first (its parameters then come first in memory; same weights)."""
     torch.manual_seed(seed)
+    reference = (build_timm(spec, task, img_size)
+                 if reference_first and spec.timm_name is not None else None)
     ours = build_ours(spec, task, img_size)
     if spec.timm_name is None:
         return {OURS: ours}
-    reference = build_timm(spec, task, img_size)
+    if reference is None:
+        reference = build_timm(spec, task, img_size)
     state_dict = (reference.model if task == 'dense' else reference).state_dict()
     ours.load_state_dict(state_dict, strict=False)
     return {OURS: ours, TIMM: reference}
