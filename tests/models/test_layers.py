@@ -7,7 +7,8 @@ from vitdense.models.layers import (CrossCovarianceAttention, GatedPositionalSel
                                     HMLPPatchEmbed, LearnedPositionEmbedding,
                                     MultiheadSelfAttention, MultiLevelPyramid, build_norm2d)
 from vitdense.models.layers.attention import relative_positions
-from vitdense.models.layers.blocks import GELU, TransformerBlock, residual_add
+from vitdense.models.layers.blocks import (GELU, LayerScale, TransformerBlock,
+                                           residual_add)
 
 
 def test_relative_positions_on_a_rectangular_grid():
@@ -135,6 +136,11 @@ def test_in_place_only_when_no_gradient_is_needed():
     with torch.no_grad():
         expected = F.gelu(h)
         assert GELU()(h).data_ptr() == h.data_ptr() and torch.equal(h, expected)
+        # a LayerScale used as a plain layer keeps its input; our blocks' ones reuse it
+        assert torch.equal(LayerScale(5, 0.5)(h), expected * 0.5)
+        assert torch.equal(h, expected)
+        assert LayerScale(5, 0.5, inplace=True)(h).data_ptr() == h.data_ptr()
+        assert torch.equal(h, expected * 0.5)
 
 
 def test_hmlp_stem_follows_appendix_c_and_keeps_patches_independent():

@@ -40,17 +40,23 @@ class GELU(nn.GELU):
 
 
 class LayerScale(nn.Module):
-    """Per-channel residual scaling initialised to a small ``init_value`` (CaiT §2)."""
+    """Per-channel residual scaling initialised to a small ``init_value`` (CaiT §2).
 
-    def __init__(self, dim: int, init_value: float, num_branches: int = 1) -> None:
+    ``inplace``: scale the input itself when no gradient is needed (for a residual branch's
+    fresh output, as in our blocks).
+    """
+
+    def __init__(self, dim: int, init_value: float, num_branches: int = 1,
+                 inplace: bool = False) -> None:
         super().__init__()
         shape = (dim,) if num_branches == 1 else (num_branches, 1, 1, dim)
         self.gamma = nn.Parameter(torch.full(shape, float(init_value)))
+        self.inplace = inplace
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Scales in place when no gradient is needed: its input is a residual branch's
-        fresh output."""
-        return x.mul_(self.gamma) if _no_grad_needed(x, self.gamma) else x * self.gamma
+        if self.inplace and _no_grad_needed(x, self.gamma):
+            return x.mul_(self.gamma)
+        return x * self.gamma
 
 
 class FeedForward(nn.Module):
@@ -90,7 +96,10 @@ class LocalPatchInteraction(nn.Module):
 
 
 def _layer_scale(dim: int, init_value: Optional[float], num_branches: int = 1) -> nn.Module:
-    return nn.Identity() if init_value is None else LayerScale(dim, init_value, num_branches)
+    """LayerScale of a residual branch (in place: its input is the branch's fresh output)."""
+    if init_value is None:
+        return nn.Identity()
+    return LayerScale(dim, init_value, num_branches, inplace=True)
 
 
 class TransformerBlock(nn.Module):
