@@ -86,8 +86,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help='each timing sample repeats a step to last about this long')
     parser.add_argument('--processes', type=int, default=1,
                         help='time each case in this many fresh processes (alternating which '
-                             'model is built first), --repeats samples each, pooled: where a '
-                             "process's buffers land in memory shifts its ratio by a few %%")
+                             'model is built first: use an even number), --repeats samples '
+                             "each, pooled: where a process's buffers land in memory shifts "
+                             'its ratio by a few %%')
     parser.add_argument('--no-memory', action='store_true', help='skip memory subprocesses')
     parser.add_argument('--no-flops', action='store_true')
     parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results/backbones',
