@@ -4,8 +4,9 @@ For each case (model, task, input size, batch, mode, attention) both implementat
 built on timm's weights, their outputs compared, then timed in one interleaved loop
 (median of repeats after warm-up; also the median of pairwise ratios, and with
 ``--processes N`` the loop runs in N fresh processes whose samples are pooled), their FLOPs
-counted, and their peak memory measured each in a fresh subprocess. Results: a table, ``<out>.json`` and ``<out>.png`` (peak
-memory and time per image vs number of tokens, as XCiT's Fig. 2).
+counted, and their peak memory measured each in a fresh subprocess. Results: a table,
+``<out>.json`` and ``<out>.png`` (peak memory and time per image vs number of tokens, as
+XCiT's Fig. 2).
 
     python tools/benchmark.py --models xcit_small_12_p16_224 vit_small_patch16_224 \\
         --tasks dense --sizes 224 448 896 --batches 1 --attention fused explicit
@@ -182,13 +183,12 @@ def run_case(case: bm.Case, args: argparse.Namespace) -> dict:
             if not name.endswith('+compile'):
                 step = bm.make_step(model, inputs[:1], case.mode, case.attention)
                 impls[name]['gflops'] = bm.count_flops(step) / 1e9
-    if args.processes > 1:
-        del models
+    if args.processes > 1:  # every timing process builds its own models
         per_process = time_in_processes(case, args)
     else:
         per_process = {name: [samples] for name, samples in
                        time_models(case, models, args).items()}
-        del models
+    del models
     for name, runs in per_process.items():
         impls[name].update(bm.summarize_times([t for run in runs for t in run], case.batch))
     if not args.no_memory:

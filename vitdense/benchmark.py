@@ -375,12 +375,13 @@ def build_backbone_pair(spec: BackboneSpec, task: str, img_size: int, seed: int 
     loaded into ours through our checkpoint conversion. ``reference_first`` builds timm's
     model first (its parameters then come first in memory; same weights)."""
     torch.manual_seed(seed)
-    reference = (build_timm(spec, task, img_size)
-                 if reference_first and spec.timm_name is not None else None)
-    ours = build_ours(spec, task, img_size)
     if spec.timm_name is None:
-        return {OURS: ours}
-    if reference is None:
+        return {OURS: build_ours(spec, task, img_size)}
+    if reference_first:
+        reference = build_timm(spec, task, img_size)
+        ours = build_ours(spec, task, img_size)
+    else:
+        ours = build_ours(spec, task, img_size)
         reference = build_timm(spec, task, img_size)
     state_dict = (reference.model if task == 'dense' else reference).state_dict()
     ours.load_state_dict(state_dict, strict=False)
