@@ -28,3 +28,10 @@ def test_colours_span_zero_to_one_and_bad_shapes_are_named():
         pca_rgb(torch.randn(16, 36))
     with pytest.raises(ValueError, match='at least 3 channels'):
         pca_rgb(torch.randn(2, 4, 4))
+
+
+def test_a_map_of_fewer_than_three_pixels_has_black_channels():
+    colours, explained = pca_rgb(torch.randn(8, 1, 2))
+    assert colours.shape == (1, 2, 3)
+    torch.testing.assert_close(colours[..., 1:], torch.zeros(1, 2, 2))
+    torch.testing.assert_close(explained, torch.tensor([1., 0., 0.]))

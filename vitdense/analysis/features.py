@@ -21,11 +21,15 @@ def pca_rgb(feature_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pixels = feature_map.flatten(1).t().double()
     centred = pixels - pixels.mean(dim=0, keepdim=True)
     _, singular, directions = torch.linalg.svd(centred, full_matrices=False)
-    top = directions[:3]
+    # directions without variance (fewer pixels than 3, a constant map) stay black
+    informative = int((singular > singular[:1].clamp_min(1e-30) * 1e-6).sum())
+    top = directions[:min(3, informative)]
     signs = torch.sign(top.gather(1, top.abs().argmax(dim=1, keepdim=True)))
-    projected = centred @ (top * signs).t()
+    projected = centred.new_zeros(height * width, 3)
+    projected[:, :len(top)] = centred @ (top * signs).t()
     low = projected.amin(dim=0)
     span = (projected.amax(dim=0) - low).clamp_min(1e-12)
     colours = ((projected - low) / span).reshape(height, width, 3)
-    variance = singular ** 2
-    return colours.float(), (variance[:3] / variance.sum().clamp_min(1e-30)).float()
+    explained = torch.zeros(3, dtype=torch.float64)
+    explained[:len(top)] = singular[:len(top)] ** 2 / (singular ** 2).sum().clamp_min(1e-30)
+    return colours.float(), explained.float()

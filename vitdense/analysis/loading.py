@@ -108,7 +108,7 @@ def image_to_tensor(image: np.ndarray, size: Optional[tuple[int, int]] = None) -
     if given, normalised with the ImageNet mean and std of the configs' preprocessors."""
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f'expected an RGB image of shape (H, W, 3), got {image.shape}')
-    tensor = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float()
+    tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None].float()
     if size is not None and tuple(size) != tuple(tensor.shape[-2:]):
         tensor = torch.nn.functional.interpolate(tensor, size=tuple(size), mode='bicubic',
                                                  align_corners=False).clamp(0, 255)
