@@ -40,6 +40,7 @@ def run_dir(tmp_path):
 def test_both_logs_give_the_same_curves(run_dir):
     path, train, val = plot_logs.read_run(str(run_dir))
     assert path.endswith('scalars.json')
+    assert plot_logs.find_log(str(run_dir / '20261123_123109' / 'vis_data')) == path
     assert train['loss'] == [(10., 6.379), (26., 5.193)]
     assert val['accuracy/top1'] == [(2., 10.)]
     _, text_train, text_val = plot_logs.read_run(
@@ -66,6 +67,7 @@ def test_errors_name_the_problem(run_dir, tmp_path):
     with pytest.raises(SystemExit, match=r"no values for keys \['loss_mask'\]"):
         plot_logs.main([str(run_dir), '--keys', 'loss_mask', '--out', str(tmp_path / 'x.png')])
     with pytest.raises(SystemExit, match='no vis_data/scalars.json or .log'):
-        plot_logs.main([str(tmp_path / 'run' / '20261123_123109' / 'vis_data')])
+        (tmp_path / 'empty').mkdir()
+        plot_logs.main([str(tmp_path / 'empty')])
     with pytest.raises(SystemExit, match='2 labels for 1 runs'):
         plot_logs.main([str(run_dir), '--legend', 'a', 'b'])

@@ -38,7 +38,8 @@ def find_log(run: str) -> str:
         return run
     if not osp.isdir(run):
         raise SystemExit(f'no such run, scalars file or log: {run}')
-    for pattern in ('*/vis_data/scalars.json', 'vis_data/scalars.json', '*/*.log', '*.log'):
+    for pattern in ('*/vis_data/scalars.json', 'vis_data/scalars.json', 'scalars.json',
+                    '*/*.log', '*.log'):
         found = sorted(glob.glob(osp.join(run, pattern)))
         if found:
             return found[-1]
