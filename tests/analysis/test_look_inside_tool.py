@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from vitdense.analysis import (attention_rollout, build_backbone, image_to_tensor, mean_attention_distance,
+from vitdense.analysis import (attention_rollout, build_backbone, image_to_tensor,
+                               mean_attention_distance, position_encodings, position_similarity,
                                record_attention)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,3 +129,12 @@ def test_rollout_is_the_class_token_row(workspace):
 def test_analyses_a_family_lacks_are_refused(workspace, analysis, family, message):
     with pytest.raises((SystemExit, TypeError), match=message):
         run(workspace, analysis, family, '--image', str(workspace / 'images' / 'a.png'))
+
+
+def test_position_similarity_at_another_size(workspace):
+    result, _ = run(workspace, 'position-similarity', 'vit', '--img-size', '48')
+    model, _ = _input(workspace, 'vit', 'a')
+    vectors, hw = position_encodings(model, (3, 3))
+    assert result['grid'] == [3, 3]
+    np.testing.assert_allclose(result['similarity'], position_similarity(vectors, hw),
+                               atol=1e-4)

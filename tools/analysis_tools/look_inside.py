@@ -208,7 +208,9 @@ def attention_distance(model, args) -> dict:
 
 
 def position_similarity_grid(model, args) -> dict:
-    hw = tuple(g // model.patch_size for g in args.img_size) if args.img_size else None
+    hw = None
+    if args.img_size:
+        hw = (args.img_size[0] // model.patch_size, args.img_size[-1] // model.patch_size)
     vectors, hw = position_encodings(model, hw)
     similarity = position_similarity(vectors, hw)
     # one mosaic of rows x cols tiles, a blank line between tiles
