@@ -135,6 +135,6 @@ def test_position_similarity_at_another_size(workspace):
     result, _ = run(workspace, 'position-similarity', 'vit', '--img-size', '48')
     model, _ = _input(workspace, 'vit', 'a')
     vectors, hw = position_encodings(model, (3, 3))
-    assert result['grid'] == [3, 3]
+    assert tuple(result['grid']) == (3, 3)
     np.testing.assert_allclose(result['similarity'], position_similarity(vectors, hw),
                                atol=1e-4)
