@@ -150,3 +150,17 @@ def test_query_maps_and_upsampling():
 def test_recorder_rejects_other_models():
     with pytest.raises(TypeError, match='columnar backbone'):
         AttentionRecorder(torch.nn.Linear(2, 2))
+
+
+def test_parallel_branches_stack_their_heads():
+    model = ViT(TINY, num_parallel=2, out_type='cls_token')
+    record = record_attention(model, torch.randn(3, 3, 32, 32))
+    weights = record.trunk[0]
+    assert weights.shape == (3, 2 * 2, 5, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 5))
+    # branch 1's heads come from branch 1's projections: drop branch 0's and they remain
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight[0].zero_()
+        model.blocks[0].attn.qkv.bias[0].zero_()
+    zeroed = record_attention(model, torch.randn(3, 3, 32, 32)).trunk[0]
+    torch.testing.assert_close(zeroed[:, :2], torch.full((3, 2, 5, 5), 0.2))

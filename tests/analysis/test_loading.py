@@ -49,3 +49,11 @@ def test_image_to_tensor_normalises_and_resizes():
     assert tensor.abs().max().item() < 0.01
     with pytest.raises(ValueError, match=r'RGB image of shape \(H, W, 3\)'):
         image_to_tensor(np.zeros((4, 4)))
+
+
+def test_an_official_release_layout_loads():
+    # official DeiT / CaiT / XCiT / ConViT releases wrap timm-like keys in 'model'
+    release = dict(model=timm_random_state_dict('convit_tiny', seed=3), epoch=300)
+    model = build_backbone(timm_name='convit_tiny', checkpoint=release)
+    torch.testing.assert_close(model.blocks[0].attn.gating,
+                               release['model']['blocks.0.attn.gating_param'])
