@@ -30,16 +30,13 @@ import os
 import os.path as osp
 from typing import Callable, Optional
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from PIL import Image
 
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-
-import vitdense  # noqa: E402,F401  (registers the backbones)
-from vitdense.analysis import (attention_rollout, build_backbone, class_attention_maps,  # noqa: E402
+import vitdense  # noqa: F401  (registers the backbones)
+from vitdense.analysis import (attention_rollout, build_backbone, class_attention_maps,
                                filter_components, gating_strengths, image_to_tensor,
                                mean_attention_distance, nonlocality, patch_embedding_filters,
                                pca_rgb, position_encodings, position_similarity,
@@ -347,6 +344,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
+    plt.switch_backend('agg')  # files only, no display
     analyse, out_type = ANALYSES[args.analysis]
     model = build_backbone(args.config, args.timm, args.checkpoint, out_type)
     os.makedirs(args.out_dir, exist_ok=True)

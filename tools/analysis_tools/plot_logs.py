@@ -19,10 +19,7 @@ import os.path as osp
 import re
 from typing import Optional
 
-import matplotlib
-
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 Series = dict[str, list[tuple[float, float]]]  # key -> [(step, value)]
 NUMBER = r'-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?'
@@ -156,6 +153,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     parser.add_argument('--out', default='curves.png', help='PNG to write')
     parser.add_argument('--json', help='also write the summary here')
     args = parser.parse_args(argv)
+    plt.switch_backend('agg')  # files only, no display
     if args.legend and len(args.legend) != len(args.runs):
         raise SystemExit(f'--legend gives {len(args.legend)} labels for {len(args.runs)} runs')
     loaded = [read_run(run) for run in args.runs]

@@ -178,11 +178,11 @@ def attention_rollout(weights: Sequence[torch.Tensor], residual: float = 0.5) ->
         missing = num_tokens - mean.shape[-1]
         if missing < 0:
             raise ValueError('attention_rollout: a layer has more tokens than the last one')
+        eye = torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
+        mixed = (1 - residual) * mean + residual * eye
         step = torch.eye(num_tokens, dtype=mean.dtype, device=mean.device).repeat(
             mean.shape[0], 1, 1)
-        step[:, missing:, missing:] = (1 - residual) * mean + residual * step[:, missing:,
-                                                                              missing:]
-        step = step / step.sum(dim=-1, keepdim=True)
+        step[:, missing:, missing:] = mixed / mixed.sum(dim=-1, keepdim=True)
         rollout = step if rollout is None else step @ rollout
     return rollout
 

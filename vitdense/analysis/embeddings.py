@@ -31,11 +31,10 @@ def position_encodings(model: nn.Module, hw: Optional[Grid] = None) -> tuple[tor
             table = resample_abs_pos_embed(table, hw, encoding.grid,
                                            num_prefix_tokens=encoding.num_prefix_tokens)
         return table[0, encoding.num_prefix_tokens:].float(), hw
-    if isinstance(encoding, FourierPositionEncoding):
-        features = encoding._sinusoids(hw, encoding.token_projection.weight.device)
-        projected = encoding.token_projection(
-            features.to(encoding.token_projection.weight.dtype))
-        return projected[0].flatten(1).t().float(), hw
+    if isinstance(encoding, FourierPositionEncoding):  # what it adds to zero tokens
+        weight = encoding.token_projection.weight
+        zeros = weight.new_zeros(1, hw[0] * hw[1], weight.shape[0])
+        return encoding(zeros, hw)[0].float(), hw
     raise TypeError(f'{type(model).__name__} has no position encoding to analyse '
                     f'(pos_embed is {type(encoding).__name__})')
 
