@@ -1,9 +1,12 @@
 """Every shipped dense config: recipe as in the XCiT paper, consistent widths, and its model
 (backbone shortened to 4 blocks, the rest as configured) takes a training step with the
-config's own optimizer and predicts, on a tiny synthetic batch."""
+config's own optimizer and predicts, on a tiny synthetic batch, calling no compiled mmcv op
+that the torch-native backend lacks."""
 import copy
 import functools
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ from mmengine.config import config as mmengine_config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
+from vitdense.compat.mmcv_ext import IMPLEMENTED
 from vitdense.engine.launch import host_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,8 +194,38 @@ for _config in CONFIGS:
     _UNIQUE.setdefault(_model_key(_config), _config)
 
 
+class _RecordingExt:
+    """Stands for ``mmcv._ext`` in mmcv's op modules and counts which functions are called."""
+
+    def __init__(self, ext, calls: Counter) -> None:
+        self._ext, self._calls = ext, calls
+
+    def __getattr__(self, name: str):
+        func = getattr(self._ext, name)
+
+        def recorded(*args, **kwargs):
+            self._calls[name] += 1
+            return func(*args, **kwargs)
+        return recorded
+
+
+@pytest.fixture
+def mmcv_ext_calls(monkeypatch) -> Counter:
+    """Calls of mmcv's compiled-op functions during the test, whichever extension serves them."""
+    import mmcv.ops  # noqa: F401  (loads mmcv._ext and every op module)
+    ext, calls = sys.modules['mmcv._ext'], Counter()
+    for name, module in list(sys.modules.items()):
+        if name.startswith('mmcv.ops.') and getattr(module, 'ext_module', None) is ext:
+            monkeypatch.setattr(module, 'ext_module', _RecordingExt(ext, calls))
+    return calls
+
+
+# What the models' training and test steps call (the torch-native backend's whole remit).
+MMCV_OPS = {'mmdet': {'nms', 'roi_align_forward', 'roi_align_backward'}, 'mmseg': set()}
+
+
 @pytest.mark.parametrize('config', sorted(_UNIQUE.values()))
-def test_train_step_and_inference(config):
+def test_train_step_and_inference(config, mmcv_ext_calls):
     cfg = _downsized(config)
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
@@ -210,6 +244,7 @@ def test_train_step_and_inference(config):
         model.eval()
         with torch.no_grad():
             predictions = model.val_step(batch)
+    assert set(mmcv_ext_calls) == MMCV_OPS[cfg.default_scope] <= IMPLEMENTED
     assert len(predictions) == 2
     for prediction in predictions:
         if is_det:
