@@ -17,7 +17,8 @@ Every other name resolves to a function that raises :class:`MissingCompiledOpErr
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+import contextlib
+from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 import torchvision  # noqa: F401  (registers torch.ops.torchvision)
@@ -70,6 +71,25 @@ def roi_align_forward(input: Tensor, rois: Tensor, output: Tensor, argmax_y: Ten
     output.copy_(pooled)
 
 
+@contextlib.contextmanager
+def _atomic_adds_allowed(device: torch.device) -> Iterator[None]:
+    """Under ``torch.use_deterministic_algorithms(True)``, warn instead of failing on CUDA.
+
+    Both RoIAlign backward kernels, mmcv's and torchvision's, scatter with atomic adds on
+    CUDA; mmcv's runs regardless, torchvision's raises in deterministic mode.  Here it runs
+    like mmcv's, and torch warns that the result is not deterministic.
+    """
+    relax = (device.type == 'cuda' and torch.are_deterministic_algorithms_enabled()
+             and not torch.is_deterministic_algorithms_warn_only_enabled())
+    if relax:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        if relax:
+            torch.use_deterministic_algorithms(True)
+
+
 def roi_align_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor, argmax_x: Tensor,
                        grad_input: Tensor, aligned_height: int, aligned_width: int,
                        spatial_scale: float, sampling_ratio: int, pool_mode: int,
@@ -77,9 +97,11 @@ def roi_align_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor, argm
     """Adds the gradient of average RoIAlign with respect to its input to ``grad_input``."""
     _check_avg('roi_align_backward', pool_mode)
     batch, channels, height, width = grad_input.shape
-    grad = torch.ops.torchvision._roi_align_backward(
-        grad_output, rois.to(grad_output.dtype), float(spatial_scale), int(aligned_height),
-        int(aligned_width), batch, channels, height, width, int(sampling_ratio), bool(aligned))
+    with _atomic_adds_allowed(grad_output.device):
+        grad = torch.ops.torchvision._roi_align_backward(
+            grad_output, rois.to(grad_output.dtype), float(spatial_scale), int(aligned_height),
+            int(aligned_width), batch, channels, height, width, int(sampling_ratio),
+            bool(aligned))
     grad_input.add_(grad)
 
 
