@@ -9,9 +9,10 @@ Fix: this module is loaded *as* ``mmcv._ext`` (by ``vitdense_startup``) when no 
 extension is installed.  Of mmcv's compiled functions, the shipped configs reach only
 ``nms`` (RPN proposals, ``batched_nms``, ``multiclass_nms``; mmcv's own Python wrappers run
 unchanged on top of it) and ``roi_align_forward`` / ``roi_align_backward`` (box and mask
-RoI extractors, mask targets); ``tools/analysis_tools/mmcv_ops_used.py`` lists what every
-shipped config calls.  They run on torchvision's CPU and CUDA kernels, which implement the
-same formulas; ``tools/benchmark_mmcv_ops.py`` measures them against a compiled mmcv.
+RoI extractors, mask targets), as recorded over every shipped dense config's training and
+test step by ``tests/test_dense_configs.py``.  They run on torchvision's CPU and CUDA
+kernels, which implement the same formulas; ``tools/benchmark_mmcv_ops.py`` measures them
+against a compiled mmcv.
 Every other name resolves to a function that raises :class:`MissingCompiledOpError`
 (defined in ``vitdense_startup``, so that it is one class however this file was loaded).
 """
