@@ -2,7 +2,7 @@
 _base_ = './fpn_xcit-s12-p16_8xb2-80k_ade20k-512x512.py'
 model = dict(
     backbone=dict(
-        arch='medium_24', drop_path_rate=0.15,
+        arch='medium_24', drop_path_rate=0.2,  # official config (Semantic FPN only)
         init_cfg=dict(
             checkpoint='https://dl.fbaipublicfiles.com/xcit/xcit_medium_24_p16_384_dist.pth')),
     neck=dict(in_channels=[512] * 4, out_channels=512),

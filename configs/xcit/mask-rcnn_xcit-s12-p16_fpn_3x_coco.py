@@ -4,3 +4,8 @@ _base_ = [
     '../_base_/datasets/coco_instance_detr-aug.py',
     '../_base_/schedules/adamw_3x.py', '../_base_/default_runtime_mmdet.py'
 ]
+# The official XCiT dense forward on inputs that are not multiples of 32 (ADE20k whole-image
+# testing, e.g. 512 × 683): the stem pads itself, the pyramid pools in floor mode. Converted
+# official dense checkpoints (tools/model_converters/xcit_dense_official.py) see exactly the
+# features they were evaluated with.
+model = dict(backbone=dict(padding='stem'))
