@@ -3,9 +3,11 @@
 FLOPs are multiply-accumulates of convolutions, matrix products and attention (torch's
 ``FlopCounterMode`` counts 2 per multiply-add; we halve it), the convention of the ViT,
 DeiT, CaiT, XCiT and ConViT papers; norms, activations and pooling are not counted. The
-forward is the model's ``mode='tensor'`` pass on one image: a classifier's logits, a
-segmentor's decode head (no auxiliary head, as at test time), a detector's backbone, neck,
-RPN and RoI heads on the RPN's proposals of random weights (so its FLOPs vary slightly).
+model is built and run on the meta device (shapes only: no memory, no arithmetic), one
+image: a classifier's logits, a segmentor's decode head (no auxiliary head, as at test
+time), a detector's backbone, neck and RPN plus its box head on ``test_cfg.rpn.max_per_img``
+proposals and its mask head on ``test_cfg.rcnn.max_per_img`` boxes (the most a test image
+gets; RoIAlign itself has no multiply-adds).
 
     python tools/analysis_tools/get_flops.py configs/xcit/xcit-s12-p16_8xb128_in1k.py
     python tools/analysis_tools/get_flops.py \\
@@ -34,9 +36,11 @@ def load_config(config: str) -> Config:
     return cfg
 
 
-def build_model(cfg: Config, device: str = 'cpu') -> torch.nn.Module:
-    """The config's model without its pretrained weights (they are not needed to count)."""
+def build_model(cfg: Config, device: str = 'meta') -> torch.nn.Module:
+    """The config's model as deployed: no pretrained weights (not needed to count) and no
+    distillation teacher (a training-time helper, kept out of the student's checkpoints)."""
     model_cfg = cfg.model.copy()
+    model_cfg.pop('teacher', None)
     if model_cfg.get('backbone', {}).get('init_cfg') is not None:
         model_cfg.backbone.init_cfg = None
     with DefaultScope.overwrite_default_scope(cfg.default_scope), torch.device(device):
@@ -62,30 +66,41 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _detector_samples(shape: tuple[int, int]) -> list:
-    from mmdet.structures import DetDataSample
-    return [DetDataSample(metainfo=dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
-                                        batch_input_shape=shape, scale_factor=(1., 1.)))]
+def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> None:
+    """Backbone, neck and RPN on the image; box and mask heads on the most RoIs a test
+    image can have (their features are RoIAlign outputs: only their shape matters)."""
+    features = model.extract_feat(images)
+    model.rpn_head(features)
+    roi_head, test_cfg = cfg.model.roi_head, cfg.model.test_cfg
+    for head, extractor, count in (
+            (model.roi_head.bbox_head, roi_head.bbox_roi_extractor, test_cfg.rpn.max_per_img),
+            (model.roi_head.mask_head, roi_head.mask_roi_extractor, test_cfg.rcnn.max_per_img)):
+        size = extractor.roi_layer.output_size
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        head(images.new_zeros(count, extractor.out_channels, *size))
 
 
 @torch.no_grad()
 def count_flops(model: torch.nn.Module, cfg: Config, shape: tuple[int, int]) -> int:
-    """Multiply-accumulates of one ``mode='tensor'`` forward of a (1, 3, H, W) image."""
+    """Multiply-accumulates of one forward of a (1, 3, H, W) image (see the module doc)."""
     model.eval()
     for param in model.parameters():  # FlopCounterMode's module tracker hooks grad-less inputs
         param.requires_grad_(False)
-    images = torch.randn(1, 3, *shape)
-    samples = _detector_samples(shape) if cfg.default_scope == 'mmdet' else None
+    device = next(model.parameters()).device
+    images = torch.randn(1, 3, *shape, device=device)
     counter = FlopCounterMode(display=False)
     with counter:
-        model(images, samples, mode='tensor')
+        if cfg.default_scope == 'mmdet':
+            _run_detector(model, cfg, images)
+        else:
+            model(images, None, mode='tensor')
     return counter.get_total_flops() // 2
 
 
 def analyse(config: str, shape: tuple[int, int] | None = None) -> dict:
     cfg = load_config(config)
     shape = tuple(shape) if shape else default_shape(cfg)
-    model = build_model(cfg)
+    model = build_model(cfg, device='meta')
     return dict(config=config, shape=list(shape), params=count_parameters(model),
                 flops=count_flops(model, cfg, shape))
 

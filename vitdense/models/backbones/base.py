@@ -133,7 +133,8 @@ class ColumnarBackbone(BaseModule):
         if self.uniform_drop_path:
             rates = [drop_path_rate] * self.num_layers
         else:
-            rates = torch.linspace(0, drop_path_rate, self.num_layers).tolist()
+            # on the CPU whatever the default device (models are also built on 'meta')
+            rates = torch.linspace(0, drop_path_rate, self.num_layers, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             self.build_block(i, rates[i]) for i in range(self.num_layers))
 
