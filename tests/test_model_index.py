@@ -73,8 +73,7 @@ def test_index_parameters_are_the_built_models(config):
     assert _entries()[config]['Metadata']['Parameters'] == get_flops.count_parameters(model)
 
 
-# FLOPs (×1e9) of the papers' tables at 224 × 224: XCiT Table 1, CaiT Table 3, ConViT
-# Table 1 (given to 1G at the smallest size), "Three things" Table 1
+# FLOPs (×1e9) of the papers' tables at 224 × 224: XCiT Table 1, CaiT Table 3
 PAPER_GFLOPS = {
     'xcit-t12-p16_8xb128_in1k': 1.2, 'xcit-t24-p16_8xb128_in1k': 2.3,
     'xcit-s12-p16_8xb128_in1k': 4.8, 'xcit-s24-p16_8xb128_in1k': 9.1,
@@ -82,14 +81,14 @@ PAPER_GFLOPS = {
     'cait-xxs24_8xb128_in1k': 2.5, 'cait-xxs36_8xb128_in1k': 3.7,
     'cait-xs24_8xb128_in1k': 5.4, 'cait-s24_8xb128_in1k': 9.4,
     'cait-s36_8xb128_in1k': 13.9, 'cait-m36_8xb128_in1k': 53.7,
-    'convit-s_8xb128_in1k': 5.4, 'convit-b_8xb128_in1k': 17.0,
 }
 
 
 @pytest.mark.parametrize('name', sorted(PAPER_GFLOPS))
 def test_index_flops_are_the_papers(name):
-    """Our counts round to the papers' (the ViT papers count the full last block, which
-    our classifiers run for the class token only, so ViT and ConViT-Ti/+ are left out)."""
+    """Our counts round to the papers' (within 1%: the papers' own counters differ in what
+    they include). ViT and ConViT are left out: the papers count the full last block, which
+    our classifiers run for the class token only."""
     family = name.split('-')[0]
     flops = _entries()[f'configs/{family}/{name}.py']['Metadata']['FLOPs']
     assert abs(flops / 1e9 - PAPER_GFLOPS[name]) <= 0.1 + 0.01 * PAPER_GFLOPS[name]
