@@ -47,3 +47,20 @@ def test_weight_decay_is_the_official_codes(config):
     official = {name for name, param in model.named_parameters()
                 if param.ndim == 1 or name.endswith('.bias') or name in OFFICIAL_SKIP[config]}
     assert exempt == official
+
+
+FULL_CONFIGS = sorted(p for p in ROOT.glob('configs/*/*.py')
+                      if p.parent.name != '_base_' and '_demo-' not in p.name)
+
+
+@pytest.mark.parametrize('config', FULL_CONFIGS, ids=lambda p: p.name)
+def test_every_config_names_its_weight_decay_rule(config):
+    """Each recipe says which rule it trains with and where it comes from (docs/recipes.md);
+    dense configs the official XCiT dense rule their schedules implement."""
+    header = [line for line in config.read_text().splitlines() if line.startswith('#')]
+    statement = ' '.join(header)
+    assert '# Weight decay: ' in '\n'.join(header)
+    if config.name.startswith(('mask-rcnn_', 'upernet_', 'fpn_')):
+        assert "weight_decay_rule='custom_keys'" in statement
+    else:
+        assert 'main.py' in statement or 'fine-tuning' in statement or 'A2' in statement
