@@ -2,7 +2,8 @@
 config, the root ``model-index.yml`` and the README's model-zoo tables.
 
 Parameters and FLOPs are measured by ``tools/analysis_tools/get_flops.py`` (classifiers at
-the test crop, detectors at 800 × 1280, segmentors at 512 × 512); the papers' metrics and the
+the test crop, detectors at the padded test resize, 800 × 1344 on COCO, segmentors at the
+512 × 512 training crop); the papers' metrics and the
 official weights are the facts below (paper tables, official repositories' READMEs).
 
     python tools/model_index.py --measure      # measure every config, write all three

@@ -11,7 +11,7 @@ gets; RoIAlign itself has no multiply-adds).
 
     python tools/analysis_tools/get_flops.py configs/xcit/xcit-s12-p16_8xb128_in1k.py
     python tools/analysis_tools/get_flops.py \\
-        configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py --shape 800 1280
+        configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py --shape 1024 1024
 """
 from __future__ import annotations
 
@@ -25,9 +25,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vitdense.engine.launch import host_of
 
-#: input size (H, W) per host library when --shape is not given: the classification
-#: pipeline's crop, the mmdet convention for COCO, the ADE20k training crop
-DEFAULT_SHAPES = {'mmdet': (800, 1280), 'mmseg': (512, 512)}
 
 
 def load_config(config: str) -> Config:
@@ -56,9 +53,24 @@ def classification_shape(cfg: Config) -> tuple[int, int]:
     raise KeyError('no CenterCrop in the test pipeline: pass --shape H W')
 
 
+def detection_shape(cfg: Config) -> tuple[int, int]:
+    """The test pipeline's resize of a landscape image (mmdet's (long, short) scale, e.g.
+    1333 × 800 for COCO), padded as the data preprocessor pads the batch (800 × 1344)."""
+    for step in cfg.test_dataloader.dataset.pipeline:
+        if step.type == 'Resize':
+            short, long = sorted(step.scale)
+            divisor = cfg.model.data_preprocessor.get('pad_size_divisor', 1)
+            return (-(-short // divisor) * divisor, -(-long // divisor) * divisor)
+    raise KeyError('no Resize in the test pipeline: pass --shape H W')
+
+
 def default_shape(cfg: Config) -> tuple[int, int]:
-    if cfg.default_scope in DEFAULT_SHAPES:
-        return DEFAULT_SHAPES[cfg.default_scope]
+    """Classifiers: the test crop; detectors: the test resize; segmentors: the training crop
+    the data preprocessor pads to (512 × 512 on ADE20k)."""
+    if cfg.default_scope == 'mmdet':
+        return detection_shape(cfg)
+    if cfg.default_scope == 'mmseg':
+        return tuple(cfg.model.data_preprocessor.size)
     return classification_shape(cfg)
 
 
@@ -110,8 +122,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('config')
     parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
-                        help='input size; default: the classification test crop, '
-                             '800 x 1280 for detection, 512 x 512 for segmentation')
+                        help='input size; default: the test crop (classification), the '
+                             'padded test resize (detection), the training crop (segmentation)')
     parser.add_argument('--json', action='store_true', help='print one JSON line')
     args = parser.parse_args()
     result = analyse(args.config, args.shape)

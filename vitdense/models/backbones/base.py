@@ -23,7 +23,7 @@ from ..layers.pyramid import MultiLevelPyramid
 OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
 #: how inputs that are not a multiple of the patch size (or of the pyramid's 32) are met
 PADDINGS = ('image', 'stem')
-BATCH_NORMS = {'BN': nn.BatchNorm2d, 'SyncBN': nn.SyncBatchNorm}
+BATCH_NORM_TYPES = ('BN', 'SyncBN')
 OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
 
 Rule = tuple[str, str]
@@ -217,9 +217,9 @@ class ColumnarBackbone(BaseModule):
     def _set_batch_norm(self, norm_cfg: dict) -> None:
         """Make the BatchNorm layers of the stem and the blocks ``norm_cfg['type']``."""
         norm_type = norm_cfg.get('type')
-        if norm_type not in BATCH_NORMS or set(norm_cfg) != {'type'}:
+        if norm_type not in BATCH_NORM_TYPES or set(norm_cfg) != {'type'}:
             raise ValueError(f'norm_cfg sets the type of the backbone\'s BatchNorm layers: '
-                             f'dict(type=...) with a type in {sorted(BATCH_NORMS)}, got '
+                             f'dict(type=...) with a type in {list(BATCH_NORM_TYPES)}, got '
                              f'{norm_cfg}')
         if norm_type == 'SyncBN':
             self.patch_embed = nn.SyncBatchNorm.convert_sync_batchnorm(self.patch_embed)
@@ -253,9 +253,10 @@ class ColumnarBackbone(BaseModule):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self._check_input(x)
         image_hw = (x.shape[2], x.shape[3])
-        pad_h, pad_w = (-image_hw[0]) % self.patch_size, (-image_hw[1]) % self.patch_size
-        if self.padding == 'image' and (pad_h or pad_w):
-            x = F.pad(x, (0, pad_w, 0, pad_h))
+        if self.padding == 'image':
+            pad_h, pad_w = (-image_hw[0]) % self.patch_size, (-image_hw[1]) % self.patch_size
+            if pad_h or pad_w:
+                x = F.pad(x, (0, pad_w, 0, pad_h))
         tokens, hw = self.patch_embed(x)
         if self.cls_token_block == 0:
             tokens = self._prepend_cls_token(tokens)
