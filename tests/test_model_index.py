@@ -94,13 +94,43 @@ def test_index_flops_are_the_papers(name):
     assert abs(flops / 1e9 - PAPER_GFLOPS[name]) <= 0.1 + 0.01 * PAPER_GFLOPS[name]
 
 
-def test_get_flops_counts_the_model_of_a_config():
-    """The tool itself on one config: the index holds what it measures."""
-    config = 'configs/xcit/xcit-t12-p16_8xb128_in1k.py'
+@pytest.mark.parametrize('config, shape', [
+    ('configs/xcit/xcit-t12-p16_8xb128_in1k.py', [224, 224]),
+    ('configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py', [160, 160]),
+    ('configs/xcit/upernet_xcit-d6-p8_demo-ade.py', [128, 128]),
+])
+def test_get_flops_counts_the_model_of_a_config(config, shape):
+    """The tool itself on a classifier, a detector and a segmentor: the index holds what it
+    measures, at the input size of the config's test data."""
     result = get_flops.analyse(str(ROOT / config))
     entry = _entries()[config]['Metadata']
-    assert result['shape'] == [224, 224] and entry['Input Size'] == '224x224'
+    assert result['shape'] == shape and entry['Input Size'] == f'{shape[0]}x{shape[1]}'
     assert (result['params'], result['flops']) == (entry['Parameters'], entry['FLOPs'])
+
+
+def test_get_flops_counts_attention():
+    """A ViT block's multiply-adds by hand: qkv, projection and MLP maps (12 D² per token)
+    and the two attention products (2 N² D), counted for the whole model."""
+    import torch
+    from vitdense.models import ViT
+    dims, tokens, layers = 64, 16 + 1, 2
+    with torch.device('meta'):
+        model = ViT(dict(embed_dims=dims, num_layers=layers, num_heads=2), patch_size=16,
+                    img_size=64, out_type='avg_featmap', out_indices=[layers - 1])
+    cfg = get_flops.Config(dict(default_scope='mmpretrain'))
+
+    class Tensor(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = model
+
+        def forward(self, images, samples, mode):
+            return self.backbone(images)
+
+    flops = get_flops.count_flops(Tensor(), cfg, (64, 64))
+    patches = 16 * 3 * 16 * 16 * dims
+    blocks = layers * (12 * tokens * dims ** 2 + 2 * tokens ** 2 * dims)
+    assert flops == patches + blocks
 
 
 def test_readme_tables_are_generated_from_the_index():
