@@ -9,15 +9,17 @@ Fix: this module is loaded *as* ``mmcv._ext`` (by ``vitdense_startup``) when no 
 extension is installed.  Of mmcv's compiled functions, the shipped configs reach only
 ``nms`` (RPN proposals, ``batched_nms``, ``multiclass_nms``; mmcv's own Python wrappers run
 unchanged on top of it) and ``roi_align_forward`` / ``roi_align_backward`` (box and mask
-RoI extractors, mask targets); ``tools/analysis_tools/mmcv_ops_used.py`` lists what every
-shipped config calls.  They run on torchvision's CPU and CUDA kernels, which implement the
-same formulas; ``tools/benchmark_mmcv_ops.py`` measures them against a compiled mmcv.
+RoI extractors, mask targets), as recorded over every shipped dense config's training and
+test step by ``tests/test_dense_configs.py``.  They run on torchvision's CPU and CUDA
+kernels, which implement the same formulas; ``tools/benchmark_mmcv_ops.py`` measures them
+against a compiled mmcv.
 Every other name resolves to a function that raises :class:`MissingCompiledOpError`
 (defined in ``vitdense_startup``, so that it is one class however this file was loaded).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+import contextlib
+from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 import torchvision  # noqa: F401  (registers torch.ops.torchvision)
@@ -70,6 +72,25 @@ def roi_align_forward(input: Tensor, rois: Tensor, output: Tensor, argmax_y: Ten
     output.copy_(pooled)
 
 
+@contextlib.contextmanager
+def _atomic_adds_allowed(device: torch.device) -> Iterator[None]:
+    """Under ``torch.use_deterministic_algorithms(True)``, warn instead of failing on CUDA.
+
+    Both RoIAlign backward kernels, mmcv's and torchvision's, scatter with atomic adds on
+    CUDA; mmcv's runs regardless, torchvision's raises in deterministic mode.  Here it runs
+    like mmcv's, and torch warns that the result is not deterministic.
+    """
+    relax = (device.type == 'cuda' and torch.are_deterministic_algorithms_enabled()
+             and not torch.is_deterministic_algorithms_warn_only_enabled())
+    if relax:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        if relax:
+            torch.use_deterministic_algorithms(True)
+
+
 def roi_align_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor, argmax_x: Tensor,
                        grad_input: Tensor, aligned_height: int, aligned_width: int,
                        spatial_scale: float, sampling_ratio: int, pool_mode: int,
@@ -77,9 +98,11 @@ def roi_align_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor, argm
     """Adds the gradient of average RoIAlign with respect to its input to ``grad_input``."""
     _check_avg('roi_align_backward', pool_mode)
     batch, channels, height, width = grad_input.shape
-    grad = torch.ops.torchvision._roi_align_backward(
-        grad_output, rois.to(grad_output.dtype), float(spatial_scale), int(aligned_height),
-        int(aligned_width), batch, channels, height, width, int(sampling_ratio), bool(aligned))
+    with _atomic_adds_allowed(grad_output.device):
+        grad = torch.ops.torchvision._roi_align_backward(
+            grad_output, rois.to(grad_output.dtype), float(spatial_scale), int(aligned_height),
+            int(aligned_width), batch, channels, height, width, int(sampling_ratio),
+            bool(aligned))
     grad_input.add_(grad)
 
 
