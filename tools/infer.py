@@ -123,7 +123,9 @@ class Predictor:
             self.inferencer = MMSegInferencer(cfg, checkpoint, device=device,
                                               classes=self.classes, palette=self._palette())
         else:
+            import mmpretrain.utils.progress
             from mmpretrain.apis import ImageClassificationInferencer
+            mmpretrain.utils.progress.disable_progress_bar = True  # one bar: ours
             self.inferencer = ImageClassificationInferencer(
                 cfg, pretrained=checkpoint, device=device, classes=self.classes)
         self.inferencer.show_progress = False
