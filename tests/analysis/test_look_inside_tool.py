@@ -69,7 +69,7 @@ def test_class_attention_maps_of_every_image(workspace):
     assert sorted(p.name for p in out.glob('*.png')) == ['class-attention_a.png',
                                                          'class-attention_b.png']
     model, x = _input(workspace, 'cait', 'b')
-    weights = record_attention(model, x).class_attention[-1][0]
+    weights = record_attention(model, x).class_attention[0][0]
     maps = np.array(result['images']['b']['maps'])
     assert maps.shape == (4, 2, 2)
     np.testing.assert_allclose(maps.reshape(4, -1), weights[:, 1:].numpy(), atol=1e-5)

@@ -5,7 +5,7 @@
 
 ANALYSIS is one of
   class-attention      CaiT / XCiT: the class token's attention over the patches, per head and
-                       mean, overlaid on the image (CaiT Fig. 6, XCiT Fig. 4)
+                       mean, overlaid on the image (CaiT Fig. 5, XCiT Fig. 4)
   attention            trunk attention of one query (the class token by default) per block
                        and head (ViT / CaiT / ConViT)
   rollout              attention rollout of the class token (Abnar & Zuidema, 2020); with a
@@ -331,8 +331,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument('--label', help='model name in titles (default: config or timm name)')
     parser.add_argument('--query', help="attention: 'cls', a token index or 'row,col'")
     parser.add_argument('--blocks', type=int, nargs='+', help='attention: trunk blocks')
-    parser.add_argument('--cls-block', type=int, default=-1,
-                        help='class-attention: which class-attention block')
+    parser.add_argument('--cls-block', type=int, default=0,
+                        help='class-attention: which class-attention block (default the '
+                        'first, as in CaiT Fig. 5)')
     parser.add_argument('--num-components', type=int, default=28,
                         help='patch-filters: principal components to show')
     parser.add_argument('--dpi', type=int, default=100)
