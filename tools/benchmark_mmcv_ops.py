@@ -9,7 +9,9 @@ switches mmcv's op modules between the two extensions.
    float32 and float16) as the largest absolute difference; nms, batched_nms and mmdet's
    multiclass_nms (ties, no boxes, the > 10,000-box path, class offsets, ``offset=1``,
    ``score_threshold`` / ``max_num``) as whether the kept indices are identical.
-2. The demo Mask R-CNN (``configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py``) trained for a
+2. Speed, op by op, at Mask R-CNN's sizes: RoIAlign forward + backward and nms, the two
+   extensions timed alternately, median of each and median of the paired ratios.
+3. The demo Mask R-CNN (``configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py``) trained for a
    fixed number of iterations twice from the same initial weights, one model per extension,
    step by step interleaved (the same batch and the same random state for both, which goes
    first alternating), then evaluated with mmdet's COCO metric under its own extension:
@@ -172,7 +174,52 @@ def nms_cases(compiled: ModuleType) -> list[dict]:
     return rows
 
 
-# --- 2. the demo, trained twice ------------------------------------------------------------
+# --- 2. speed of the ops ------------------------------------------------------------------
+
+def _roi_align_step(channels: int, rois: int, size: int, gen: torch.Generator) -> Callable:
+    """RoIAlign forward and backward on a stride-4 FPN level of two 160 x 160 images."""
+    import mmcv.ops
+    feats = torch.randn(2, channels, 40, 40, generator=gen, requires_grad=True)
+    boxes = torch.cat([torch.randint(0, 2, (rois, 1), generator=gen).float(),
+                       _boxes(rois, gen, size=160.0)], 1)
+
+    def step() -> None:
+        mmcv.ops.roi_align(feats, boxes, size, 0.25, 0, 'avg', True).sum().backward()
+    return step
+
+
+def _nms_step(n: int, gen: torch.Generator) -> Callable:
+    import mmcv.ops
+    boxes, scores = _boxes(n, gen, 800.0), torch.rand(n, generator=gen)
+    return lambda: mmcv.ops.nms(boxes, scores, 0.7)
+
+
+def op_speed(compiled: ModuleType, repeats: int = 30) -> list[dict]:
+    gen = torch.Generator().manual_seed(2)
+    cases = {'roi_align fwd+bwd, 256 ch, 512 RoIs, 7x7 (box head)':
+             _roi_align_step(256, 512, 7, gen),
+             'roi_align fwd+bwd, 256 ch, 128 RoIs, 14x14 (mask head)':
+             _roi_align_step(256, 128, 14, gen),
+             'nms, 2000 boxes (RPN level)': _nms_step(2000, gen),
+             'nms, 12000 boxes': _nms_step(12000, gen)}
+    extensions = {'compiled': compiled, 'torch-native': torch_native}
+    rows = []
+    for case, step in cases.items():
+        times: dict[str, list[float]] = {name: [] for name in extensions}
+        for i in range(repeats):
+            for name in (list(extensions) if i % 2 == 0 else list(reversed(extensions))):
+                with using(extensions[name]):
+                    start = time.perf_counter()
+                    step()
+                    times[name].append(time.perf_counter() - start)
+        pairs = [c / t for c, t in zip(times['compiled'], times['torch-native'])]
+        rows.append(dict(case=case, **{f'{n}_ms_median': 1e3 * statistics.median(t)
+                                       for n, t in times.items()},
+                         speed_ratio_median_paired=statistics.median(pairs)))
+    return rows
+
+
+# --- 3. the demo, trained twice ------------------------------------------------------------
 
 def demo_training(compiled: ModuleType, iters: int, data_root: Path, seed: int) -> dict:
     if not (data_root / 'annotations' / 'instances_val.json').exists():
@@ -242,14 +289,15 @@ def main() -> None:
     parser.add_argument('--iters', type=int, default=150, help='demo training iterations')
     parser.add_argument('--data-root', type=Path, default=ROOT / 'data/demo_coco')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--skip-demo', action='store_true', help='op parity only')
+    parser.add_argument('--skip-demo', action='store_true', help='the ops only (1 and 2)')
     parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results/mmcv_ops.json')
     args = parser.parse_args()
     compiled = compiled_ext()
     report: dict = dict(torch=torch.__version__, threads=torch.get_num_threads())
     report['roi_align'] = roi_align_cases(compiled)
     report['nms'] = nms_cases(compiled)
-    for row in report['roi_align'] + report['nms']:
+    report['op_speed'] = op_speed(compiled)
+    for row in report['roi_align'] + report['nms'] + report['op_speed']:
         print(json.dumps(row))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
