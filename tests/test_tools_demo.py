@@ -1,5 +1,6 @@
 """README command (1)'s job, tools/demo.py, end to end on a tiny generated set: it trains for
 its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,8 @@ import cv2
 from vitdense.datasets import make_demo_coco
 
 ROOT = Path(__file__).resolve().parents[1]
+# tools run on this checkout's vitdense, whatever copy the environment has installed
+CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
 
 
 def test_demo_trains_evaluates_and_draws(tmp_path):
@@ -17,7 +20,7 @@ def test_demo_trains_evaluates_and_draws(tmp_path):
     result = subprocess.run(
         [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
          '--work-dir', str(work), '--num-pictures', '2'],
-        cwd=ROOT, capture_output=True, text=True)
+        cwd=ROOT, capture_output=True, text=True, env=CHECKOUT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = (work / 'metrics.md').read_text().splitlines()
     assert [row.split('|')[1].strip() for row in rows[2:]] == ['bbox', 'segm']

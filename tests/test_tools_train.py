@@ -11,6 +11,8 @@ import pytest
 from vitdense.datasets import make_demo_ade
 
 ROOT = Path(__file__).resolve().parents[1]
+# tools run on this checkout's vitdense, whatever copy the environment has installed
+CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
 CONFIG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 
 
@@ -33,7 +35,7 @@ def _options(data_root: Path, iters: int) -> list:
 
 def _run(*args: str, env: dict | None = None) -> str:
     result = subprocess.run([str(a) for a in args], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**CHECKOUT, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 
@@ -61,7 +63,7 @@ def test_unknown_scope_is_refused(tmp_path):
     config = tmp_path / 'other.py'
     config.write_text("default_scope = 'mmocr'\n")
     result = subprocess.run([sys.executable, 'tools/train.py', str(config)], cwd=ROOT,
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=CHECKOUT)
     assert result.returncode != 0 and "default_scope='mmocr'" in result.stderr
 
 
