@@ -1,6 +1,8 @@
 """README command (1)'s job, tools/demo.py, end to end on a tiny generated set: it trains for
-its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture."""
+its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture; resumed
+after it finished, it trains no further."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +31,16 @@ def test_demo_trains_evaluates_and_draws(tmp_path):
     assert 'predictions.png' in result.stdout and '| segm |' in result.stdout
     picture = cv2.imread(str(work / 'predictions.png'))
     assert picture is not None and picture.shape[1] >= 2 * 96
+
+    # A finished run resumed goes on with no budget left: it trains nothing more (same
+    # iteration count, same checkpoint) and evaluates again.
+    iterations = re.search(r'backbone, (\d+) iterations', result.stdout).group(1)
+    assert (work / 'last_checkpoint').read_text().endswith(f'iter_{iterations}.pth')
+    resumed = subprocess.run(
+        [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
+         '--work-dir', str(work), '--num-pictures', '2', '--resume'],
+        cwd=ROOT, capture_output=True, text=True, env=CHECKOUT)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert 'nothing left to train' in resumed.stdout
+    assert f'backbone, {iterations} iterations' in resumed.stdout
+    assert [p.name for p in work.glob('*.pth')] == [f'iter_{iterations}.pth']

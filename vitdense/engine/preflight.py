@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import os.path as osp
 from typing import Any
 
@@ -100,6 +101,15 @@ def check_annotation_file(path: str) -> None:
             raise DataError(f'annotation file {path} is not valid JSON: {err}') from None
 
 
+def _image_dir(leaf: ConfigDict) -> str | None:
+    """The image folder a data set config reads (``data_root`` / ``data_prefix``), if any."""
+    prefix = leaf.get('data_prefix') or {}
+    folder = prefix.get('img_path', prefix.get('img')) if isinstance(prefix, dict) else None
+    if folder is None:
+        return None
+    return folder if osp.isabs(folder) else osp.join(leaf.get('data_root') or '', folder)
+
+
 def _dataset_cfgs(dataset: ConfigDict) -> list[ConfigDict]:
     """The leaf data set configs below wrappers (RepeatDataset, ConcatDataset, ours)."""
     if 'datasets' in dataset:
@@ -132,12 +142,22 @@ def _check_split(cfg: Config, split: str, num_batches: int, skip_bad: bool) -> N
             root = leaf.get('data_root') or ''
             check_annotation_file(ann_file if osp.isabs(ann_file)
                                   else osp.join(root, ann_file))
-    dataset = MMENGINE_DATASETS.build(cfg[split].dataset)
+    leaf = _dataset_cfgs(cfg[split].dataset)[0]
+    where = (f'data_root={leaf.get("data_root")!r}, ann_file={leaf.get("ann_file")!r}, '
+             f'data_prefix={leaf.get("data_prefix")!r}')
+    image_dir = _image_dir(leaf)
+    if image_dir is not None and (not osp.isdir(image_dir) or not os.listdir(image_dir)):
+        raise DataError(f'{split}: the data set is empty ({where}): image folder '
+                        f'{image_dir} {"is empty" if osp.isdir(image_dir) else "does not exist"}')
+    try:
+        dataset = MMENGINE_DATASETS.build(cfg[split].dataset)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001  (the library's error, with the files named)
+        raise DataError(f'{split}: the data set ({where}) could not be built: '
+                        f'{type(err).__name__}: {err}') from err
     if len(dataset) == 0:
-        leaf = _dataset_cfgs(cfg[split].dataset)[0]
-        raise DataError(f'{split}: the data set is empty (data_root='
-                        f'{leaf.get("data_root")!r}, ann_file={leaf.get("ann_file")!r}, '
-                        f'data_prefix={leaf.get("data_prefix")!r})')
+        raise DataError(f'{split}: the data set is empty ({where})')
     if split == 'train_dataloader':
         checked = CheckedDataset(dataset, skip_bad=skip_bad)
         count = min(len(dataset), num_batches * cfg[split].get('batch_size', 1))

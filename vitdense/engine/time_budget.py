@@ -151,4 +151,5 @@ def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> No
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
                                         interval=10 ** 9, save_last=True, max_keep_ckpts=1)
     cfg.log_processor = dict(by_epoch=False,
-                             custom_cfg=[dict(data_src='budget_used', method_name='current')])
+                             custom_cfg=[dict(data_src='budget_used', method_name='mean',
+                                             window_size=1)])
