@@ -54,13 +54,20 @@ class MeanOutput(BaseMetric):
 
 
 class Record(Hook):
-    """Losses per iteration; stops the process (raises) after iteration ``kill_after``."""
+    """Losses per iteration; stops the process (raises) after iteration ``kill_after``, or
+    in the validation after iteration ``kill_in_validation``."""
 
     priority = 'LOWEST'
 
-    def __init__(self, kill_after: int | None = None) -> None:
+    def __init__(self, kill_after: int | None = None,
+                 kill_in_validation: int | None = None) -> None:
         self.losses: dict[int, torch.Tensor] = {}
         self.kill_after = kill_after
+        self.kill_in_validation = kill_in_validation
+
+    def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if runner.iter == self.kill_in_validation:
+            raise KeyboardInterrupt(f'killed validating after iteration {runner.iter}')
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         self.losses[runner.iter + 1] = outputs['loss'].detach().clone()
@@ -82,8 +89,9 @@ class IterationClock(Hook):
 
 
 def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
-        budget_seconds: float | None = None) -> tuple[Record, Runner]:
-    record = Record(kill_after)
+        budget_seconds: float | None = None,
+        kill_in_validation: int | None = None) -> tuple[Record, Runner]:
+    record = Record(kill_after, kill_in_validation)
     hooks = [ExactResumeHook(), record]
     train_cfg = dict(by_epoch=False, max_iters=9, val_interval=4)
     checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=3, max_keep_ckpts=1)
@@ -143,6 +151,12 @@ def test_resume_repeats_uninterrupted_run(tmp_path, full_run, kill_after):
     assert killed[1].iter == kill_after - 1 and len(list((tmp_path / 'killed').glob('*.pth'))) == 1
     resumed = run(tmp_path / 'killed', resume=True)
     _assert_same_run(full, resumed, first_resumed=kill_after // 3 * 3 + 1)
+
+
+def test_resume_after_a_kill_during_validation(tmp_path, full_run):
+    run(tmp_path, kill_in_validation=4)
+    assert [p.name for p in tmp_path.glob('*.pth')] == ['iter_3.pth']
+    _assert_same_run(full_run, run(tmp_path, resume=True), first_resumed=4)
 
 
 def test_without_random_state_resume_differs(tmp_path, full_run):
