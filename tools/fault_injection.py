@@ -236,8 +236,8 @@ def kill_and_resume(trial: Trial, target: Target, data: Path, work: Path, refere
     if pointer is not None and not _loadable(pointer):
         trial.files_lost += 1
     if trial.fault == 'corrupt-checkpoint':
-        newest = _pointer(work)
-        trial.note = f'{newest.name}: {_damage(newest, rng)}' if newest else 'no checkpoint'
+        saved = sorted(work.glob('*.pth'), key=lambda p: int(p.stem.split('_')[-1]))
+        trial.note = f'{saved[-1].name}: {_damage(saved[-1], rng)}' if saved else 'none saved'
     for _ in range(3):  # resume until the run completes
         resume = Run(_train(target, data, work, '--resume'), work.parent / f'{work.name}.log')
         code = resume.wait()
