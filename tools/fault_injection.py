@@ -13,8 +13,9 @@ outcome against an uninterrupted reference run of the same model:
   the reference weights;
 - ``corrupt-data``: a zero-byte image, an annotation file that is not JSON or a truncated
   label map: the run must stop with an error naming the file;
-- ``kill-rank``: two processes (gloo); SIGKILL one worker, or the launcher: every process
-  must be gone within the process-group timeout (``--dist-timeout``).
+- ``kill-rank``: two processes (gloo, ``--dist-timeout 30``); SIGKILL one worker or the
+  launcher, or SIGSTOP one worker: every process must be gone, the peer of a stopped worker
+  by the process-group timeout at the latest.
 
 After a kill, a "lost file" is a checkpoint that ``last_checkpoint`` named before the kill
 and that is missing or unreadable after it.
@@ -285,10 +286,14 @@ def kill_rank(trial: Trial, target: Target, data: Path, work: Path, rng: random.
     if run.proc.poll() is not None or not workers:
         trial.note = 'finished before the fault could be injected'
         return
-    victim = rng.choice(['worker', 'launcher'])
-    trial.note = f'SIGKILL to the {victim}'
+    victim = rng.choice(['worker', 'launcher', 'stopped worker'])
+    trial.note = 'SIGSTOP to a worker' if victim == 'stopped worker' else f'SIGKILL to the {victim}'
     killed = time.monotonic()
-    os.kill(rng.choice(workers) if victim == 'worker' else run.proc.pid, signal.SIGKILL)
+    if victim == 'stopped worker':  # alive but silent: its peer must give up at the timeout
+        stopped = rng.choice(workers)
+        os.kill(stopped, signal.SIGSTOP)
+    else:
+        os.kill(rng.choice(workers) if victim == 'worker' else run.proc.pid, signal.SIGKILL)
     trial.injected = True
     while time.monotonic() - killed < 120:
         alive = [pid for pid in [run.proc.pid, *workers] if Path(f'/proc/{pid}').exists()

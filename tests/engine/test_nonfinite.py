@@ -55,7 +55,8 @@ class Snapshots(Hook):
         self.states[runner.iter + 1] = {k: v.clone() for k, v in runner.model.state_dict().items()}
 
 
-def make_runner(work_dir: Path, bad: set[int], max_consecutive: int = 3) -> tuple[Runner, Snapshots]:
+def make_runner(work_dir: Path, bad: set[int],
+                max_consecutive: int = 3) -> tuple[Runner, Snapshots]:
     snapshots = Snapshots()
     runner = Runner(
         model=BatchNormNet(), work_dir=str(work_dir),

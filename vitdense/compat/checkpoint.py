@@ -242,6 +242,9 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
         os.close(dir_fd)
 
 
+_MMENGINE_SAVE = mme_checkpoint.save_checkpoint
+
+
 def save_checkpoint_atomically(checkpoint: dict, filename: str, file_client_args: Any = None,
                                backend_args: Any = None) -> None:
     """mmengine's ``save_checkpoint``, writing local files with :func:`atomic_write`."""
@@ -252,9 +255,6 @@ def save_checkpoint_atomically(checkpoint: dict, filename: str, file_client_args
     with io.BytesIO() as buffer:
         torch.save(checkpoint, buffer)
         atomic_write(filename, buffer.getvalue())
-
-
-_MMENGINE_SAVE = mme_checkpoint.save_checkpoint
 
 
 def _save_then_prune(self: CheckpointHook, runner: Any, step: int, meta: dict) -> None:
