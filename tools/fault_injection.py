@@ -5,7 +5,8 @@ Each trial picks a demo model (Mask R-CNN, UperNet, classifier) and a fault, run
 outcome against an uninterrupted reference run of the same model:
 
 - ``kill-train`` / ``kill-save`` / ``kill-eval``: SIGKILL at a random moment of training,
-  while a checkpoint is being written (a temporary checkpoint file exists), or during
+  while the first, second or third checkpoint is being written (its temporary file
+  exists), or during
   validation; then ``--resume`` until the run finishes and compare the final weights with
   the reference (``torch.equal`` on every tensor);
 - ``corrupt-checkpoint``: kill once two checkpoints exist, damage the newest (empty,
@@ -190,10 +191,12 @@ def _kill_when(run: Run, work: Path, fault: str, rng: random.Random, deadline: f
     """Wait for the fault's moment, SIGKILL the run; return (killed, pointer before kill)."""
     # kill-train: a random moment after the log line of a random iteration
     iteration, delay = rng.randint(1, 5), rng.uniform(0.0, 0.5)
+    saved_before = rng.randint(0, 2)  # kill-save: checkpoints complete before the killed save
     started = None
     while run.proc.poll() is None and time.monotonic() < deadline:
         pointer = _pointer(work)
-        if fault == 'kill-save' and any(work.glob('.*.tmp')):
+        if fault == 'kill-save' and any(work.glob('.*.tmp')) and \
+                len(list(work.glob('*.pth'))) >= saved_before:
             break
         if fault == 'kill-eval' and run.saw('(val)'):
             break
