@@ -1,9 +1,12 @@
 """Every shipped dense config: recipe as in the XCiT paper, consistent widths, and its model
 (backbone shortened to 4 blocks, the rest as configured) takes a training step with the
-config's own optimizer and predicts, on a tiny synthetic batch."""
+config's own optimizer and predicts, on a tiny synthetic batch, calling no compiled mmcv op
+that the torch-native backend lacks."""
 import copy
 import functools
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ from mmengine.config import config as mmengine_config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
+from vitdense.compat.mmcv_ext import IMPLEMENTED
 from vitdense.engine.launch import host_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,8 +194,38 @@ for _config in CONFIGS:
     _UNIQUE.setdefault(_model_key(_config), _config)
 
 
+class _RecordingExt:
+    """Stands for ``mmcv._ext`` in mmcv's op modules and counts which functions are called."""
+
+    def __init__(self, ext, calls: Counter) -> None:
+        self._ext, self._calls = ext, calls
+
+    def __getattr__(self, name: str):
+        func = getattr(self._ext, name)
+
+        def recorded(*args, **kwargs):
+            self._calls[name] += 1
+            return func(*args, **kwargs)
+        return recorded
+
+
+@pytest.fixture
+def mmcv_ext_calls(monkeypatch) -> Counter:
+    """Calls of mmcv's compiled-op functions during the test, whichever extension serves them."""
+    import mmcv.ops  # noqa: F401  (loads mmcv._ext and every op module)
+    ext, calls = sys.modules['mmcv._ext'], Counter()
+    for name, module in list(sys.modules.items()):
+        if name.startswith('mmcv.ops.') and getattr(module, 'ext_module', None) is ext:
+            monkeypatch.setattr(module, 'ext_module', _RecordingExt(ext, calls))
+    return calls
+
+
+# What the models' training and test steps call (the torch-native backend's whole remit).
+MMCV_OPS = {'mmdet': {'nms', 'roi_align_forward', 'roi_align_backward'}, 'mmseg': set()}
+
+
 @pytest.mark.parametrize('config', sorted(_UNIQUE.values()))
-def test_train_step_and_inference(config):
+def test_train_step_and_inference(config, mmcv_ext_calls):
     cfg = _downsized(config)
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
@@ -210,6 +244,7 @@ def test_train_step_and_inference(config):
         model.eval()
         with torch.no_grad():
             predictions = model.val_step(batch)
+    assert set(mmcv_ext_calls) == MMCV_OPS[cfg.default_scope] <= IMPLEMENTED
     assert len(predictions) == 2
     for prediction in predictions:
         if is_det:
@@ -280,3 +315,68 @@ def test_roi_heads_pool_the_features_at_the_boxes(config):
         expected = roi_align(features[0], rois, extractor.roi_layers[0].output_size,
                              spatial_scale=1 / 4, sampling_ratio=0, aligned=True)
     torch.testing.assert_close(pooled, expected)
+
+
+# drop_path_rate of the official XCiT dense configs (facebookresearch/xcit,
+# detection/configs/xcit, semantic_segmentation/configs/xcit/{sem_fpn,upernet}); the same
+# for patch sizes 16 and 8
+OFFICIAL_DROP_PATH = {
+    'mask-rcnn': {'t12': 0.0, 's12': 0.05, 's24': 0.1, 'm24': 0.15},
+    'upernet': {'t12': 0.0, 's12': 0.05, 's24': 0.1, 'm24': 0.15},
+    'fpn': {'t12': 0.0, 's12': 0.05, 's24': 0.1, 'm24': 0.2},
+}
+XCIT_FULL = [c for c in FULL if Path(c).name.split('_')[1].startswith('xcit-')]
+
+
+@pytest.mark.parametrize('config', XCIT_FULL)
+def test_xcit_configs_are_the_official_ones(config):
+    """Stochastic depth as released (Semantic FPN M24 trains with 0.2, UperNet / Mask R-CNN
+    M24 with 0.15), SyncBN in the stem / LPI and the pyramid, and the official forward on
+    inputs that are not multiples of 32."""
+    task, model = Path(config).name.split('_')[:2]
+    size, patch = model.split('-')[1:3]
+    backbone = _load(config).model.backbone
+    assert backbone.drop_path_rate == OFFICIAL_DROP_PATH[task][size]
+    assert backbone.patch_size == int(patch[1:])
+    assert backbone.norm_cfg == backbone.pyramid_norm_cfg == dict(type='SyncBN')
+    assert backbone.padding == 'stem'
+
+
+@pytest.mark.parametrize('config', FULL)
+def test_batch_norms_in_the_backbone_are_synchronised(config):
+    """Every family's dense config makes the backbone's BatchNorms SyncBatchNorm (statistics
+    over all 16 images of the 8 × 2 batch, as the official XCiT code), not per-GPU BN."""
+    cfg = _downsized(config)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        backbone = MODELS.build(cfg.model.backbone)
+    batch_norms = [m for m in backbone.modules()
+                   if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert all(isinstance(m, torch.nn.SyncBatchNorm) for m in batch_norms)
+    if cfg.model.backbone.type == 'vitdense.XCiT':  # 1 per stem conv, 1 per LPI, 1 pyramid
+        stem = 4 if cfg.model.backbone.patch_size == 16 else 3
+        assert len(batch_norms) == stem + 4 + (cfg.model.backbone.patch_size == 16)
+
+
+@pytest.mark.parametrize('config', [c for c in FULL if 'xcit-s12-p16' in c])
+def test_weight_decay_spares_only_the_layer_norms(config):
+    """The official dense configs' rule (custom_keys {'norm': decay_mult 0}): the backbone's
+    LayerNorms take no weight decay; biases, BatchNorms, LayerScale, XCA temperatures, the
+    position projection, the pyramid, neck and heads all do."""
+    cfg = _downsized(config)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        model = MODELS.build(cfg.model)
+        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = {names[id(g['params'][0])]: g for g in optim_wrapper.optimizer.param_groups}
+    assert len(groups) == len(names)
+    no_decay = {n for n, g in groups.items() if g['weight_decay'] == 0}
+    layer_norms = {f'{prefix}.{name}' for prefix, module in model.named_modules()
+                   if isinstance(module, torch.nn.LayerNorm)
+                   for name, _ in module.named_parameters()}
+    assert layer_norms and no_decay == layer_norms
+    assert all(n.startswith('backbone.blocks.') for n in no_decay)
+    weight_decay = cfg.optim_wrapper.optimizer.weight_decay
+    for name in ('backbone.blocks.0.attn.qkv.bias', 'backbone.blocks.0.attn.temperature',
+                 'backbone.blocks.0.ls1.gamma', 'backbone.blocks.0.lpi.bn.weight',
+                 'backbone.pos_embed.token_projection.weight', 'backbone.pyramid.fpn1.1.bias'):
+        assert groups[name]['weight_decay'] == weight_decay, name

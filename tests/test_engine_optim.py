@@ -58,6 +58,23 @@ def test_no_decay_on_flat_params_and_backbone_names():
     assert all(g.get('lr', 1e-3) == 1e-3 for g in groups.values())  # decay rate 1: off
 
 
+def test_custom_keys_rule_spares_only_the_keyed_names():
+    """The official XCiT dense rule: custom_keys {'norm': decay_mult 0} and nothing else,
+    so biases, BatchNorms, LayerScale, temperatures and the backbone's no_weight_decay()
+    names decay (under the 'timm' rule above none of them would)."""
+    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    groups = _groups_by_name(model, _build(model, weight_decay_rule='custom_keys',
+                                           custom_keys={'norm': dict(decay_mult=0.)}))
+    no_decay = {n for n, g in groups.items() if _weight_decay(g) == 0}
+    assert no_decay == {n for n, _ in model.named_parameters() if 'norm' in n}
+    assert {'backbone.blocks.0.norm1.weight', 'backbone.blocks.0.norm_lpi.bias'} <= no_decay
+    for name in ('backbone.blocks.0.attn.temperature', 'backbone.blocks.0.attn.qkv.bias',
+                 'backbone.blocks.0.ls1.gamma', 'backbone.blocks.0.lpi.bn.weight', 'head.bias'):
+        assert _weight_decay(groups[name]) == 0.05, name
+    with pytest.raises(ValueError, match="weight_decay_rule must be one of .*'swin'"):
+        _build(model, weight_decay_rule='swin')
+
+
 def test_layer_wise_lr_decay_follows_get_layer_depth():
     model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
     groups = _groups_by_name(model, _build(model, layer_decay_rate=0.5))

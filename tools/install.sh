@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Install vitdense and the OpenMMLab stack into .venv/ (torch 2.14.1, mmcv 2.1.0 with compiled ops).
+# Install vitdense and the OpenMMLab stack into .venv/ (torch 2.14.1, mmengine, mmdet, mmseg,
+# mmpretrain, timm): nothing is compiled, on CPU and GPU machines alike.
+#
+#   bash tools/install.sh               # mmcv-lite 2.1.0 + vitdense's torch-native mmcv ops
+#   bash tools/install.sh --full-mmcv   # mmcv 2.1.0 with its compiled ops instead
+#
+# Default: mmcv-lite is mmcv without its compiled extension; vitdense serves the ops our
+# configs call (nms, RoIAlign) on torchvision's CPU / CUDA kernels (vitdense/compat/mmcv_ext.py)
+# and every other compiled op raises an error naming it.  --full-mmcv builds mmcv's C++ ops
+# (and CUDA ops where torch sees a GPU; FORCE_CUDA=1 forces them) from the PyPI source,
+# ~10-25 min on 2 cores, needs g++ (and nvcc for CUDA), and caches the wheel, keyed by the
+# torch version, in $VITDENSE_CACHE (default ~/.cache/vitdense) so later installs take seconds.
+# Either way the other is uninstalled: both provide the `mmcv` package.
 #
 # Idempotent and quick when warm: every step checks what is there first.  Versions come from
-# requirements/constraints.txt, the exact set the tests passed with.  mmcv is the one package
-# that must be compiled (~15-20 min on 2 cores, C++20 for torch 2.14's headers, setuptools<70
-# for its setup.py); the wheel is cached outside the repo, keyed by the torch version it was
-# built against, in $VITDENSE_CACHE (default ~/.cache/vitdense), so later installs take seconds.
+# requirements/constraints.txt, the exact set the tests passed with.
 #
 # Environment: VITDENSE_VENV (default <repo>/.venv), VITDENSE_CACHE, PYTHON (default python3.11),
-# MAX_JOBS (compile jobs, default: number of cores).
+# MAX_JOBS (compile jobs for --full-mmcv, default: number of cores).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +26,14 @@ CACHE="${VITDENSE_CACHE:-$HOME/.cache/vitdense}"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3 || echo python3.11)}"
 CONSTRAINTS="$ROOT/requirements/constraints.txt"
 MMCV_VERSION=2.1.0
+FULL_MMCV=0
+for arg in "$@"; do
+  case "$arg" in
+    --full-mmcv) FULL_MMCV=1 ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) printf '[vitdense install] error: unknown option %s (see --help)\n' "$arg" >&2; exit 2 ;;
+  esac
+done
 MMCV_SETUPTOOLS=69.5.1   # last setuptools series whose pkg_resources mmcv 2.1.0's setup.py needs
 
 step() { printf '\n[vitdense install %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -54,53 +71,69 @@ for spec in sys.argv[1:]:
 PYEOF
 }
 
-step "torch $TORCH_VERSION, torchvision and build tools"
+step "torch $TORCH_VERSION, torchvision, mmengine"
 have "torch==$TORCH_VERSION" "torchvision==$(pinned torchvision)" "setuptools==$(pinned setuptools)" \
-     "ninja==$(pinned ninja)" "wheel==$(pinned wheel)" "mmengine==$(pinned mmengine)" || \
-  "${PIP[@]}" torch torchvision setuptools wheel ninja numpy mmengine
+     "mmengine==$(pinned mmengine)" || \
+  "${PIP[@]}" --only-binary=:all: torch torchvision setuptools numpy mmengine
 
-WHEEL_DIR="$CACHE/wheels/torch-$TORCH_VERSION-$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
-if ! have "mmcv==$MMCV_VERSION"; then
-  WHEEL=$(ls "$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl 2>/dev/null | head -1 || true)
-  if [ -z "$WHEEL" ]; then
-    command -v g++ >/dev/null || die "g++ is needed to build mmcv's ops (apt-get install g++)"
-    step "building mmcv $MMCV_VERSION with its ops from the PyPI source (one time, ~15-20 min on 2 cores)"
-    BUILD=$(mktemp -d)
-    restore_setuptools() { "${PIP[@]}" --no-deps --quiet "setuptools==$(pinned setuptools)"; }
-    trap 'restore_setuptools; rm -rf "$BUILD"' EXIT
-    # mmcv's setup.py imports pkg_resources, gone from setuptools >= 70: downgrade for the
-    # build only (--no-deps: torch itself asks for a newer one), restored right after.
-    "$PY" -m pip install --disable-pip-version-check --quiet --no-deps "setuptools==$MMCV_SETUPTOOLS"
-    "$PY" -m pip download --disable-pip-version-check --quiet --no-deps --no-binary :all: \
-      "mmcv==$MMCV_VERSION" -d "$BUILD"
-    tar -xzf "$BUILD/mmcv-$MMCV_VERSION.tar.gz" -C "$BUILD"
-    # torch >= 2.6 headers need C++20; mmcv 2.1.0 hard-codes c++14 / c++17.
-    sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g' "$BUILD/mmcv-$MMCV_VERSION/setup.py"
-    mkdir -p "$WHEEL_DIR"
-    (cd "$BUILD/mmcv-$MMCV_VERSION" && MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-      "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps \
-        -w "$WHEEL_DIR" .)
-    restore_setuptools
-    rm -rf "$BUILD"
-    trap - EXIT
-    WHEEL=$(ls "$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl | head -1)
+if [ "$FULL_MMCV" = 1 ]; then
+  WHEEL_DIR="$CACHE/wheels/torch-$TORCH_VERSION-$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+  if ! have "mmcv==$MMCV_VERSION"; then
+    WHEEL=$(ls "$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl 2>/dev/null | head -1 || true)
+    if [ -z "$WHEEL" ]; then
+      command -v g++ >/dev/null || die "g++ is needed to build mmcv's ops (apt-get install g++)"
+      step "building mmcv $MMCV_VERSION with its ops from the PyPI source (one time, ~10-25 min on 2 cores)"
+      BUILD=$(mktemp -d)
+      restore_setuptools() { "${PIP[@]}" --no-deps --quiet "setuptools==$(pinned setuptools)"; }
+      trap 'restore_setuptools; rm -rf "$BUILD"' EXIT
+      # mmcv's setup.py imports pkg_resources, gone from setuptools >= 82: downgrade for the
+      # build only (--no-deps: torch itself asks for a newer one), restored right after.
+      "$PY" -m pip install --disable-pip-version-check --quiet --no-deps \
+        "setuptools==$MMCV_SETUPTOOLS" "wheel==$(pinned wheel)" "ninja==$(pinned ninja)"
+      "$PY" -m pip download --disable-pip-version-check --quiet --no-deps --no-binary :all: \
+        "mmcv==$MMCV_VERSION" -d "$BUILD"
+      tar -xzf "$BUILD/mmcv-$MMCV_VERSION.tar.gz" -C "$BUILD"
+      # torch >= 2.6 headers need C++20; mmcv 2.1.0 hard-codes c++14 / c++17.
+      sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g' "$BUILD/mmcv-$MMCV_VERSION/setup.py"
+      mkdir -p "$WHEEL_DIR"
+      (cd "$BUILD/mmcv-$MMCV_VERSION" && MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+        "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps \
+          -w "$WHEEL_DIR" .)
+      restore_setuptools
+      rm -rf "$BUILD"
+      trap - EXIT
+      WHEEL=$(ls "$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl | head -1)
+    fi
+    ! have mmcv-lite || "$PY" -m pip uninstall --disable-pip-version-check --quiet -y mmcv-lite
+    step "installing mmcv from $WHEEL"
+    "${PIP[@]}" --no-deps --quiet --force-reinstall "$WHEEL"
   fi
-  step "installing mmcv from $WHEEL"
-  "${PIP[@]}" --no-deps --quiet "$WHEEL"
+elif ! have "mmcv-lite==$MMCV_VERSION"; then
+  ! have mmcv || "$PY" -m pip uninstall --disable-pip-version-check --quiet -y mmcv
+  step "mmcv-lite $MMCV_VERSION (mmcv without compiled ops; vitdense serves the ops it uses)"
+  "${PIP[@]}" --quiet --only-binary=:all: "mmcv-lite==$MMCV_VERSION"
 fi
 
 step "mmdet, mmsegmentation, mmpretrain, timm, pycocotools and test tools"
-"${PIP[@]}" --quiet -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
+"${PIP[@]}" --quiet --only-binary=:all: -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
 
-step "vitdense (editable)"
-# Already editable from this checkout? (find_spec only locates the package, runs none of it.)
+step "vitdense (editable) and its start-up hook"
+# Already editable from this checkout? (find_spec only locates modules, runs none of them.)
 "$PY" -I -c 'import importlib.util as u, sys; s = u.find_spec("vitdense")
-sys.exit(not (s and s.origin == sys.argv[1]))' "$ROOT/vitdense/__init__.py" 2>/dev/null || \
+sys.exit(not (s and s.origin == sys.argv[1] and u.find_spec("vitdense_startup")))' \
+  "$ROOT/vitdense/__init__.py" 2>/dev/null || \
   "${PIP[@]}" --quiet --no-deps --no-build-isolation -e "$ROOT"
+# A wheel install ships vitdense-startup.pth itself; an editable one does not (setuptools
+# packages no extra top-level files in editable mode), so it is copied here.
+SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cmp -s "$ROOT/vitdense-startup.pth" "$SITE/vitdense-startup.pth" || \
+  cp "$ROOT/vitdense-startup.pth" "$SITE/vitdense-startup.pth"
 
 "$PY" - <<'PYEOF'
 import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm, vitdense
+ops = mmcv.ops.get_compiler_version()
+ops = 'torch-native ops' if ops.startswith('none') else 'compiled ops (' + ops + ')'
 print('[vitdense install] ready: torch', torch.__version__, '| mmengine', mmengine.__version__,
-      '| mmcv', mmcv.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__,
-      '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__)
+      '| mmcv', mmcv.__version__, ops, '| mmdet', mmdet.__version__, '| mmseg',
+      mmseg.__version__, '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__)
 PYEOF

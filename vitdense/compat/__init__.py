@@ -1,13 +1,45 @@
-"""Fixes that make the host libraries work on this stack (torch 2.14, numpy 2, setuptools 84).
+"""Every fix vitdense makes to the host libraries, in one table, each checked against the
+versions it was written for.
 
-Imported first by ``import vitdense`` (and so by ``custom_imports=dict(imports=['vitdense'])``
-in every config).  Each submodule fixes one symptom, named in its docstring.  All of them
-patch torch or mmengine, so importing vitdense does not import mmcv / mmdet / mmseg /
-mmpretrain; their training, evaluation and visualisation paths that vitdense uses needed
-no fix of their own on numpy 2.
+A user who only wants a backbone should know what ``import vitdense`` changes: the fixes
+below, nothing else.  Each names its symptom in its module's docstring and raises
+:class:`~vitdense_startup.HostVersionError` on a library version it was not written for
+(no fix is applied silently to code it was not checked against).
+
+===========================  ==========================  ===============================
+fix                          written for                 applied
+===========================  ==========================  ===============================
+package look-ups without     mmengine >=0.10.3,<0.11     at interpreter start-up
+pkg_resources                                            (``vitdense-startup.pth``) and
+(``vitdense_startup``)                                   ``import vitdense``
+torch-native mmcv ops        mmcv >=2.0.0,<2.2.0         on ``import mmcv.ops`` when no
+(``compat/mmcv_ext.py``)                                 compiled ``mmcv._ext`` exists
+safe checkpoint loading      torch >=2.6,<2.15;          ``import vitdense``
+(``compat/checkpoint.py``)   mmengine >=0.10.3,<0.11
+SyncBatchNorm on CPU         torch >=2.6,<2.15           ``import vitdense``
+(``compat/syncbn.py``)
+===========================  ==========================  ===============================
+
+Importing vitdense imports torch and mmengine, never mmcv, mmdet, mmseg or mmpretrain.
 """
-from . import checkpoint, packages, syncbn
+from __future__ import annotations
 
+import mmengine
+import torch
+
+import vitdense_startup
+from vitdense_startup import HostVersionError, require
+
+from . import checkpoint, syncbn
+
+__all__ = ['HostVersionError', 'TORCH_WRITTEN_FOR', 'MMENGINE_WRITTEN_FOR']
+
+TORCH_WRITTEN_FOR = '>=2.6,<2.15'
+MMENGINE_WRITTEN_FOR = vitdense_startup.PACKAGE_LOOKUPS_WRITTEN_FOR
+
+vitdense_startup.install()
+require('safe checkpoint loading', 'torch', torch.__version__, TORCH_WRITTEN_FOR)
+require('safe checkpoint loading', 'mmengine', mmengine.__version__, MMENGINE_WRITTEN_FOR)
 checkpoint.apply()
-packages.apply()
+require('SyncBatchNorm on CPU', 'torch', torch.__version__, TORCH_WRITTEN_FOR)
 syncbn.apply()

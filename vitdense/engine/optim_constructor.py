@@ -1,10 +1,19 @@
 """Optimizer wrapper constructor for columnar backbones inside detectors, segmentors, classifiers.
 
-The XCiT recipes (paper §4.2-4.3) train with AdamW and no weight decay on norms, position
-embeddings, LayerScale and attention temperatures; fine-tuning recipes of ViT-like models
-also scale the learning rate down layer by layer towards the input (layer-wise lr decay,
-BEiT / MAE style). Both need the backbone's own knowledge of its parameters, which the
-backbones expose through ``no_weight_decay()`` and ``get_layer_depth()``.
+Recipes differ in which parameters train without weight decay, so a config names its rule:
+
+- ``'custom_keys'``: mmengine's paramwise options only. The official XCiT dense configs
+  (``detection/configs``, ``semantic_segmentation/configs`` of facebookresearch/xcit, after
+  Swin) give ``custom_keys={'norm': dict(decay_mult=0.)}``: the LayerNorms alone (every name
+  containing ``norm``); biases, BatchNorms, LayerScale, temperatures, the position
+  projection, necks and heads all decay.
+- ``'timm'``: every one-dimensional parameter anywhere in the model plus the backbone's
+  ``no_weight_decay()`` names (position encodings, class token, LayerScale, temperatures,
+  gates): timm's optimizer factory, which the DeiT / CaiT / XCiT / ConViT ImageNet code uses.
+
+Fine-tuning recipes of ViT-like models also scale the learning rate down layer by layer
+towards the input (layer-wise lr decay, BEiT / MAE style) through the backbone's
+``get_layer_depth()``.
 """
 from __future__ import annotations
 
@@ -16,6 +25,8 @@ from torch import nn
 
 from vitdense.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
+WEIGHT_DECAY_RULES = ('timm', 'custom_keys')
+
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
@@ -23,9 +34,11 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     ``paramwise_cfg`` takes every option of ``DefaultOptimWrapperConstructor`` and:
 
-    - ``flat_decay_mult`` defaults to 0: one-dimensional parameters (norms, biases,
-      LayerScale gammas) take no weight decay anywhere in the model;
-    - the parameters the backbone names in ``no_weight_decay()`` take none either;
+    - ``weight_decay_rule``: ``'timm'`` (default) or ``'custom_keys'`` (see the module
+      docstring). Under ``'timm'``, ``flat_decay_mult`` defaults to 0 (one-dimensional
+      parameters take no weight decay anywhere in the model) and the parameters the backbone
+      names in ``no_weight_decay()`` take none either; ``'custom_keys'`` adds nothing to
+      mmengine's options;
     - ``layer_decay_rate`` (default 1.0, off): a backbone parameter at layer id ``i`` of
       ``n`` (``backbone.get_layer_depth``) gets ``lr * rate ** (n - 1 - i)``; necks and heads,
       which are trained from scratch, keep the full learning rate.
@@ -36,7 +49,12 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: dict | None = None):
         paramwise_cfg = dict(paramwise_cfg or {})
         self.layer_decay_rate = float(paramwise_cfg.pop('layer_decay_rate', 1.0))
-        paramwise_cfg.setdefault('flat_decay_mult', 0.0)
+        self.weight_decay_rule = paramwise_cfg.pop('weight_decay_rule', 'timm')
+        if self.weight_decay_rule not in WEIGHT_DECAY_RULES:
+            raise ValueError(f'paramwise_cfg.weight_decay_rule must be one of '
+                             f'{WEIGHT_DECAY_RULES}, got {self.weight_decay_rule!r}')
+        if self.weight_decay_rule == 'timm':
+            paramwise_cfg.setdefault('flat_decay_mult', 0.0)
         super().__init__(optim_wrapper_cfg, paramwise_cfg)
 
     def add_params(self, params: list[dict], module: nn.Module, prefix: str = '',
@@ -53,7 +71,8 @@ class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             raise TypeError(f'layer_decay_rate={self.layer_decay_rate} needs a backbone with '
                             f'get_layer_depth(); {type(backbone).__name__} has none')
         no_decay = (set(backbone.no_weight_decay())
-                    if hasattr(backbone, 'no_weight_decay') else set())
+                    if self.weight_decay_rule == 'timm' and hasattr(backbone, 'no_weight_decay')
+                    else set())
         names = {id(param): name for name, param in model.named_parameters()}
         scales: Counter = Counter()
         for group in params:

@@ -11,6 +11,7 @@ model = dict(
         patch_size=16,
         drop_path_rate=0.05,
         pyramid_norm_cfg=dict(type='SyncBN'),
+        norm_cfg=dict(type='SyncBN'),  # stem / LPI BatchNorms, as the official XCiT code
         init_cfg=dict(
             type='Pretrained',
             checkpoint='https://dl.fbaipublicfiles.com/xcit/xcit_small_12_p16_384_dist.pth')),

@@ -7,7 +7,8 @@
 _base_ = './mask-rcnn_columnar-fpn.py'
 model = dict(
     backbone=dict(arch=dict(_delete_=True, embed_dims=128, num_layers=6, num_heads=4), patch_size=8,
-                  drop_path_rate=0.0, pyramid_norm_cfg=dict(type='BN'), init_cfg=None),
+                  drop_path_rate=0.0, pyramid_norm_cfg=dict(type='BN'),
+                  norm_cfg=dict(type='BN'), init_cfg=None),
     neck=dict(in_channels=[128] * 4, out_channels=128, norm_cfg=dict(type='BN')),
     rpn_head=dict(in_channels=128, feat_channels=128, anchor_generator=dict(scales=[4])),
     roi_head=dict(

@@ -1,6 +1,9 @@
 # Mask R-CNN 3x schedule of the XCiT paper (§4.2): AdamW, lr 1e-4, weight decay 0.05 at
 # batch 16, 36 epochs, lr /10 after epochs 27 and 33, 500-iteration linear warmup.
-# No weight decay on norms, biases, position embeddings, LayerScale and temperatures.
+# Weight decay rule 'custom_keys' as the official config (detection/configs/xcit/
+# mask_rcnn_xcit_*_3x_coco.py, custom_keys copied from Swin): only parameters whose name
+# contains 'norm' (the backbone's LayerNorms) are exempt; biases, BatchNorms, LayerScale,
+# temperatures, the position projection, neck and heads decay.
 _base_ = 'mmdet::_base_/schedules/schedule_1x.py'
 train_cfg = dict(max_epochs=36)
 param_scheduler = [
@@ -11,4 +14,6 @@ optim_wrapper = dict(
     constructor='vitdense.LayerDecayOptimWrapperConstructor',
     optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999),
                    weight_decay=0.05),
-    paramwise_cfg=dict(layer_decay_rate=1.0))
+    paramwise_cfg=dict(weight_decay_rule='custom_keys',
+                       custom_keys={'norm': dict(decay_mult=0.)},
+                       layer_decay_rate=1.0))

@@ -21,6 +21,9 @@ from ..layers.branched import BranchedLinear
 from ..layers.pyramid import MultiLevelPyramid
 
 OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
+#: how inputs that are not a multiple of the patch size (or of the pyramid's 32) are met
+PADDINGS = ('image', 'stem')
+BATCH_NORM_TYPES = ('BN', 'SyncBN')
 OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
 
 Rule = tuple[str, str]
@@ -46,6 +49,19 @@ class ColumnarBackbone(BaseModule):
         out_indices: 0-based blocks whose outputs form the dense features.
         pyramid: bring the dense features to strides 4/8/16/32 (needs 4 out indices).
         pyramid_norm_cfg: norm inside the pyramid's upsampling branch.
+        norm_cfg: type of the BatchNorm layers inside the backbone (XCiT's conv stem and
+            LPI, the hMLP stem): ``dict(type='BN')`` or ``dict(type='SyncBN')``, the latter
+            as the official XCiT dense code (statistics over all GPUs' images).
+        padding: inputs whose size is not a multiple of the patch size. 'image': zero-pad
+            the image at the bottom / right to a multiple of the patch size, pool the
+            pyramid in ceil mode and crop every level to ceil(H / stride) × ceil(W / stride)
+            of the input (levels aligned with the image; works for every patch embedding).
+            'stem': the image goes in unpadded and each stride-2 convolution of the stem
+            pads itself; the pyramid pools in floor mode and nothing is cropped. This is the
+            official XCiT detection / segmentation forward (``detection/backbone/xcit.py``),
+            which the released dense checkpoints were evaluated with; it needs a patch
+            embedding that pads its own input (XCiT's conv stem). Both agree on inputs
+            that are multiples of 32.
         drop_rate: dropout after the position encoding and inside FFNs.
         drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
         frozen_stages: freeze the embeddings (>= 0) and the first ``frozen_stages`` blocks.
@@ -73,6 +89,8 @@ class ColumnarBackbone(BaseModule):
                  out_indices: Optional[Sequence[int]] = None,
                  pyramid: bool = True,
                  pyramid_norm_cfg: Optional[dict] = None,
+                 norm_cfg: Optional[dict] = None,
+                 padding: str = 'image',
                  drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
                  frozen_stages: int = -1,
@@ -99,14 +117,24 @@ class ColumnarBackbone(BaseModule):
         self.with_cp = with_cp
         self.drop_rate = drop_rate
 
+        if padding not in PADDINGS:
+            raise ValueError(f'unknown padding {padding!r}; expected one of {PADDINGS}')
+        self.padding = padding
+
         self.patch_embed = self.build_patch_embed()
+        if padding == 'stem' and not getattr(self.patch_embed, 'pads_input', False):
+            raise ValueError(f"padding='stem' needs a patch embedding that pads its own input "
+                             f"(XCiT's conv stem); {type(self.patch_embed).__name__} would "
+                             f"drop the pixels beyond the last full patch: use "
+                             f"padding='image'")
         self.cls_token_block = self.class_token_block()
         self.pos_embed = self.build_pos_embed()
         self.pos_drop = nn.Dropout(drop_rate)
         if self.uniform_drop_path:
             rates = [drop_path_rate] * self.num_layers
         else:
-            rates = torch.linspace(0, drop_path_rate, self.num_layers).tolist()
+            # on the CPU whatever the default device (models are also built on 'meta')
+            rates = torch.linspace(0, drop_path_rate, self.num_layers, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             self.build_block(i, rates[i]) for i in range(self.num_layers))
 
@@ -118,10 +146,12 @@ class ColumnarBackbone(BaseModule):
             self.norm = nn.LayerNorm(self.embed_dims, eps=NORM_EPS)
         has_cls = self.cls_token_block is not None or self.cls_blocks is not None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
+        self._set_batch_norm(norm_cfg or dict(type='BN'))
         self.pyramid = None
         if self.dense and pyramid:
             self.pyramid = MultiLevelPyramid(self.embed_dims, patch_size,
-                                             pyramid_norm_cfg or dict(type='BN'))
+                                             pyramid_norm_cfg or dict(type='BN'),
+                                             crop=padding == 'image')
         self._init_parameters()
         self._register_load_state_dict_pre_hook(self._adapt_checkpoint)
         self._freeze_stages()
@@ -184,6 +214,17 @@ class ColumnarBackbone(BaseModule):
                              f'{len(checked)}: {out_indices}; set pyramid=False for others')
         return tuple(checked)
 
+    def _set_batch_norm(self, norm_cfg: dict) -> None:
+        """Make the BatchNorm layers of the stem and the blocks ``norm_cfg['type']``."""
+        norm_type = norm_cfg.get('type')
+        if norm_type not in BATCH_NORM_TYPES or set(norm_cfg) != {'type'}:
+            raise ValueError(f'norm_cfg sets the type of the backbone\'s BatchNorm layers: '
+                             f'dict(type=...) with a type in {list(BATCH_NORM_TYPES)}, got '
+                             f'{norm_cfg}')
+        if norm_type == 'SyncBN':
+            self.patch_embed = nn.SyncBatchNorm.convert_sync_batchnorm(self.patch_embed)
+            self.blocks = nn.SyncBatchNorm.convert_sync_batchnorm(self.blocks)
+
     def _init_parameters(self) -> None:
         """timm's init: truncated normal (std .02) linear weights and class token."""
         for module in self.modules():
@@ -212,9 +253,10 @@ class ColumnarBackbone(BaseModule):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self._check_input(x)
         image_hw = (x.shape[2], x.shape[3])
-        pad_h, pad_w = (-image_hw[0]) % self.patch_size, (-image_hw[1]) % self.patch_size
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h))
+        if self.padding == 'image':
+            pad_h, pad_w = (-image_hw[0]) % self.patch_size, (-image_hw[1]) % self.patch_size
+            if pad_h or pad_w:
+                x = F.pad(x, (0, pad_w, 0, pad_h))
         tokens, hw = self.patch_embed(x)
         if self.cls_token_block == 0:
             tokens = self._prepend_cls_token(tokens)

@@ -34,7 +34,11 @@ def _conv3x3_bn(in_channels: int, out_channels: int) -> nn.Sequential:
 
 class ConvPatchEmbed(nn.Module):
     """XCiT's stem: log2(p) stride-2 3×3 conv+BN layers with GELU, widths doubling up to
-    ``embed_dims`` (XCiT §3.2); ``proj`` indices match the official checkpoints."""
+    ``embed_dims`` (XCiT §3.2); ``proj`` indices match the official checkpoints. Each conv
+    pads by one pixel, so any input size works: every conv halves it, rounding up."""
+
+    #: the stem pads its input itself (a backbone may feed it images of any size)
+    pads_input = True
 
     def __init__(self, in_channels: int, embed_dims: int, patch_size: int) -> None:
         super().__init__()

@@ -10,13 +10,14 @@ from .norm import build_norm2d
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
 
-def _rescale(dims: int, patch_size: int, stride: int, norm_cfg: dict) -> nn.Module:
+def _rescale(dims: int, patch_size: int, stride: int, norm_cfg: dict,
+             ceil_mode: bool) -> nn.Module:
     """Stride p -> s: 2×2 stride-2 transposed convs (norm + GELU between them) to go up,
     identity, or max pooling to go down (as in the official XCiT detection code)."""
     if stride == patch_size:
         return nn.Identity()
     if stride > patch_size:
-        return nn.MaxPool2d(stride // patch_size, stride // patch_size, ceil_mode=True)
+        return nn.MaxPool2d(stride // patch_size, stride // patch_size, ceil_mode=ceil_mode)
     layers: list[nn.Module] = []
     for i in range(int(math.log2(patch_size // stride))):
         if i:
@@ -28,22 +29,30 @@ def _rescale(dims: int, patch_size: int, stride: int, norm_cfg: dict) -> nn.Modu
 class MultiLevelPyramid(nn.Module):
     """Maps 4 feature maps at stride ``patch_size`` to strides 4/8/16/32 (``fpn1``..``fpn4``).
 
-    Outputs are cropped to ceil(H / stride) × ceil(W / stride) of the unpadded image, so the
-    levels stay aligned with the input whatever its size.
+    ``crop=True``: pooling in ceil mode and every level cropped to ceil(H / stride) ×
+    ceil(W / stride) of the unpadded image, so the levels stay aligned with the input
+    whatever its size. ``crop=False``: pooling in floor mode and no cropping, as the
+    official XCiT code (a 43-column grid gives 172 columns at stride 4 and 21 at stride 32).
     """
 
-    def __init__(self, embed_dims: int, patch_size: int, norm_cfg: dict) -> None:
+    def __init__(self, embed_dims: int, patch_size: int, norm_cfg: dict,
+                 crop: bool = True) -> None:
         super().__init__()
         if patch_size & (patch_size - 1) or not 4 <= patch_size <= 32:
             raise ValueError(f'the pyramid needs a power-of-two patch size in [4, 32], got '
                              f'{patch_size}; use pyramid=False for patch size {patch_size}')
+        self.crop = crop
         for level, stride in enumerate(PYRAMID_STRIDES, start=1):
-            self.add_module(f'fpn{level}', _rescale(embed_dims, patch_size, stride, norm_cfg))
+            self.add_module(f'fpn{level}',
+                            _rescale(embed_dims, patch_size, stride, norm_cfg, ceil_mode=crop))
 
     def forward(self, features: list[torch.Tensor],
                 image_hw: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+        """``image_hw``: the size of the unpadded input, which ``crop`` trims the levels to."""
         outs = []
         for level, (feature, stride) in enumerate(zip(features, PYRAMID_STRIDES), start=1):
             out = getattr(self, f'fpn{level}')(feature)
-            outs.append(out[..., :-(-image_hw[0] // stride), :-(-image_hw[1] // stride)])
+            if self.crop:
+                out = out[..., :-(-image_hw[0] // stride), :-(-image_hw[1] // stride)]
+            outs.append(out)
         return tuple(outs)

@@ -1,0 +1,205 @@
+"""The torch-native ``mmcv._ext``: nms and RoIAlign equal hand computations and independent
+references through mmcv's own Python wrappers; every other op raises an error naming it."""
+from __future__ import annotations
+
+import sys
+
+import math
+
+import mmcv.ops
+import pytest
+import torch
+
+from vitdense.compat.mmcv_ext import MissingCompiledOpError
+
+mmcv_ext = sys.modules['mmcv._ext']
+
+
+def test_mmcv_ops_run_on_the_torch_native_backend():
+    assert mmcv_ext.__file__.endswith('vitdense/compat/mmcv_ext.py'), \
+        'tools/install.sh installs mmcv-lite, served by vitdense/compat/mmcv_ext.py'
+    assert mmcv.ops.get_compiler_version().startswith('none (vitdense torch-native')
+
+
+def _random_boxes(n: int, seed: int, size: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=gen) * size
+    wh = torch.rand(n, 2, generator=gen) * size / 3
+    return torch.cat([xy, xy + wh], 1), torch.rand(n, generator=gen)
+
+
+def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float,
+                offset: int = 0) -> list[int]:
+    """Textbook greedy NMS, one pair at a time (visiting order: ``scores.sort``, as mmcv)."""
+    order = scores.sort(0, descending=True)[1].tolist()
+    b = boxes.tolist()
+    area = [(x2 - x1 + offset) * (y2 - y1 + offset) for x1, y1, x2, y2 in b]
+    kept: list[int] = []
+    for i in order:
+        suppressed = False
+        for j in kept:
+            w = max(0.0, min(b[i][2], b[j][2]) - max(b[i][0], b[j][0]) + offset)
+            h = max(0.0, min(b[i][3], b[j][3]) - max(b[i][1], b[j][1]) + offset)
+            inter = w * h
+            if inter / (area[i] + area[j] - inter) > iou:
+                suppressed = True
+                break
+        if not suppressed:
+            kept.append(i)
+    return kept
+
+
+@pytest.mark.parametrize('offset', [0, 1])
+def test_nms_keeps_what_greedy_nms_keeps(offset):
+    boxes, scores = _random_boxes(300, seed=offset)
+    dets, kept = mmcv.ops.nms(boxes, scores, 0.5, offset=offset)
+    assert kept.tolist() == _greedy_nms(boxes, scores, 0.5, offset)
+    assert torch.equal(dets, torch.cat([boxes[kept], scores[kept, None]], 1))
+
+
+def test_nms_ties_overlap_and_empty_input():
+    boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60], [0, 0, 10, 10.]])
+    scores = torch.tensor([0.9, 0.9, 0.9, 0.9])
+    assert mmcv_ext.nms(boxes, scores, 0.5, 0).tolist() == _greedy_nms(boxes, scores, 0.5)
+    # IoU exactly 0.5 is not above the threshold: both kept
+    halves = torch.tensor([[0, 0, 2, 1], [0, 0, 1, 1.]])
+    assert mmcv_ext.nms(halves, torch.tensor([0.9, 0.8]), 0.5, 0).tolist() == [0, 1]
+    empty = mmcv_ext.nms(torch.zeros(0, 4), torch.zeros(0), 0.5, 0)
+    assert empty.dtype == torch.long and empty.shape == (0,)
+
+
+def test_nms_score_threshold_and_max_num():
+    boxes, scores = _random_boxes(200, seed=2)
+    _, kept = mmcv.ops.nms(boxes, scores, 0.3, score_threshold=0.5, max_num=7)
+    above = torch.nonzero(scores > 0.5).squeeze(1)
+    expected = above[_greedy_nms(boxes[above], scores[above], 0.3)][:7]
+    assert kept.tolist() == expected.tolist()
+
+
+def test_batched_nms_offsets_classes_and_splits_large_inputs():
+    boxes, scores = _random_boxes(600, seed=3)
+    labels = torch.arange(600) % 3
+    cfg = dict(iou_threshold=0.4)
+    _, kept = mmcv.ops.batched_nms(boxes, scores, labels, cfg)
+    expected = []
+    for label in range(3):
+        idx = torch.nonzero(labels == label).squeeze(1)
+        expected += idx[_greedy_nms(boxes[idx], scores[idx], 0.4)].tolist()
+    assert sorted(kept.tolist()) == sorted(expected)
+    assert torch.equal(scores[kept], scores[kept].sort(descending=True)[0])
+    # above split_thr boxes (10,000 by default), mmcv runs one nms per class
+    _, split = mmcv.ops.batched_nms(boxes, scores, labels, dict(cfg, split_thr=100))
+    assert split.tolist() == kept.tolist()
+
+
+def _linear_map(h: int = 6, w: int = 7, batch: int = 2) -> torch.Tensor:
+    """Feature maps whose value at (y, x) is x + 10 y (+ 100 per image): bilinear sampling of
+    a linear function is exact, so every average equals the value at the samples' mean."""
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float32),
+                          torch.arange(w, dtype=torch.float32), indexing='ij')
+    return torch.stack([x + 10 * y + 100 * b for b in range(batch)])[:, None]
+
+
+@pytest.mark.parametrize('aligned, roi', [(True, [1, 1.5, 0.5, 3.5, 2.5]),
+                                          (False, [1, 1.0, 0.0, 3.0, 2.0])])
+def test_roi_align_equals_hand_computed_bin_centres(aligned, roi):
+    # aligned=True shifts the box by half a pixel: both cases cover x in [1, 3], y in [0, 2]
+    out = mmcv.ops.roi_align(_linear_map(), torch.tensor([roi]), (2, 2), 1.0, 2, 'avg', aligned)
+    centres = torch.tensor([[1.5 + 10 * 0.5, 2.5 + 10 * 0.5], [1.5 + 10 * 1.5, 2.5 + 10 * 1.5]])
+    torch.testing.assert_close(out[0, 0], centres + 100, rtol=0, atol=1e-5)
+
+
+def _roi_cases() -> torch.Tensor:
+    """Inside, across the border, outside, degenerate (zero and negative size), batch 1."""
+    return torch.tensor([
+        [0, 2.0, 3.0, 20.0, 14.0], [1, 5.3, 1.7, 9.9, 30.2], [0, -6.0, -4.0, 5.0, 6.0],
+        [1, 28.0, 20.0, 40.0, 30.0], [0, 50.0, 50.0, 60.0, 70.0], [1, 7.0, 7.0, 7.0, 7.0],
+        [0, 9.0, 9.0, 4.0, 3.0], [1, 0.0, 0.0, 31.0, 23.0]])
+
+
+def _bilinear(feat: torch.Tensor, y: float, x: float) -> torch.Tensor:
+    """mmcv's ``bilinear_interpolate``: zero beyond one pixel outside, clamped at the edges."""
+    height, width = feat.shape[-2:]
+    if y < -1.0 or y > height or x < -1.0 or x > width:
+        return feat.new_zeros(feat.shape[0])
+    y, x = max(y, 0.0), max(x, 0.0)
+    y0, x0 = int(y), int(x)
+    y1, x1 = (y0 + 1, x0 + 1)
+    if y0 >= height - 1:
+        y0 = y1 = height - 1
+        y = float(y0)
+    if x0 >= width - 1:
+        x0 = x1 = width - 1
+        x = float(x0)
+    ly, lx = y - y0, x - x0
+    return ((1 - ly) * (1 - lx) * feat[:, y0, x0] + (1 - ly) * lx * feat[:, y0, x1]
+            + ly * (1 - lx) * feat[:, y1, x0] + ly * lx * feat[:, y1, x1])
+
+
+def _reference_roi_align(feats: torch.Tensor, rois: torch.Tensor, size: int, scale: float,
+                         sampling_ratio: int, aligned: bool) -> torch.Tensor:
+    """Average RoIAlign written out one sample point at a time (mmcv's formula)."""
+    offset = 0.5 if aligned else 0.0
+    out = []
+    for batch, *box in rois.tolist():
+        x1, y1, x2, y2 = (v * scale - offset for v in box)
+        roi_w, roi_h = x2 - x1, y2 - y1
+        if not aligned:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_w, bin_h = roi_w / size, roi_h / size
+        grid_h = sampling_ratio if sampling_ratio > 0 else math.ceil(roi_h / size)
+        grid_w = sampling_ratio if sampling_ratio > 0 else math.ceil(roi_w / size)
+        count = max(grid_h * grid_w, 1)
+        bins = [[sum((_bilinear(feats[int(batch)], y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h,
+                                x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w)
+                      for iy in range(grid_h) for ix in range(grid_w)),
+                     feats.new_zeros(feats.shape[1])) / count
+                 for pw in range(size)] for ph in range(size)]
+        out.append(torch.stack([torch.stack(row, -1) for row in bins], -2))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize('sampling_ratio', [0, 2])
+@pytest.mark.parametrize('aligned', [True, False])
+@pytest.mark.parametrize('scale', [1.0, 0.25])
+def test_roi_align_forward_backward_equal_the_formula(aligned, sampling_ratio, scale):
+    feats = torch.randn(2, 3, 24, 32, dtype=torch.float64, requires_grad=True)
+    rois = _roi_cases().double()
+    rois[:, 1:] /= scale
+    out = mmcv.ops.roi_align(feats, rois, (5, 5), scale, sampling_ratio, 'avg', aligned)
+    ref_feats = feats.detach().clone().requires_grad_()
+    ref = _reference_roi_align(ref_feats, rois, 5, scale, sampling_ratio, aligned)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad)
+    torch.testing.assert_close(feats.grad, ref_feats.grad, rtol=0, atol=1e-10)
+
+
+def test_roi_align_gradient_is_the_derivative():
+    feats = torch.randn(2, 2, 9, 11, dtype=torch.float64, requires_grad=True)
+    rois = torch.tensor([[0, 1.2, 0.7, 6.3, 8.1], [1, -1.0, 2.0, 12.0, 5.5]], dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda x: mmcv.ops.roi_align(x, rois, (3, 4), 1.0, 0, 'avg', True), (feats,))
+
+
+def test_roi_align_empty_rois_and_float16():
+    feats = torch.randn(2, 4, 16, 16)
+    empty = mmcv.ops.roi_align(feats, torch.zeros(0, 5), (7, 7), 1.0, 0, 'avg', True)
+    assert empty.shape == (0, 4, 7, 7)
+    rois = _roi_cases()[:3]
+    half = mmcv.ops.roi_align(feats.half(), rois.half(), (7, 7), 0.5, 0, 'avg', True)
+    assert half.dtype == torch.float16
+    full = mmcv.ops.roi_align(feats, rois, (7, 7), 0.5, 0, 'avg', True)
+    torch.testing.assert_close(half.float(), full, rtol=1e-2, atol=1e-2)
+
+
+def test_other_ops_exist_and_raise_naming_the_op():
+    with pytest.raises(MissingCompiledOpError, match=r"'softnms'.*--full-mmcv"):
+        mmcv.ops.soft_nms(*_random_boxes(5, seed=0), 0.3)
+    with pytest.raises(MissingCompiledOpError, match=r"'roi_align_forward' with pool_mode='max'"):
+        mmcv.ops.roi_align(_linear_map(), torch.tensor([[0, 0, 0, 3, 3.]]), 2, 1.0, 0, 'max')
+    with pytest.raises(MissingCompiledOpError, match="'deform_conv_forward'"):
+        mmcv_ext.deform_conv_forward()
+    with pytest.raises(AttributeError):
+        mmcv_ext.__wrapped__  # noqa: B018  (dunders are not ops)

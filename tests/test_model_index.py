@@ -1,0 +1,140 @@
+"""The model index (model-index.yml, configs/*/metafile.yml) covers every shipped config, its
+parameter counts are the built models', its FLOPs those of the papers where they report
+them, and the README's model-zoo tables are generated from it."""
+import functools
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mmengine.config import config as mmengine_config
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / 'tools'), str(ROOT / 'tools' / 'analysis_tools')]
+
+import get_flops  # noqa: E402
+import model_index  # noqa: E402
+
+CONFIGS = [str(p.relative_to(ROOT)) for p in model_index.shipped_configs()]
+
+
+def _entries() -> dict:
+    return {model['Config']: model for family in model_index.COLLECTIONS
+            for model in model_index.load_metafile(family)['Models']}
+
+
+def _memoised(lookup):
+    """mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` base by parsing
+    the package's metafiles (about a second); the answer is fixed for a session."""
+    answers: dict = {}
+
+    def memoised(package_path: str, cfg_file: str) -> str:
+        key = (package_path, cfg_file)
+        if key not in answers:
+            try:
+                answers[key] = lookup(package_path, cfg_file)
+            except ValueError as error:
+                answers[key] = error
+        if isinstance(answers[key], ValueError):
+            raise answers[key]
+        return answers[key]
+    return memoised
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _fast_external_bases():
+    original = mmengine_config._get_external_cfg_path
+    mmengine_config._get_external_cfg_path = functools.wraps(original)(_memoised(original))
+    yield
+    mmengine_config._get_external_cfg_path = original
+
+
+def test_every_shipped_config_is_in_the_index_once():
+    index = yaml.safe_load((ROOT / 'model-index.yml').read_text())
+    assert index['Import'] == [f'configs/{family}/metafile.yml'
+                               for family in model_index.COLLECTIONS]
+    indexed = [model['Config'] for family in model_index.COLLECTIONS
+               for model in model_index.load_metafile(family)['Models']]
+    assert sorted(indexed) == CONFIGS
+    for family, collection in model_index.COLLECTIONS.items():
+        metafile = model_index.load_metafile(family)
+        assert [c['Name'] for c in metafile['Collections']] == [collection['Name']]
+        for model in metafile['Models']:
+            assert model['In Collection'] == collection['Name']
+            assert model['Name'] == Path(model['Config']).stem
+            assert Path(model['Config']).parent.name == family
+
+
+@pytest.mark.parametrize('config', CONFIGS)
+def test_index_parameters_are_the_built_models(config):
+    """Built on the meta device: the full-size models without memory or initialisation."""
+    cfg = get_flops.load_config(str(ROOT / config))
+    model = get_flops.build_model(cfg, device='meta')
+    assert _entries()[config]['Metadata']['Parameters'] == get_flops.count_parameters(model)
+
+
+# FLOPs (×1e9) of the papers' tables at 224 × 224: XCiT Table 1, CaiT Table 3
+PAPER_GFLOPS = {
+    'xcit-t12-p16_8xb128_in1k': 1.2, 'xcit-t24-p16_8xb128_in1k': 2.3,
+    'xcit-s12-p16_8xb128_in1k': 4.8, 'xcit-s24-p16_8xb128_in1k': 9.1,
+    'xcit-m24-p16_8xb128_in1k': 16.2, 'xcit-l24-p16_8xb128_in1k': 36.1,
+    'cait-xxs24_8xb128_in1k': 2.5, 'cait-xxs36_8xb128_in1k': 3.7,
+    'cait-xs24_8xb128_in1k': 5.4, 'cait-s24_8xb128_in1k': 9.4,
+    'cait-s36_8xb128_in1k': 13.9, 'cait-m36_8xb128_in1k': 53.7,
+}
+
+
+@pytest.mark.parametrize('name', sorted(PAPER_GFLOPS))
+def test_index_flops_are_the_papers(name):
+    """Our counts round to the papers' (within 1%: the papers' own counters differ in what
+    they include). ViT and ConViT are left out: the papers count the full last block, which
+    our classifiers run for the class token only."""
+    family = name.split('-')[0]
+    flops = _entries()[f'configs/{family}/{name}.py']['Metadata']['FLOPs']
+    assert abs(flops / 1e9 - PAPER_GFLOPS[name]) <= 0.1 + 0.01 * PAPER_GFLOPS[name]
+
+
+@pytest.mark.parametrize('config, shape', [
+    ('configs/xcit/xcit-t12-p16_8xb128_in1k.py', [224, 224]),
+    ('configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py', [160, 160]),
+    ('configs/xcit/upernet_xcit-d6-p8_demo-ade.py', [128, 128]),
+])
+def test_get_flops_counts_the_model_of_a_config(config, shape):
+    """The tool itself on a classifier, a detector and a segmentor: the index holds what it
+    measures, at the input size of the config's test data."""
+    result = get_flops.analyse(str(ROOT / config))
+    entry = _entries()[config]['Metadata']
+    assert result['shape'] == shape and entry['Input Size'] == f'{shape[0]}x{shape[1]}'
+    assert (result['params'], result['flops']) == (entry['Parameters'], entry['FLOPs'])
+
+
+def test_get_flops_counts_attention():
+    """A ViT block's multiply-adds by hand: qkv, projection and MLP maps (12 D² per token)
+    and the two attention products (2 N² D), counted for the whole model."""
+    import torch
+    from vitdense.models import ViT
+    dims, tokens, layers = 64, 16 + 1, 2
+    with torch.device('meta'):
+        model = ViT(dict(embed_dims=dims, num_layers=layers, num_heads=2), patch_size=16,
+                    img_size=64, out_type='avg_featmap', out_indices=[layers - 1])
+    cfg = get_flops.Config(dict(default_scope='mmpretrain'))
+
+    class Tensor(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = model
+
+        def forward(self, images, samples, mode):
+            return self.backbone(images)
+
+    flops = get_flops.count_flops(Tensor(), cfg, (64, 64))
+    patches = 16 * 3 * 16 * 16 * dims
+    blocks = layers * (12 * tokens * dims ** 2 + 2 * tokens ** 2 * dims)
+    assert flops == patches + blocks
+
+
+def test_readme_tables_are_generated_from_the_index():
+    readme = (ROOT / 'README.md').read_text()
+    assert model_index.readme_tables() in readme
+    using, zoo = readme.index('\n## Using it'), readme.index('\n## Model zoo')
+    assert using < zoo and '\n## ' not in readme[using + 1:zoo]

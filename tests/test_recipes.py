@@ -1,0 +1,66 @@
+"""Classification recipes hold the weight-decay rule of their official code: timm's
+create_optimizer (DeiT / CaiT / XCiT / ConViT main.py) exempts 1-D parameters, biases and
+the names the model lists in no_weight_decay(). Checked on the optimizer each config builds
+for a downsized model, parameter by parameter."""
+from pathlib import Path
+
+import pytest
+from mmengine.config import Config
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import MODELS, DefaultScope
+
+from vitdense.engine.launch import host_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _built(config: str):
+    cfg = Config.fromfile(str(ROOT / config))
+    host_of(cfg)
+    cfg.model.pop('teacher', None)
+    backbone = cfg.model.backbone
+    arch = MODELS.get(backbone.type).resolve_arch(backbone.arch)
+    arch.update(num_layers=4, embed_dims=8 * arch['num_heads'])
+    if 'num_local_layers' in arch:
+        arch['num_local_layers'] = 2
+    backbone.update(arch=arch)
+    cfg.model.head.in_channels = arch['embed_dims']
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        model = MODELS.build(cfg.model)
+        return model, build_optim_wrapper(model, cfg.optim_wrapper)
+
+
+# our names of the official models' no_weight_decay() entries that they have
+OFFICIAL_SKIP = {
+    'configs/xcit/xcit-s12-p16_8xb128_in1k.py': {'backbone.cls_token'},
+    'configs/cait/cait-xxs24_8xb128_in1k.py': {'backbone.cls_token', 'backbone.pos_embed.weight'},
+    'configs/convit/convit-s_8xb128_in1k.py': {'backbone.cls_token', 'backbone.pos_embed.weight'},
+}
+
+
+@pytest.mark.parametrize('config', sorted(OFFICIAL_SKIP))
+def test_weight_decay_is_the_official_codes(config):
+    model, optim_wrapper = _built(config)
+    names = {id(p): n for n, p in model.named_parameters()}
+    exempt = {names[id(g['params'][0])] for g in optim_wrapper.optimizer.param_groups
+              if g.get('weight_decay', optim_wrapper.optimizer.defaults['weight_decay']) == 0}
+    official = {name for name, param in model.named_parameters()
+                if param.ndim == 1 or name.endswith('.bias') or name in OFFICIAL_SKIP[config]}
+    assert exempt == official
+
+
+FULL_CONFIGS = sorted(p for p in ROOT.glob('configs/*/*.py')
+                      if p.parent.name != '_base_' and '_demo-' not in p.name)
+
+
+@pytest.mark.parametrize('config', FULL_CONFIGS, ids=lambda p: p.name)
+def test_every_config_names_its_weight_decay_rule(config):
+    """Each recipe says which rule it trains with and where it comes from (docs/recipes.md);
+    dense configs the official XCiT dense rule their schedules implement."""
+    header = [line for line in config.read_text().splitlines() if line.startswith('#')]
+    statement = ' '.join(header)
+    assert '# Weight decay: ' in '\n'.join(header)
+    if config.name.startswith(('mask-rcnn_', 'upernet_', 'fpn_')):
+        assert "weight_decay_rule='custom_keys'" in statement
+    else:
+        assert 'main.py' in statement or 'fine-tuning' in statement or 'A2' in statement

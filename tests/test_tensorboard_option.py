@@ -1,0 +1,38 @@
+"""The TensorBoard option of every host's runtime: one ``--cfg-options`` entry turns the
+config's visualizer into a TensorBoard writer whose scalars read back."""
+from pathlib import Path
+
+import pytest
+from mmengine.config import Config
+from mmengine.registry import VISUALIZERS, init_default_scope
+
+from vitdense.engine.launch import host_of
+
+pytest.importorskip('tensorboard', reason='tensorboard (requirements/runtime.txt) not installed')
+from tensorboard.backend.event_processing.event_accumulator import \
+    EventAccumulator  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTION = {'visualizer.vis_backends.0.type': 'TensorboardVisBackend'}
+
+
+@pytest.mark.parametrize('config', [
+    'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
+    'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py',
+    'configs/cait/upernet_cait-d6-p8_demo-ade.py',
+])
+def test_the_option_writes_tensorboard_scalars(config, tmp_path):
+    cfg = Config.fromfile(str(ROOT / config))
+    cfg.merge_from_dict(OPTION)
+    host_of(cfg)
+    init_default_scope(cfg.default_scope)
+    visualizer = VISUALIZERS.build(dict(cfg.visualizer, save_dir=str(tmp_path),
+                                        name=f'tb_{tmp_path.name}'))
+    for step, loss in enumerate((2.0, 1.5, 1.25), 1):
+        visualizer.add_scalars(dict(loss=loss), step=step)
+    visualizer.close()
+    (events,) = tmp_path.rglob('events.out.tfevents.*')
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    assert [(s.step, s.value) for s in accumulator.Scalars('loss')] == [
+        (1, 2.0), (2, 1.5), (3, 1.25)]

@@ -1,0 +1,264 @@
+"""vitdense's torch-native mmcv ops against compiled mmcv: op parity, then the demo trained twice.
+
+Run it in an environment with the compiled mmcv (``bash tools/install.sh --full-mmcv``); the
+torch-native ops are loaded from ``vitdense/compat/mmcv_ext.py`` beside it, and each case
+switches mmcv's op modules between the two extensions.
+
+1. Parity, op by op: RoIAlign forward and backward (aligned and not, sampling ratio 0 and 2,
+   boxes across the border and outside the map, degenerate and empty RoIs, batch index > 0,
+   float32 and float16) as the largest absolute difference; nms, batched_nms and mmdet's
+   multiclass_nms (ties, no boxes, the > 10,000-box path, class offsets, ``offset=1``,
+   ``score_threshold`` / ``max_num``) as whether the kept indices are identical.
+2. The demo Mask R-CNN (``configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py``) trained for a
+   fixed number of iterations twice from the same initial weights, one model per extension,
+   step by step interleaved (the same batch and the same random state for both, which goes
+   first alternating), then evaluated with mmdet's COCO metric under its own extension:
+   bbox / segm mAP of each, and the median training-step time of each.
+
+    python tools/benchmark_mmcv_ops.py --iters 150 --out benchmarks/results/mmcv_ops.json
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Iterator
+
+import torch
+from mmengine.evaluator import Evaluator
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import MODELS, PARAM_SCHEDULERS, DefaultScope
+from mmengine.runner import Runner
+
+import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+from vitdense.compat import mmcv_ext as torch_native
+from vitdense.datasets import make_demo_coco
+from vitdense.engine.launch import load_config, point_at_data_root
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
+
+
+def compiled_ext() -> ModuleType:
+    import mmcv.ops  # noqa: F401  (loads mmcv._ext)
+    ext = sys.modules['mmcv._ext']
+    if ext.__file__ == torch_native.__file__:
+        sys.exit('this environment has no compiled mmcv: run it after '
+                 '`bash tools/install.sh --full-mmcv`')
+    return ext
+
+
+@contextlib.contextmanager
+def using(ext: ModuleType) -> Iterator[None]:
+    """mmcv's op modules call ``ext`` inside the block."""
+    modules = [m for name, m in list(sys.modules.items())
+               if name.startswith('mmcv.ops.') and hasattr(m, 'ext_module')]
+    before = [m.ext_module for m in modules]
+    for module in modules:
+        module.ext_module = ext
+    try:
+        yield
+    finally:
+        for module, old in zip(modules, before):
+            module.ext_module = old
+
+
+# --- 1. parity ---------------------------------------------------------------------------
+
+def _boxes(n: int, gen: torch.Generator, size: float = 200.0) -> torch.Tensor:
+    xy = torch.rand(n, 2, generator=gen) * size
+    return torch.cat([xy, xy + torch.rand(n, 2, generator=gen) * size / 4], 1)
+
+
+def _rois(gen: torch.Generator, feat_hw: tuple[int, int], scale: float) -> torch.Tensor:
+    """Random RoIs plus the edge cases: across the border, outside, zero size, the whole map."""
+    h, w = feat_hw[0] / scale, feat_hw[1] / scale
+    random = torch.cat([torch.randint(0, 2, (40, 1), generator=gen).float(),
+                        _boxes(40, gen, size=max(h, w))], 1)
+    edges = torch.tensor([[1, -10, -10, 0.3 * w, 0.4 * h], [0, 0.8 * w, 0.7 * h, 1.3 * w, 1.2 * h],
+                          [1, 1.5 * w, 1.5 * h, 2 * w, 2 * h], [0, 5, 5, 5, 5], [1, 0, 0, w, h]])
+    return torch.cat([random, edges])
+
+
+def roi_align_cases(compiled: ModuleType) -> list[dict]:
+    import mmcv.ops
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for dtype in (torch.float32, torch.float16):
+        for aligned in (True, False):
+            for sampling_ratio in (0, 2):
+                for scale in (1.0, 0.25):
+                    feats = torch.randn(2, 16, 24, 40, generator=gen).to(dtype)
+                    rois = _rois(gen, (24, 40), scale).to(dtype)
+                    grad = torch.randn(len(rois), 16, 7, 7, generator=gen).to(dtype)
+                    row = dict(op='roi_align', dtype=str(dtype).split('.')[-1],
+                               aligned=aligned, sampling_ratio=sampling_ratio,
+                               spatial_scale=scale, rois=len(rois))
+                    results = []
+                    for label, ext in (('compiled', compiled), ('torch_native', torch_native)):
+                        x = feats.clone().requires_grad_()
+                        try:
+                            with using(ext):
+                                out = mmcv.ops.roi_align(x, rois, (7, 7), scale,
+                                                         sampling_ratio, 'avg', aligned)
+                                out.backward(grad)
+                        except RuntimeError as err:  # a kernel without this dtype
+                            row[f'error_{label}'] = str(err).splitlines()[0]
+                            break
+                        results.append((out.detach().float(), x.grad.float()))
+                    if len(results) == 2:
+                        (out_c, grad_c), (out_t, grad_t) = results
+                        row.update(forward_max_abs_diff=(out_c - out_t).abs().max().item(),
+                                   backward_max_abs_diff=(grad_c - grad_t).abs().max().item())
+                    rows.append(row)
+    for label, ext in (('compiled', compiled), ('torch_native', torch_native)):
+        feats = torch.randn(1, 4, 8, 8, generator=gen)
+        with using(ext):
+            empty = mmcv.ops.roi_align(feats, torch.zeros(0, 5), 7)
+        rows.append(dict(op='roi_align', case='empty rois', ext=label, shape=list(empty.shape)))
+        # x2 < x1, y2 < y1: mmcv's CPU kernel asserts in aligned mode; the formula (and
+        # mmcv's CUDA kernel) averages over an empty grid, i.e. gives zeros
+        try:
+            with using(ext):
+                out = mmcv.ops.roi_align(feats, torch.tensor([[0, 6., 6., 2., 3.]]), 7, 1.0, 0)
+            result = f'max |output| {out.abs().max().item():g}'
+        except RuntimeError as err:
+            result = str(err).splitlines()[0]
+        rows.append(dict(op='roi_align', case='negative size, aligned', ext=label,
+                         result=result))
+    return rows
+
+
+def _same_kept(compiled: ModuleType, call: Callable[[], tuple]) -> bool:
+    kept = []
+    for ext in (compiled, torch_native):
+        with using(ext):
+            kept.append([t.clone() for t in call()])
+    return all(torch.equal(a, b) for a, b in zip(*kept))
+
+
+def nms_cases(compiled: ModuleType) -> list[dict]:
+    import mmcv.ops
+    from mmdet.models.layers import multiclass_nms
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for n in (0, 1, 50, 2000):
+        boxes, scores = _boxes(n, gen), torch.rand(n, generator=gen)
+        for offset in (0, 1):
+            rows.append(dict(op='nms', boxes=n, offset=offset, identical=_same_kept(
+                compiled, lambda: mmcv.ops.nms(boxes, scores, 0.5, offset=offset))))
+    boxes = _boxes(500, gen)
+    ties = torch.randint(0, 5, (500,), generator=gen).float() / 5
+    rows.append(dict(op='nms', case='tied scores', identical=_same_kept(
+        compiled, lambda: mmcv.ops.nms(boxes, ties, 0.5))))
+    scores = torch.rand(500, generator=gen)
+    rows.append(dict(op='nms', case='score_threshold 0.3, max_num 20', identical=_same_kept(
+        compiled, lambda: mmcv.ops.nms(boxes, scores, 0.5, score_threshold=0.3, max_num=20))))
+    for n in (3000, 12000):  # the second above batched_nms's split_thr (10,000): per class
+        boxes, scores = _boxes(n, gen, 800.0), torch.rand(n, generator=gen)
+        labels = torch.randint(0, 80, (n,), generator=gen)
+        rows.append(dict(op='batched_nms', boxes=n, classes=80, identical=_same_kept(
+            compiled, lambda: mmcv.ops.batched_nms(boxes, scores, labels,
+                                                   dict(type='nms', iou_threshold=0.7)))))
+    boxes, scores = _boxes(1000, gen), torch.rand(1000, 81, generator=gen).softmax(1)
+    rows.append(dict(op='multiclass_nms', boxes=1000, classes=80, identical=_same_kept(
+        compiled, lambda: multiclass_nms(boxes, scores, 0.05, dict(type='nms', iou_threshold=0.5),
+                                         max_num=100, return_inds=True))))
+    return rows
+
+
+# --- 2. the demo, trained twice ------------------------------------------------------------
+
+def demo_training(compiled: ModuleType, iters: int, data_root: Path, seed: int) -> dict:
+    if not (data_root / 'annotations' / 'instances_val.json').exists():
+        make_demo_coco(data_root)
+    cfg, _ = load_config(str(CONFIG), None, 'none', str(ROOT / 'work_dirs/benchmark_mmcv_ops'))
+    point_at_data_root(cfg, str(data_root))
+    for loader in (cfg.train_dataloader, cfg.val_dataloader):
+        loader.update(num_workers=0, persistent_workers=False)
+    cfg.param_scheduler[-1].end = iters
+    extensions = {'compiled': compiled, 'torch-native': torch_native}
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        torch.manual_seed(seed)
+        first = MODELS.build(cfg.model)
+        first.init_weights()
+        runs = {}
+        for name in extensions:
+            model = MODELS.build(cfg.model)
+            model.load_state_dict(first.state_dict())
+            optim = build_optim_wrapper(model, cfg.optim_wrapper)
+            schedulers = [PARAM_SCHEDULERS.build(dict(s, optimizer=optim))
+                          for s in cfg.param_scheduler]
+            runs[name] = dict(model=model, optim=optim, schedulers=schedulers, times=[],
+                              losses=[])
+        loader = iter(Runner.build_dataloader(cfg.train_dataloader, seed=seed))
+        for step in range(iters):
+            batch = next(loader)
+            order = list(extensions) if step % 2 == 0 else list(reversed(extensions))
+            for name in order:
+                run = runs[name]
+                with using(extensions[name]), torch.random.fork_rng():
+                    torch.manual_seed(seed + step)
+                    start = time.perf_counter()
+                    log_vars = run['model'].train_step(batch, run['optim'])
+                    run['times'].append(time.perf_counter() - start)
+                for scheduler in run['schedulers']:
+                    scheduler.step()
+                run['losses'].append(log_vars['loss'].item())
+            if step % 25 == 0 or step == iters - 1:
+                print(f'iter {step + 1}/{iters}: loss ' + ', '.join(
+                    f"{n} {runs[n]['losses'][-1]:.4f}" for n in runs), flush=True)
+        results = {}
+        for name, run in runs.items():
+            evaluator = Evaluator(cfg.val_evaluator)
+            val_loader = Runner.build_dataloader(cfg.val_dataloader, seed=seed)
+            evaluator.dataset_meta = val_loader.dataset.metainfo
+            run['model'].eval()
+            with using(extensions[name]), torch.no_grad():
+                for batch in val_loader:
+                    evaluator.process(run['model'].val_step(batch), batch)
+            metrics = evaluator.evaluate(len(val_loader.dataset))
+            times = run['times'][10:]  # the first steps warm up allocators and caches
+            results[name] = dict(bbox_mAP=metrics['coco/bbox_mAP'],
+                                 segm_mAP=metrics['coco/segm_mAP'],
+                                 step_s_median=statistics.median(times),
+                                 final_loss=run['losses'][-1])
+    pairs = [c / t for c, t in zip(runs['compiled']['times'][10:],
+                                   runs['torch-native']['times'][10:])]
+    return dict(iters=iters, seed=seed, config=str(CONFIG.relative_to(ROOT)), **results,
+                speed_ratio_median_paired=statistics.median(pairs),
+                speed_ratio_of_medians=(results['compiled']['step_s_median']
+                                        / results['torch-native']['step_s_median']))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--iters', type=int, default=150, help='demo training iterations')
+    parser.add_argument('--data-root', type=Path, default=ROOT / 'data/demo_coco')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--skip-demo', action='store_true', help='op parity only')
+    parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results/mmcv_ops.json')
+    args = parser.parse_args()
+    compiled = compiled_ext()
+    report: dict = dict(torch=torch.__version__, threads=torch.get_num_threads())
+    report['roi_align'] = roi_align_cases(compiled)
+    report['nms'] = nms_cases(compiled)
+    for row in report['roi_align'] + report['nms']:
+        print(json.dumps(row))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    if not args.skip_demo:
+        report['demo'] = demo_training(compiled, args.iters, args.data_root, args.seed)
+        print(json.dumps(report['demo'], indent=1))
+        args.out.write_text(json.dumps(report, indent=1))
+    print(f'wrote {args.out}')
+
+
+if __name__ == '__main__':
+    main()
