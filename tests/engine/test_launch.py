@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mmengine.logging import MMLogger
 
 from vitdense.compat.checkpoint import CorruptCheckpointError
 from vitdense.engine.launch import add_safety_hooks, apply_resume, load_config
@@ -40,6 +41,7 @@ def test_dist_timeout_reaches_the_process_group_config(tmp_path):
 
 
 def test_resume_with_nothing_to_resume_says_so(tmp_path, capfd):
+    MMLogger.get_instance(f'resume-{tmp_path.name}')  # a logger writing to this test's stdout
     cfg, _ = load_config(CONFIG, None, 'none', str(tmp_path / 'typo'))
     apply_resume(cfg, 'auto')
     assert not cfg.resume and cfg.load_from is None

@@ -74,7 +74,7 @@ def make_runner(work_dir: Path, bad: set[int],
 
 def test_nan_pixel_skips_the_step_and_keeps_norm_statistics(tmp_path, capfd):
     runner, snapshots = make_runner(tmp_path, bad={5})  # sample 5 is in the 3rd batch
-    runner.train()
+    runner.train()  # its logger writes to this test's stdout
     for key, value in snapshots.states[2].items():
         assert torch.equal(value, snapshots.states[3][key]), key
     assert all(torch.isfinite(v.float()).all() for v in snapshots.states[4].values())
