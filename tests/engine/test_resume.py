@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
+from vitdense.engine.resume import remove_interrupted_saves
 
 
 class NoisyNet(BaseModel):
@@ -202,3 +203,11 @@ def test_auto_resume_falls_back_to_newest_loadable(tmp_path):
     (tmp_path / 'iter_3.pth').write_bytes(b'PK\x03\x04 truncated')
     assert find_resumable_checkpoint(tmp_path) is None
     assert find_resumable_checkpoint(tmp_path / 'missing') is None
+
+
+def test_interrupted_save_leftovers_are_removed(tmp_path):
+    (tmp_path / '.iter_4.pth.k2j3h.tmp').write_bytes(b'half a checkpoint')
+    (tmp_path / 'iter_2.pth').write_bytes(b'kept')
+    (tmp_path / '.notes.tmp').write_text('not a checkpoint save')
+    assert remove_interrupted_saves(tmp_path) == [str(tmp_path / '.iter_4.pth.k2j3h.tmp')]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['.notes.tmp', 'iter_2.pth']

@@ -27,7 +27,7 @@ from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from vitdense.compat.checkpoint import safe_load
-from vitdense.engine.resume import find_resumable_checkpoint
+from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
 
 
 def _draw_mmdet(cfg: Config, show_dir: str) -> None:
@@ -216,6 +216,8 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
         safe_load(resume, map_location='cpu')
         cfg.resume, cfg.load_from = True, resume
         return
+    if osp.isdir(cfg.work_dir):
+        remove_interrupted_saves(cfg.work_dir)
     found = find_resumable_checkpoint(cfg.work_dir)
     if found is None:
         print_log(f'--resume: NOTHING TO RESUME in work dir {osp.abspath(cfg.work_dir)} '

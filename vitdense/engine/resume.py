@@ -155,6 +155,20 @@ def _candidates(work_dir: str) -> list[str]:
     return ordered + [p for p in found if not named or osp.abspath(p) != osp.abspath(named)]
 
 
+def remove_interrupted_saves(work_dir: str | os.PathLike) -> list[str]:
+    """Delete the temporary files of checkpoint saves that were killed before their rename.
+
+    :func:`~vitdense.compat.checkpoint.atomic_write` names them ``.<checkpoint>.<random>.tmp``;
+    such a file never became a checkpoint, so nothing is lost with it.
+    """
+    removed = [str(path) for path in Path(work_dir).glob('.*.pth.*.tmp')]
+    for path in removed:
+        os.remove(path)
+        print_log(f'removed {path}, left by a checkpoint save that was interrupted',
+                  logger='current')
+    return removed
+
+
 def find_resumable_checkpoint(work_dir: str | os.PathLike) -> str | None:
     """The newest checkpoint in ``work_dir`` that loads, or None when there is none.
 
