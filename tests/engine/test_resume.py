@@ -190,6 +190,10 @@ def test_budget_eta_replaces_max_iters_eta(tmp_path, iteration_clock):
     record, runner = run(tmp_path, kill_after=4, budget_seconds=10)
     assert runner.message_hub.get_info('eta') == 6.0
     assert runner.message_hub.get_scalar('train/budget_used').current() == 0.4
+    log = next(tmp_path.glob('*/*.log')).read_text()
+    # the fourth iteration's log line: 4 of 10 budget seconds used, 6 left
+    assert [line for line in log.splitlines() if 'budget_used: 0.4000' in line][0].count(
+        'eta: 0:00:06') == 1
 
 
 def test_auto_resume_falls_back_to_newest_loadable(tmp_path):
