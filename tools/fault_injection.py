@@ -194,7 +194,6 @@ def _kill_when(run: Run, work: Path, fault: str, rng: random.Random, deadline: f
     saved_before = rng.randint(0, 2)  # kill-save: checkpoints complete before the killed save
     started = None
     while run.proc.poll() is None and time.monotonic() < deadline:
-        pointer = _pointer(work)
         if fault == 'kill-save' and any(work.glob('.*.tmp')) and \
                 len(list(work.glob('*.pth'))) >= saved_before:
             break
