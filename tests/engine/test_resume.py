@@ -3,6 +3,7 @@ losses and final weights, with random data, dropout, BatchNorm, shuffling, evalu
 between, and a time budget whose spent part travels in the checkpoint."""
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -89,6 +90,9 @@ class IterationClock(Hook):
         self.now[0] = float(runner.iter + 1)
 
 
+RUN_IDS = itertools.count()  # a logger of its own per run, even within one second
+
+
 def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         budget_seconds: float | None = None,
         kill_in_validation: int | None = None) -> tuple[Record, Runner]:
@@ -116,7 +120,7 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.05, momentum=0.9)),
         param_scheduler=schedulers, train_cfg=train_cfg,
         default_hooks=dict(checkpoint=checkpoint, logger=dict(type='LoggerHook', interval=1)),
-        custom_hooks=hooks, resume=resume,
+        custom_hooks=hooks, resume=resume, experiment_name=f'run{next(RUN_IDS)}',
         randomness=dict(seed=0, deterministic=True),
         env_cfg=dict(dist_cfg=dict(backend='gloo')))
     try:
