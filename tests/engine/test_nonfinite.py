@@ -68,13 +68,14 @@ def make_runner(work_dir: Path, bad: set[int],
         default_hooks=dict(checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=1,
                                            max_keep_ckpts=1)),
         custom_hooks=[NonFiniteGuardHook(max_consecutive=max_consecutive), snapshots],
-        randomness=dict(seed=0), env_cfg=dict(dist_cfg=dict(backend='gloo')))
+        randomness=dict(seed=0), env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        experiment_name=f'nonfinite-{work_dir.name}')  # its own logger, on this test's stdout
     return runner, snapshots
 
 
 def test_nan_pixel_skips_the_step_and_keeps_norm_statistics(tmp_path, capfd):
     runner, snapshots = make_runner(tmp_path, bad={5})  # sample 5 is in the 3rd batch
-    runner.train()  # its logger writes to this test's stdout
+    runner.train()
     for key, value in snapshots.states[2].items():
         assert torch.equal(value, snapshots.states[3][key]), key
     assert all(torch.isfinite(v.float()).all() for v in snapshots.states[4].values())
