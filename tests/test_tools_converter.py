@@ -2,6 +2,7 @@
 layout: our model's weights renamed to the names of the official XCiT dense code
 (facebookresearch/xcit ``detection/backbone/xcit.py``), converted back, loaded strictly."""
 import re
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from mmengine.registry import MODELS, DefaultScope
 from vitdense.engine.launch import host_of
 
 ROOT = Path(__file__).resolve().parents[1]
+# tools run on this checkout's vitdense, whatever copy the environment has installed
+CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
 CONVERTER = ROOT / 'tools' / 'model_converters' / 'xcit_dense_official.py'
 
 # our name -> official name; the official backbone keeps the pyramid at backbone.fpn1..4,
@@ -71,7 +74,7 @@ def test_official_dense_checkpoint_converts_to_our_model(config, tmp_path):
 
     converted = tmp_path / 'ours.pth'
     subprocess.run([sys.executable, str(CONVERTER), str(source), str(converted),
-                    '--config', str(ROOT / config)], check=True, cwd=ROOT)
+                    '--config', str(ROOT / config)], check=True, cwd=ROOT, env=CHECKOUT)
 
     model = _build(config, seed=1)
     checkpoint = torch.load(converted, map_location='cpu', weights_only=False)
@@ -87,5 +90,45 @@ def test_converter_rejects_a_classification_checkpoint(tmp_path):
     source = tmp_path / 'cls.pth'
     torch.save(dict(model={'blocks.0.gamma1': torch.ones(4)}), source)
     result = subprocess.run([sys.executable, str(CONVERTER), str(source), str(tmp_path / 'o')],
-                            capture_output=True, text=True, cwd=ROOT)
+                            capture_output=True, text=True, cwd=ROOT, env=CHECKOUT)
     assert result.returncode != 0 and 'no backbone.* keys' in result.stderr
+
+
+class _RunsCode:
+    """Pickles as ``func(*args)`` on load: a checkpoint carrying a payload."""
+
+    def __init__(self, func, *args) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+TIMM_CONVERTER = ROOT / 'tools' / 'model_converters' / 'timm_to_vitdense.py'
+
+
+@pytest.mark.parametrize('converter', ['xcit_dense_official', 'timm_to_vitdense'])
+def test_converters_refuse_code_in_checkpoints(converter, tmp_path):
+    marker = tmp_path / 'pwned'
+    source = tmp_path / 'evil.pth'
+    torch.save(dict(state_dict={'backbone.cls_token': torch.zeros(1)},
+                    meta=_RunsCode(__import__('os').system, f'touch {marker}')), source)
+    files = [str(source), str(tmp_path / 'out.pth')]
+    command = ([CONVERTER, *files] if converter == 'xcit_dense_official'
+               else [TIMM_CONVERTER, 'xcit', *files, '--arch', 'nano_12'])
+    result = subprocess.run([sys.executable, *map(str, command)],
+                            capture_output=True, text=True, cwd=ROOT, env=CHECKOUT)
+    assert result.returncode != 0 and not marker.exists(), 'the payload ran'
+    assert 'UnsafeCheckpointError' in result.stderr and str(source) in result.stderr
+    assert 'weights_only` set to `False' not in result.stderr
+    assert not (tmp_path / 'out.pth').exists()
+
+
+def test_converter_names_a_truncated_checkpoint(tmp_path):
+    source = tmp_path / 'cut.pth'
+    torch.save({'state_dict': {'backbone.cls_token': torch.zeros(100)}}, source)
+    source.write_bytes(source.read_bytes()[:200])
+    result = subprocess.run([sys.executable, str(CONVERTER), str(source), str(tmp_path / 'o')],
+                            capture_output=True, text=True, cwd=ROOT, env=CHECKOUT)
+    assert result.returncode != 0
+    assert f"checkpoint '{source}' is unreadable" in result.stderr and 'truncated' in result.stderr

@@ -1,5 +1,8 @@
 """README command (1)'s job, tools/demo.py, end to end on a tiny generated set: it trains for
-its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture."""
+its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture; resumed
+after it finished, it trains no further."""
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +12,8 @@ import cv2
 from vitdense.datasets import make_demo_coco
 
 ROOT = Path(__file__).resolve().parents[1]
+# tools run on this checkout's vitdense, whatever copy the environment has installed
+CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
 
 
 def test_demo_trains_evaluates_and_draws(tmp_path):
@@ -17,7 +22,7 @@ def test_demo_trains_evaluates_and_draws(tmp_path):
     result = subprocess.run(
         [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
          '--work-dir', str(work), '--num-pictures', '2'],
-        cwd=ROOT, capture_output=True, text=True)
+        cwd=ROOT, capture_output=True, text=True, env=CHECKOUT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = (work / 'metrics.md').read_text().splitlines()
     assert [row.split('|')[1].strip() for row in rows[2:]] == ['bbox', 'segm']
@@ -26,3 +31,16 @@ def test_demo_trains_evaluates_and_draws(tmp_path):
     assert 'predictions.png' in result.stdout and '| segm |' in result.stdout
     picture = cv2.imread(str(work / 'predictions.png'))
     assert picture is not None and picture.shape[1] >= 2 * 96
+
+    # A finished run resumed goes on with no budget left: it trains nothing more (same
+    # iteration count, same checkpoint) and evaluates again.
+    iterations = re.search(r'backbone, (\d+) iterations', result.stdout).group(1)
+    assert (work / 'last_checkpoint').read_text().endswith(f'iter_{iterations}.pth')
+    resumed = subprocess.run(
+        [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
+         '--work-dir', str(work), '--num-pictures', '2', '--resume'],
+        cwd=ROOT, capture_output=True, text=True, env=CHECKOUT)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert 'nothing left to train' in resumed.stdout
+    assert f'backbone, {iterations} iterations' in resumed.stdout
+    assert [p.name for p in work.glob('*.pth')] == [f'iter_{iterations}.pth']

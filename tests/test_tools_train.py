@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vitdense.datasets import make_demo_ade
 
 ROOT = Path(__file__).resolve().parents[1]
+# tools run on this checkout's vitdense, whatever copy the environment has installed
+CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
 CONFIG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 
 
@@ -28,23 +31,38 @@ def _options(data_root: Path, iters: int) -> list:
             'model.data_preprocessor.size=(64,64)', 'train_dataloader.batch_size=2',
             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
             'val_dataloader.num_workers=0', 'val_dataloader.persistent_workers=False',
-            'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False']
+            'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False',
+            'randomness.seed=0', 'randomness.deterministic=True',
+            'default_hooks.logger.interval=1']
 
 
 def _run(*args: str, env: dict | None = None) -> str:
     result = subprocess.run([str(a) for a in args], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**CHECKOUT, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 
 
+def _losses(work_dir: Path) -> dict[int, float]:
+    return {entry['iter']: entry['loss'] for path in work_dir.rglob('scalars.json')
+            for entry in map(json.loads, path.read_text().splitlines()) if 'loss' in entry}
+
+
 def test_train_resume_and_test(data_root, tmp_path):
+    # A run stopped after iteration 2 and resumed repeats the uninterrupted 4-iteration run
+    # exactly: the losses of iterations 3-4 and the final weights.
+    full = tmp_path / 'full'
+    _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', full, *_options(data_root, 4))
     work = tmp_path / 'work'
     _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', work, *_options(data_root, 2))
     assert (work / 'iter_2.pth').exists()
     log = _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', work, '--resume',
                *_options(data_root, 4))
-    assert 'resumed' in log.lower() and (work / 'iter_4.pth').exists()
+    assert f'resuming from {work / "iter_2.pth"}' in log and (work / 'iter_4.pth').exists()
+    assert {i: _losses(full)[i] for i in (3, 4)} == {i: _losses(work)[i] for i in (3, 4)}
+    ours = torch.load(work / 'iter_4.pth', weights_only=True)['state_dict']
+    reference = torch.load(full / 'iter_4.pth', weights_only=True)['state_dict']
+    assert all(torch.equal(ours[key], reference[key]) for key in reference)
 
     out, show = tmp_path / 'pred', tmp_path / 'show'
     log = _run(sys.executable, 'tools/test.py', CONFIG, work / 'iter_4.pth', '--work-dir', work,
@@ -61,7 +79,7 @@ def test_unknown_scope_is_refused(tmp_path):
     config = tmp_path / 'other.py'
     config.write_text("default_scope = 'mmocr'\n")
     result = subprocess.run([sys.executable, 'tools/train.py', str(config)], cwd=ROOT,
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, env=CHECKOUT)
     assert result.returncode != 0 and "default_scope='mmocr'" in result.stderr
 
 

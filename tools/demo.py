@@ -10,6 +10,10 @@
 
     python tools/demo.py                    # ~10 min on a 2-core CPU
     python tools/demo.py --minutes 3 --work-dir work_dirs/quick
+    python tools/demo.py --resume           # after a kill: goes on with the budget left
+
+A checkpoint is written each tenth of the budget; ``--resume`` continues from the newest one
+that loads, with the budget already spent counted and the random state restored.
 """
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.datasets import make_demo_coco
 from vitdense.engine import train_on_time_budget
-from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,
+                                    point_at_data_root)
+from vitdense.engine.preflight import check_data
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
@@ -65,6 +71,8 @@ def main() -> None:
                         help='logs, checkpoint, metrics and pictures')
     parser.add_argument('--num-pictures', type=int, default=8,
                         help='validation images in predictions.png')
+    parser.add_argument('--resume', action='store_true',
+                        help='continue the run in --work-dir from its newest checkpoint')
     args = parser.parse_args()
 
     data_root = Path(args.data_root)
@@ -75,6 +83,9 @@ def main() -> None:
     cfg, host = load_config(str(CONFIG), None, 'none', str(work_dir))
     point_at_data_root(cfg, str(data_root))
     train_on_time_budget(cfg, args.minutes)
+    add_safety_hooks(cfg)
+    apply_resume(cfg, 'auto' if args.resume else None)
+    check_data(cfg)
     show_dir = work_dir / 'show'
     host.draw(cfg, str(show_dir))
 

@@ -24,7 +24,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    cfg, host = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
+    cfg, host = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
+                            args.dist_timeout)
     cfg.load_from = args.checkpoint
     if args.show_dir:
         host.draw(cfg, args.show_dir)

@@ -2,6 +2,11 @@
 
     python tools/train.py configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py
     bash tools/dist_train.sh CONFIG 8 [--amp] [--resume]
+
+Before training the data is checked (datasets not empty, annotation files parse, the first
+batches load). Checkpoints carry the random state, so ``--resume`` continues a killed run
+exactly; a step with a non-finite loss or gradient is skipped (``--max-nonfinite`` in a row
+stop the run).
 """
 import argparse
 
@@ -9,13 +14,23 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
-from vitdense.engine.launch import load_config, parse_tool_args, tool_parser
+from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,
+                                    parse_tool_args, tool_parser)
+from vitdense.engine.preflight import check_data
 
 
 def parse_args() -> argparse.Namespace:
     parser = tool_parser(__doc__)
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CHECKPOINT',
-                        help='resume from CHECKPOINT, or from the latest one in the work dir')
+                        help='resume from CHECKPOINT, or from the newest checkpoint of the work '
+                             'dir that loads (says so loudly when there is none)')
+    parser.add_argument('--max-nonfinite', type=int, default=5, metavar='N',
+                        help='stop after N iterations in a row with a non-finite loss')
+    parser.add_argument('--skip-data-check', action='store_true',
+                        help='do not check the data (annotation files, first batches) first')
+    parser.add_argument('--skip-bad-samples', action='store_true',
+                        help='skip (and count) training samples that fail to load instead of '
+                             'stopping with an error that names them')
     parser.add_argument('--amp', action='store_true', help='mixed precision (GPU only)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr by total batch / auto_scale_lr.base_batch_size')
@@ -24,7 +39,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    cfg, _ = load_config(args.config, args.cfg_options, args.launcher, args.work_dir)
+    cfg, _ = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
+                         args.dist_timeout)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
@@ -32,10 +48,10 @@ def main() -> None:
         if 'auto_scale_lr' not in cfg:
             raise KeyError(f'{args.config} has no auto_scale_lr.base_batch_size to scale from')
         cfg.auto_scale_lr.enable = True
-    if args.resume == 'auto':
-        cfg.resume, cfg.load_from = True, None
-    elif args.resume is not None:
-        cfg.resume, cfg.load_from = True, args.resume
+    add_safety_hooks(cfg, max_nonfinite=args.max_nonfinite)
+    apply_resume(cfg, args.resume)
+    if not args.skip_data_check:
+        check_data(cfg, skip_bad=args.skip_bad_samples)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
 

@@ -16,7 +16,8 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitdense.compat.checkpoint import UnsafeCheckpointError, safe_load
+from vitdense.compat.checkpoint import (CorruptCheckpointError, UnsafeCheckpointError,
+                                       atomic_write, safe_load)
 
 
 class TinyNet(BaseModel):
@@ -43,7 +44,7 @@ class Ones(Dataset):
         return dict(inputs=torch.full((2,), float(i)))
 
 
-def make_runner(work_dir: Path, max_epochs: int, **kwargs) -> Runner:
+def make_runner(work_dir: Path, max_epochs: int, max_keep_ckpts: int = -1, **kwargs) -> Runner:
     return Runner(
         model=TinyNet(), work_dir=str(work_dir),
         train_dataloader=dict(dataset=Ones(), batch_size=2, collate_fn=dict(type='default_collate'),
@@ -52,7 +53,8 @@ def make_runner(work_dir: Path, max_epochs: int, **kwargs) -> Runner:
         param_scheduler=[dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=2),
                          dict(type='MultiStepLR', milestones=[1], by_epoch=True)],
         train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1,
+                                           max_keep_ckpts=max_keep_ckpts),
                            logger=dict(type='LoggerHook', interval=1)),
         randomness=dict(seed=0),
         env_cfg=dict(dist_cfg=dict(backend='gloo')), **kwargs)
@@ -178,3 +180,79 @@ def test_getattr_only_resolves_history_buffer_statistics(target, tmp_path, marke
     evil = _write(tmp_path / 'getattr.pth', _RunsCode(getattr, *target))
     with pytest.raises(UnsafeCheckpointError, match=target[1]):
         load_checkpoint(TinyNet(), evil)
+
+
+def test_empty_history_buffer_loads(tmp_path):
+    # An empty HistoryBuffer pickles its array's data as bytes(); that alone is allowed.
+    path = tmp_path / 'empty_buffer.pth'
+    torch.save({'message_hub': {'log_scalars': {'train/loss': HistoryBuffer()}}}, path)
+    loaded = safe_load(str(path))['message_hub']['log_scalars']['train/loss']
+    assert isinstance(loaded, HistoryBuffer) and len(loaded.data[0]) == 0
+
+
+def test_bytes_with_arguments_is_refused(tmp_path):
+    evil = _write(tmp_path / 'alloc.pth', _RunsCode(bytes, 10 ** 6))
+    with pytest.raises(UnsafeCheckpointError, match='bytes'):
+        safe_load(evil)
+
+
+@pytest.mark.parametrize('damage, problem', [
+    (lambda data: b'', 'empty'),
+    (lambda data: data[:len(data) // 2], 'truncated'),
+    (lambda data: b'not a checkpoint at all', 'not a torch checkpoint'),
+])
+def test_corrupt_checkpoint_names_file_and_problem(trained, tmp_path, damage, problem):
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(damage(trained[0].read_bytes()))
+    for load in (lambda: safe_load(str(bad)), lambda: load_checkpoint(TinyNet(), str(bad))):
+        with pytest.raises(CorruptCheckpointError) as info:
+            load()
+        assert str(bad) in str(info.value) and problem in str(info.value)
+        assert 'weights_only` set to `False' not in str(info.value)
+
+
+def test_refusal_does_not_advise_turning_the_check_off(tmp_path, marker):
+    evil = _write(tmp_path / 'evil.pth', _RunsCode(os.system, f'touch {marker}'))
+    with pytest.raises(UnsafeCheckpointError) as info:
+        safe_load(evil)
+    assert 'weights_only' not in str(info.value).split('torch said:')[1]
+    assert 'False' not in str(info.value)
+
+
+class KillDuringSave(Hook):
+    """Raises inside the second checkpoint save, after the checkpoint dict is complete:
+    what a kill during ``torch.save`` leaves behind."""
+
+    def before_save_checkpoint(self, runner, checkpoint) -> None:
+        if runner.epoch >= 1:
+            raise KeyboardInterrupt('killed while saving')
+
+
+def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
+    runner = make_runner(tmp_path, max_epochs=2, custom_hooks=[KillDuringSave()],
+                         max_keep_ckpts=1)
+    with pytest.raises(KeyboardInterrupt):
+        runner.train()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in ('.pth', '.tmp')) == \
+        ['epoch_1.pth']
+    assert (tmp_path / 'last_checkpoint').read_text() == str(tmp_path / 'epoch_1.pth')
+    assert safe_load(str(tmp_path / 'epoch_1.pth'))['meta']['epoch'] == 1
+
+
+def test_atomic_write_leaves_old_content_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / 'last_checkpoint'
+    atomic_write(target, 'old')
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError('disk full')
+    monkeypatch.setattr(os, 'fsync', failing_fsync)
+    with pytest.raises(OSError, match='disk full'):
+        atomic_write(target, 'new')
+    assert target.read_text() == 'old' and [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_old_checkpoints_removed_only_after_new_one(tmp_path):
+    runner = make_runner(tmp_path, max_epochs=3, max_keep_ckpts=2)
+    runner.train()
+    assert sorted(p.name for p in tmp_path.glob('*.pth')) == ['epoch_2.pth', 'epoch_3.pth']
+    assert (tmp_path / 'last_checkpoint').read_text() == str(tmp_path / 'epoch_3.pth')

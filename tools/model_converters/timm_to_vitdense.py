@@ -13,6 +13,7 @@ import json
 
 import torch
 
+from vitdense.compat.checkpoint import safe_load
 from vitdense.models.timm_reference import FAMILIES
 
 
@@ -34,7 +35,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     cls = FAMILIES[args.family]
-    source = torch.load(args.src, map_location='cpu', weights_only=True)
+    source = safe_load(args.src, map_location='cpu')
+    if not isinstance(source, dict):
+        raise SystemExit(f'{args.src} holds a {type(source).__name__}, not a state dict')
     source = source.get('model', source.get('state_dict', source))
     state_dict = cls.convert_checkpoint(source)
     backbone = cls(args.arch, patch_size=args.patch_size, img_size=args.img_size,

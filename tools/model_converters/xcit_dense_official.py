@@ -23,6 +23,7 @@ from mmengine.config import Config
 from mmengine.registry import MODELS
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+from vitdense.compat.checkpoint import safe_load
 from vitdense.engine.launch import host_of
 from vitdense.models import XCiT
 
@@ -61,7 +62,9 @@ def main() -> None:
     parser.add_argument('dst', help='converted checkpoint to write')
     parser.add_argument('--config', help='our config whose model must load it strictly')
     args = parser.parse_args()
-    checkpoint = torch.load(args.src, map_location='cpu', weights_only=False)
+    checkpoint = safe_load(args.src, map_location='cpu')
+    if not isinstance(checkpoint, dict):
+        raise SystemExit(f'{args.src} holds a {type(checkpoint).__name__}, not a checkpoint dict')
     state_dict = checkpoint.get('state_dict', checkpoint)
     converted = convert(state_dict)
     if args.config:

@@ -17,20 +17,47 @@ mmengine's local-file loader is replaced by one that passes ``weights_only=True`
 explicitly (so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off), and every
 scheme of ``CheckpointLoader`` reports a refused file as :class:`UnsafeCheckpointError`
 naming the file and the global it asked for.
+
+Symptom: an mmengine checkpoint whose message hub holds an empty ``HistoryBuffer`` (a scalar
+logged by no iteration yet) is refused with ``Unsupported global: GLOBAL bytes``: the empty
+array's data pickles as the call ``bytes()``.  Fix: ``builtins.bytes`` resolves to a
+function that builds the empty bytes object and nothing else (``bytes(n)`` would let a file
+allocate any amount of memory).
+
+Symptom: a truncated, empty or garbled checkpoint fails deep in torch (``PytorchStreamReader
+failed reading zip archive``, a bare ``EOFError``, ``Unsupported operand``) without the file's
+name, and the refusal text repeated torch's advice to turn ``weights_only`` off.  Fix: such
+files raise :class:`CorruptCheckpointError` naming the file and what is wrong with it, and
+refusals keep only the unpickler's reason.
+
+Symptom: mmengine writes checkpoints in place and, with ``max_keep_ckpts``, deletes the old
+one before writing the new one, so a run killed while saving is left with a half-written
+file, no older one, and a ``last_checkpoint`` naming a missing file.  Fix: local checkpoints
+are written by :func:`atomic_write` (temporary file in the same folder, fsync, rename, fsync
+of the folder), ``CheckpointHook`` saves first, then points ``last_checkpoint`` at the new
+file (also atomically) and only then removes checkpoints beyond ``max_keep_ckpts``.
 """
 from __future__ import annotations
 
+import io
+import os
 import os.path as osp
 import pickle
 import re
+import tempfile
+import zipfile
 from typing import Any, Callable
 
 import numpy as np
 import torch
+from mmengine.dist import is_main_process
+from mmengine.hooks import CheckpointHook
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import checkpoint as mme_checkpoint
+from mmengine.runner import runner as mme_runner
 
-__all__ = ['UnsafeCheckpointError', 'safe_load', 'ALLOWED_GLOBALS', 'apply']
+__all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'safe_load', 'atomic_write',
+           'ALLOWED_GLOBALS', 'apply']
 
 _PATCHED_ATTR = '_vitdense_safe_loading'
 
@@ -47,6 +74,14 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
             'weights_only=True). Nothing from the file was executed. If you trust the '
             'file and know what it holds, load it yourself and re-save its tensors with '
             f'torch.save.\ntorch said: {detail}')
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that cannot be read at all: empty, truncated or not a torch file."""
+
+    def __init__(self, filename: str, problem: str) -> None:
+        self.filename = filename
+        super().__init__(f"checkpoint '{filename}' is unreadable: {problem}")
 
 
 # The statistics HistoryBuffer registers for itself (``HistoryBuffer.__init__``).
@@ -67,6 +102,14 @@ def _history_buffer_getattr(obj: Any, name: str) -> Callable:
     raise pickle.UnpicklingError(
         f'Unsupported call: GETATTR {getattr(obj, "__name__", type(obj).__name__)}.{name}'
         ' is not a HistoryBuffer statistics method')
+
+
+def _empty_bytes(*args: Any) -> bytes:
+    """``bytes()`` as the data of an empty numpy array pickles; no other call of ``bytes``."""
+    if args:
+        raise pickle.UnpicklingError(
+            f'Unsupported call: bytes{args!r:.60} (only bytes() of empty arrays is allowed)')
+    return b''
 
 
 def _numpy_globals() -> list[tuple[Any, str]]:
@@ -96,6 +139,7 @@ def _numpy_globals() -> list[tuple[Any, str]]:
 ALLOWED_GLOBALS: list[Any] = [
     HistoryBuffer,
     (_history_buffer_getattr, 'builtins.getattr'),
+    (_empty_bytes, 'builtins.bytes'),
     *_numpy_globals(),
 ]
 
@@ -119,22 +163,127 @@ def _offending(message: str) -> str:
 
 def _detail(message: str) -> str:
     """The unpickler's own reason, without torch's advice to turn weights_only off."""
-    boilerplate = ('Weights only load failed', 'Check the documentation', 'Please file an issue')
-    kept = [part.strip() for part in message.split('\n\n')
-            if part.strip() and not part.strip().startswith(boilerplate)]
+    match = re.search(r'WeightsUnpickler error: (.*?)(?: Please use `torch\.serialization|$)',
+                      message, re.M)
+    if match:
+        return match.group(1).strip()
+    advice = ('Weights only load failed', 'Check the documentation', 'Please file an issue',
+              'This file can still be loaded', '(1)', '(2)')
+    kept = [line.strip() for line in message.splitlines()
+            if line.strip() and not line.strip().startswith(advice)]
     return ' '.join(kept) or message
 
 
+def _corruption(filename: str, err: BaseException) -> str | None:
+    """What is wrong with an unreadable checkpoint file, or None if ``err`` is not that."""
+    size = os.path.getsize(filename)
+    if size == 0:
+        return 'the file is empty (0 bytes), e.g. a save that was interrupted'
+    if isinstance(err, pickle.UnpicklingError) and 'Unsupported operand' not in str(err):
+        return None
+    with open(filename, 'rb') as f:
+        is_zip = f.read(2) == b'PK'
+    if is_zip and not zipfile.is_zipfile(filename):
+        return (f'the zip archive is truncated or damaged ({size} bytes; torch said: '
+                f'{str(err).split(". ")[0]})')
+    if is_zip:
+        return f'a damaged torch archive ({size} bytes; {type(err).__name__}: {err})'
+    if isinstance(err, (EOFError, pickle.UnpicklingError, RuntimeError)):
+        return (f'not a torch checkpoint ({size} bytes that are neither a torch zip archive '
+                f'nor a complete pickle: {_detail(str(err))})')
+    return None
+
+
 def safe_load(f: Any, map_location: Any = None) -> Any:
-    """``torch.load(f, weights_only=True)`` with the allow-list and a clear refusal."""
+    """``torch.load(f, weights_only=True)`` with the allow-list and a clear refusal.
+
+    Raises :class:`UnsafeCheckpointError` for a file that asks for a global outside the
+    allow-list and :class:`CorruptCheckpointError` for an empty, truncated or garbled file.
+    """
+    is_path = isinstance(f, (str, bytes)) or hasattr(f, '__fspath__')
+    name = os.fsdecode(f) if is_path else repr(f)
     try:
         return torch.load(f, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        if isinstance(err, UnsafeCheckpointError):
+    except (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, zipfile.BadZipFile,
+            ValueError) as err:
+        if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
             raise
-        name = f if isinstance(f, (str, bytes)) or hasattr(f, '__fspath__') else repr(f)
-        raise UnsafeCheckpointError(str(name), _offending(str(err)),
-                                    _detail(str(err))) from None
+        problem = _corruption(name, err) if is_path and osp.isfile(name) else None
+        if problem is not None:
+            raise CorruptCheckpointError(name, problem) from None
+        if isinstance(err, pickle.UnpicklingError):
+            raise UnsafeCheckpointError(name, _offending(str(err)), _detail(str(err))) from None
+        raise
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` so that ``path`` holds either its old or its new content.
+
+    The bytes go to a temporary file in the same folder, are fsynced, and the file is renamed
+    over ``path`` (atomic on POSIX); the folder is fsynced so the rename survives a crash.
+    """
+    path = os.fspath(path)
+    folder = osp.dirname(osp.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if osp.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+_MMENGINE_SAVE = mme_checkpoint.save_checkpoint
+
+
+def save_checkpoint_atomically(checkpoint: dict, filename: str, file_client_args: Any = None,
+                               backend_args: Any = None) -> None:
+    """mmengine's ``save_checkpoint``, writing local files with :func:`atomic_write`."""
+    if '://' in str(filename) or file_client_args is not None or backend_args is not None:
+        return _MMENGINE_SAVE(checkpoint, filename, file_client_args=file_client_args,
+                              backend_args=backend_args)
+    os.makedirs(osp.dirname(osp.abspath(filename)), exist_ok=True)
+    with io.BytesIO() as buffer:
+        torch.save(checkpoint, buffer)
+        atomic_write(filename, buffer.getvalue())
+
+
+def _save_then_prune(self: CheckpointHook, runner: Any, step: int, meta: dict) -> None:
+    """``CheckpointHook._save_checkpoint_with_step`` in a safe order.
+
+    Save the new checkpoint, point ``last_checkpoint`` at it, and only then remove the
+    checkpoints beyond ``max_keep_ckpts``: a kill at any moment leaves a loadable checkpoint
+    named by ``last_checkpoint``.
+    """
+    ckpt_filename = self.filename_tmpl.format(step)
+    self.last_ckpt = self.file_backend.join_path(self.out_dir, ckpt_filename)
+    runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+    runner.save_checkpoint(self.out_dir, ckpt_filename, self.file_client_args,
+                           save_optimizer=self.save_optimizer,
+                           save_param_scheduler=self.save_param_scheduler, meta=meta,
+                           by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
+    if is_main_process():
+        atomic_write(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
+    if self.max_keep_ckpts <= 0 or (self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step):
+        return
+    while len(self.keep_ckpt_ids) >= self.max_keep_ckpts:  # a deque of max_keep_ckpts
+        old = self.file_backend.join_path(self.out_dir,
+                                          self.filename_tmpl.format(self.keep_ckpt_ids.popleft()))
+        if is_main_process() and self.file_backend.isfile(old):
+            self.file_backend.remove(old)
+        elif is_main_process() and self.file_backend.isdir(old):
+            self.file_backend.rmtree(old)
+    self.keep_ckpt_ids.append(step)
+    runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
 
 
 def load_from_local(filename: str, map_location: Any = None) -> Any:
@@ -152,7 +301,7 @@ def _naming_refusals(load_checkpoint: Callable) -> classmethod:
         try:
             return load_checkpoint(filename, map_location, logger)
         except pickle.UnpicklingError as err:
-            if isinstance(err, UnsafeCheckpointError):
+            if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
                 raise
             raise UnsafeCheckpointError(filename, _offending(str(err)),
                                         _detail(str(err))) from None
@@ -162,8 +311,11 @@ def _naming_refusals(load_checkpoint: Callable) -> classmethod:
 
 
 def apply() -> None:
-    """Register the allow-list and patch mmengine's checkpoint loader (idempotent)."""
+    """Register the allow-list, patch mmengine's checkpoint loader and writer (idempotent)."""
     torch.serialization.add_safe_globals(ALLOWED_GLOBALS)
+    mme_checkpoint.save_checkpoint = save_checkpoint_atomically
+    mme_runner.save_checkpoint = save_checkpoint_atomically
+    CheckpointHook._save_checkpoint_with_step = _save_then_prune
     loader = mme_checkpoint.CheckpointLoader
     loader.register_scheme(prefixes='', loader=load_from_local, force=True)
     if not getattr(loader.load_checkpoint, _PATCHED_ATTR, False):

@@ -8,15 +8,26 @@ drawn, how predictions are dumped) are one table.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import datetime
+import difflib
 import importlib
+import inspect
+import logging
 import os
 import os.path as osp
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
+from mmengine.runner import Runner
+
+from vitdense.compat.checkpoint import safe_load
+from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
 
 
 def _draw_mmdet(cfg: Config, show_dir: str) -> None:
@@ -76,6 +87,9 @@ def tool_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher')
     parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
+    parser.add_argument('--dist-timeout', type=float, metavar='SECONDS',
+                        help='how long a process waits for the others in a collective '
+                             'before failing (torch default: 30 min)')
     return parser
 
 
@@ -86,18 +100,48 @@ def parse_tool_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     return args
 
 
+# Top-level keys that Runner.from_cfg reads besides the config's own.
+RUNNER_KEYS = frozenset(inspect.signature(Runner.__init__).parameters) - {'self', 'cfg'} | {
+    'runner_type', 'launcher', 'custom_imports', 'default_scope'}
+
+
+def check_cfg_options(cfg: Config, cfg_options: dict, path: str) -> None:
+    """Refuse ``--cfg-options`` whose top-level key neither the config nor the Runner knows.
+
+    ``merge_from_dict`` accepts any key, so ``train_dataloder.batch_size=2`` would silently
+    add an unused entry and train with the configured batch size.
+    """
+    known = set(cfg.keys()) | RUNNER_KEYS
+    for option in cfg_options:
+        top = option.split('.')[0]
+        if top not in known:
+            nearest = difflib.get_close_matches(top, sorted(known), n=1, cutoff=0.5)
+            hint = f'; did you mean {nearest[0]!r}?' if nearest else ''
+            raise KeyError(f'--cfg-options {option}: {path} has no top-level key {top!r} '
+                           f'and the Runner reads none of that name{hint}')
+
+
 def load_config(path: str, cfg_options: dict | None, launcher: str,
-                work_dir: str | None) -> tuple[Config, Host]:
+                work_dir: str | None, dist_timeout: float | None = None) -> tuple[Config, Host]:
     """Read a config, apply ``--cfg-options``, the launcher and the work dir, load its host.
 
     The work dir is, by priority, ``work_dir``, the config's own, ``work_dirs/<config name>``.
+    ``dist_timeout`` (seconds) bounds how long a process waits for the others.
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
     cfg = Config.fromfile(path)
     if cfg_options:
+        check_cfg_options(cfg, cfg_options, path)
         cfg.merge_from_dict(cfg_options)
     cfg.launcher = launcher
+    if dist_timeout is not None:
+        if dist_timeout <= 0:
+            raise ValueError(f'--dist-timeout must be positive, got {dist_timeout}')
+        cfg.setdefault('env_cfg', ConfigDict()).setdefault('dist_cfg', ConfigDict())
+        cfg.env_cfg.dist_cfg.timeout = dist_timeout
+    if launcher != 'none':
+        exit_with_launcher()
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
@@ -118,7 +162,10 @@ def _prepare_cpu_distributed(cfg: Config) -> None:
     mmengine does for single-process runs.
     """
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend='gloo')
+        timeout = (cfg.get('env_cfg') or {}).get('dist_cfg', {}).get('timeout')
+        torch.distributed.init_process_group(
+            backend='gloo',
+            timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
     wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel'))
     wrapper.setdefault('device_ids', None)
     cfg.model_wrapper_cfg = wrapper
@@ -126,6 +173,60 @@ def _prepare_cpu_distributed(cfg: Config) -> None:
     print_log(f'no CUDA device: rank {os.environ.get("RANK")} of '
               f'{os.environ.get("WORLD_SIZE")} runs on CPU with the gloo backend; '
               f'{replaced} SyncBN norm configs use BN', logger='current')
+
+
+def exit_with_launcher() -> None:
+    """Have the kernel stop this worker when its launcher (torchrun's agent) dies.
+
+    A killed launcher otherwise leaves its workers training on, holding the GPUs, and a
+    worker whose peers are gone waits in its next collective until the timeout.
+    """
+    if not sys.platform.startswith('linux'):
+        return
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        raise SystemExit(f'launcher (pid {parent}) is gone; worker {os.getpid()} exits')
+
+
+def add_safety_hooks(cfg: Config, max_nonfinite: int = 5) -> None:
+    """Exact resume (random state in checkpoints) and the non-finite step guard, unless the
+    config has them already."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    present = {str(hook.get('type')).split('.')[-1] for hook in hooks}
+    wanted = dict(ExactResumeHook=dict(type='vitdense.ExactResumeHook'),
+                  NonFiniteGuardHook=dict(type='vitdense.NonFiniteGuardHook',
+                                          max_consecutive=max_nonfinite))
+    cfg.custom_hooks = hooks + [hook for name, hook in wanted.items() if name not in present]
+
+
+def apply_resume(cfg: Config, resume: str | None) -> None:
+    """Set up ``--resume`` (``'auto'``: the newest loadable checkpoint of the work dir).
+
+    A named checkpoint must exist and load (else the error names it). With ``'auto'`` and
+    nothing to resume, the run says so loudly and starts from iteration 0, so one command
+    line both starts and continues a run.
+    """
+    if resume is None:
+        return
+    if resume != 'auto':
+        if not osp.isfile(resume):
+            raise FileNotFoundError(f'--resume {resume}: no such checkpoint file')
+        safe_load(resume, map_location='cpu')
+        cfg.resume, cfg.load_from = True, resume
+        return
+    if osp.isdir(cfg.work_dir):
+        remove_interrupted_saves(cfg.work_dir)
+    found = find_resumable_checkpoint(cfg.work_dir)
+    if found is None:
+        print_log(f'--resume: NOTHING TO RESUME in work dir {osp.abspath(cfg.work_dir)} '
+                  '(no checkpoint there that loads); training starts from iteration 0',
+                  logger='current', level=logging.WARNING)
+        cfg.resume, cfg.load_from = False, None
+        return
+    print_log(f'--resume: resuming from {found}', logger='current')
+    cfg.resume, cfg.load_from = True, found
 
 
 def _sync_bn_to_bn(node) -> int:

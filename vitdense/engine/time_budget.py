@@ -9,13 +9,16 @@ work done in the budget does not depend on the neighbours.
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 from mmengine.config import Config
+from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 
+from vitdense.compat.checkpoint import atomic_write
 from vitdense.registry import HOOKS
 
 
@@ -26,24 +29,38 @@ class TimeBudgetHook(Hook):
     ``clock`` is 'wall' (elapsed time) or 'process' (CPU time of this process, all threads).
     Replaces the param schedulers (configure none): every optimizer group keeps its own base
     lr (``initial_lr``, e.g. after layer-wise decay) and is scaled by the same factor.
-    The model it stops on is saved as ``iter_<n>.pth`` (and named in ``last_checkpoint``):
-    mmengine's ``save_last`` only fires at ``max_iters``, which a budgeted run never reaches.
+
+    The budget spent travels in every checkpoint, so a resumed run goes on with the time
+    that was left (and one resumed after its budget was used up trains no further). A
+    checkpoint ``iter_<n>.pth`` is written each ``1 / checkpoints`` of the budget and when
+    the budget is used up (mmengine's ``save_last`` only fires at ``max_iters``, which a
+    budgeted run never reaches); the previous one is removed once the new one is on disk
+    and named in ``last_checkpoint``. The log line's ``eta`` is the budget left and
+    ``budget_used`` the fraction spent (the iteration count has no end to measure from).
     """
 
-    priority = 'VERY_HIGH'
+    # After IterTimerHook (NORMAL), which writes an eta from max_iters, and before
+    # LoggerHook (BELOW_NORMAL), which prints it.
+    priority = 55
     CLOCKS = {'wall': time.monotonic, 'process': time.process_time}
+    STATE_KEY = 'time_budget'
 
     def __init__(self, minutes: float, warmup_iters: int = 50, warmup_ratio: float = 1e-3,
-                 clock: str = 'wall') -> None:
+                 clock: str = 'wall', checkpoints: int = 10) -> None:
         if minutes <= 0:
             raise ValueError(f'minutes must be positive, got {minutes}')
         if clock not in self.CLOCKS:
             raise ValueError(f'clock must be one of {sorted(self.CLOCKS)}, got {clock!r}')
+        if checkpoints < 1:
+            raise ValueError(f'checkpoints must be at least 1 (the last), got {checkpoints}')
         self.budget = minutes * 60.0
         self.warmup_iters = warmup_iters
         self.warmup_ratio = warmup_ratio
         self.clock = self.CLOCKS[clock]
+        self.checkpoints = checkpoints
         self.start = 0.0
+        self.spent_before = 0.0
+        self.saved: Path | None = None
 
     def before_train(self, runner) -> None:
         if runner.param_schedulers:
@@ -52,10 +69,19 @@ class TimeBudgetHook(Hook):
         for group in runner.optim_wrapper.param_groups:
             group.setdefault('initial_lr', group['lr'])
         self.start = self.clock()
+        if self.spent() >= 1.0:
+            runner.train_loop.stop_training = True
+            print_log(f'the time budget of {self.budget / 60:.1f} min was used up before '
+                      f'this resume (at iteration {runner.iter}); nothing left to train',
+                      logger='current', level=logging.WARNING)
+
+    def seconds_spent(self) -> float:
+        """Budget seconds used so far, including the runs this one resumed."""
+        return self.spent_before + self.clock() - self.start
 
     def spent(self) -> float:
         """Fraction of the budget used so far."""
-        return (self.clock() - self.start) / self.budget
+        return self.seconds_spent() / self.budget
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         warmup = min(1.0, self.warmup_ratio + (1 - self.warmup_ratio) *
@@ -66,16 +92,48 @@ class TimeBudgetHook(Hook):
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
                          outputs=None) -> None:
-        if self.spent() >= 1.0:
+        seconds = self.seconds_spent()
+        runner.message_hub.update_info('eta', max(0.0, self.budget - seconds))
+        runner.message_hub.update_scalar('train/budget_used', min(1.0, seconds / self.budget))
+        if seconds >= self.budget:
             runner.train_loop.stop_training = True
             print_log(f'time budget of {self.budget / 60:.1f} min used after '
                       f'{runner.iter + 1} iterations', logger='current')
+        elif int(seconds / self.budget * self.checkpoints) > \
+                int(self.spent_before / self.budget * self.checkpoints):
+            self._save(runner, runner.iter + 1)
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        checkpoint[self.STATE_KEY] = dict(seconds_spent=self.seconds_spent(),
+                                          budget_seconds=self.budget)
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        state = checkpoint.get(self.STATE_KEY)
+        if state is None:
+            print_log('the checkpoint holds no time budget state; the budget starts anew',
+                      logger='current', level=logging.WARNING)
+            return
+        self.spent_before = float(state['seconds_spent'])
+        print_log(f'resuming a time-budgeted run: {self.spent_before / 60:.2f} of '
+                  f'{self.budget / 60:.2f} min already used', logger='current')
 
     def after_train(self, runner) -> None:
-        filename = f'iter_{runner.iter}.pth'
-        runner.save_checkpoint(runner.work_dir, filename)
-        Path(runner.work_dir, 'last_checkpoint').write_text(
-            str(Path(runner.work_dir, filename)))
+        if self.saved is None or self.saved.name != f'iter_{runner.iter}.pth':
+            self._save(runner, runner.iter)
+
+    def _save(self, runner, step: int) -> None:
+        """Checkpoint ``iter_<step>.pth`` (atomically), point ``last_checkpoint`` at it, then
+        remove the one this hook wrote before. The budget spent is recorded so the next
+        periodic save waits for the next ``1 / checkpoints`` of the budget."""
+        self.spent_before, self.start = self.seconds_spent(), self.clock()
+        path = Path(runner.work_dir, f'iter_{step}.pth')
+        runner.save_checkpoint(runner.work_dir, path.name, by_epoch=False,
+                               meta=dict(iter=step))
+        if is_main_process():
+            atomic_write(Path(runner.work_dir, 'last_checkpoint'), str(path))
+            if self.saved is not None and self.saved != path and self.saved.is_file():
+                self.saved.unlink()
+        self.saved = path
 
 
 def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> None:
@@ -92,4 +150,6 @@ def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> No
     cfg.custom_hooks.append(dict(type='vitdense.TimeBudgetHook', minutes=minutes, clock=clock))
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
                                         interval=10 ** 9, save_last=True, max_keep_ckpts=1)
-    cfg.log_processor = dict(by_epoch=False)
+    cfg.log_processor = dict(by_epoch=False,
+                             custom_cfg=[dict(data_src='budget_used', method_name='mean',
+                                             window_size=1)])

@@ -1,0 +1,221 @@
+"""A run stopped after any iteration and resumed repeats the uninterrupted run bit for bit:
+losses and final weights, with random data, dropout, BatchNorm, shuffling, evaluation in
+between, and a time budget whose spent part travels in the checkpoint."""
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mmengine.evaluator import BaseMetric
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
+from torch import nn
+from torch.utils.data import Dataset
+
+from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
+from vitdense.engine.resume import remove_interrupted_saves
+
+
+class NoisyNet(BaseModel):
+    """Dropout and BatchNorm: a step draws random numbers and updates running statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(),
+                                 nn.Dropout(0.5), nn.Linear(8, 1))
+
+    def forward(self, inputs: torch.Tensor, mode: str = 'loss'):
+        out = self.net(inputs)
+        if mode == 'loss':
+            return dict(loss=((out - 1) ** 2).mean())
+        return list(out)
+
+
+class AugmentedData(Dataset):
+    """Each sample is jittered with numpy and python random numbers (an augmentation)."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        jitter = np.random.randn(4).astype(np.float32) * 0.1 + random.random() * 0.01
+        return dict(inputs=torch.arange(4.0) * i / 6 + torch.from_numpy(jitter))
+
+
+class MeanOutput(BaseMetric):
+    def process(self, data_batch, data_samples) -> None:
+        self.results.extend(float(x) for x in data_samples)
+
+    def compute_metrics(self, results: list) -> dict:
+        return dict(mean=float(np.mean(results)))
+
+
+class Record(Hook):
+    """Losses per iteration; stops the process (raises) after iteration ``kill_after``, or
+    in the validation after iteration ``kill_in_validation``."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, kill_after: int | None = None,
+                 kill_in_validation: int | None = None) -> None:
+        self.losses: dict[int, torch.Tensor] = {}
+        self.kill_after = kill_after
+        self.kill_in_validation = kill_in_validation
+
+    def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if runner.iter == self.kill_in_validation:
+            raise KeyboardInterrupt(f'killed validating after iteration {runner.iter}')
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self.losses[runner.iter + 1] = outputs['loss'].detach().clone()
+        if runner.iter + 1 == self.kill_after:
+            raise KeyboardInterrupt(f'killed after iteration {self.kill_after}')
+
+
+class IterationClock(Hook):
+    """A clock that reads one second per finished iteration: a reproducible time budget."""
+
+    priority = 'HIGHEST'
+    now = [0.0]
+
+    def before_train(self, runner) -> None:
+        self.now[0] = float(runner.iter)
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self.now[0] = float(runner.iter + 1)
+
+
+RUN_IDS = itertools.count()  # a logger of its own per run, even within one second
+
+
+def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
+        budget_seconds: float | None = None,
+        kill_in_validation: int | None = None) -> tuple[Record, Runner]:
+    record = Record(kill_after, kill_in_validation)
+    hooks = [ExactResumeHook(), record]
+    train_cfg = dict(by_epoch=False, max_iters=9, val_interval=4)
+    checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=3, max_keep_ckpts=1)
+    schedulers = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=4)]
+    if budget_seconds is not None:
+        hooks += [IterationClock(), TimeBudgetHook(budget_seconds / 60, warmup_iters=3,
+                                                   clock='iterations', checkpoints=4)]
+        train_cfg.update(max_iters=10 ** 9)
+        checkpoint.update(interval=10 ** 9)
+        schedulers = []
+    torch.manual_seed(0)  # the model is built before the Runner seeds the generators
+    runner = Runner(
+        model=NoisyNet(), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=AugmentedData(), batch_size=2,
+                              collate_fn=dict(type='default_collate'),
+                              sampler=dict(type='InfiniteSampler', shuffle=True)),
+        val_dataloader=dict(dataset=AugmentedData(), batch_size=3,
+                            collate_fn=dict(type='default_collate'),
+                            sampler=dict(type='DefaultSampler', shuffle=True)),
+        val_cfg=dict(), val_evaluator=[MeanOutput()],
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.05, momentum=0.9)),
+        param_scheduler=schedulers, train_cfg=train_cfg,
+        default_hooks=dict(checkpoint=checkpoint, logger=dict(type='LoggerHook', interval=1)),
+        custom_hooks=hooks, resume=resume, experiment_name=f'run{next(RUN_IDS)}',
+        randomness=dict(seed=0, deterministic=True),
+        env_cfg=dict(dist_cfg=dict(backend='gloo')))
+    try:
+        runner.train()
+    except KeyboardInterrupt:
+        pass
+    return record, runner
+
+
+@pytest.fixture
+def iteration_clock(monkeypatch):
+    monkeypatch.setitem(TimeBudgetHook.CLOCKS, 'iterations', lambda: IterationClock.now[0])
+
+
+def _assert_same_run(full: tuple[Record, Runner], resumed: tuple[Record, Runner],
+                     first_resumed: int) -> None:
+    assert sorted(resumed[0].losses) == [i for i in sorted(full[0].losses) if i >= first_resumed]
+    for i, loss in resumed[0].losses.items():
+        assert torch.equal(loss, full[0].losses[i]), f'iteration {i}'
+    full_weights, weights = full[1].model.state_dict(), resumed[1].model.state_dict()
+    assert all(torch.equal(full_weights[k], weights[k]) for k in full_weights)
+
+
+@pytest.fixture(scope='module')
+def full_run(tmp_path_factory) -> tuple[Record, Runner]:
+    return run(tmp_path_factory.mktemp('full'))
+
+
+@pytest.mark.parametrize('kill_after', [5, 7])
+def test_resume_repeats_uninterrupted_run(tmp_path, full_run, kill_after):
+    full = full_run
+    killed = run(tmp_path / 'killed', kill_after=kill_after)
+    assert killed[1].iter == kill_after - 1 and len(list((tmp_path / 'killed').glob('*.pth'))) == 1
+    resumed = run(tmp_path / 'killed', resume=True)
+    _assert_same_run(full, resumed, first_resumed=kill_after // 3 * 3 + 1)
+
+
+def test_resume_after_a_kill_during_validation(tmp_path, full_run):
+    run(tmp_path, kill_in_validation=4)
+    assert [p.name for p in tmp_path.glob('*.pth')] == ['iter_3.pth']
+    _assert_same_run(full_run, run(tmp_path, resume=True), first_resumed=4)
+
+
+def test_without_random_state_resume_differs(tmp_path, full_run):
+    # The premise: mmengine's resume alone does not restore the random streams.
+    full = full_run
+    run(tmp_path / 'killed', kill_after=5)
+    checkpoint = tmp_path / 'killed' / 'iter_3.pth'
+    state = torch.load(checkpoint, weights_only=True)
+    del state['rng_state']
+    torch.save(state, checkpoint)
+    resumed = run(tmp_path / 'killed', resume=True)
+    assert any(not torch.equal(loss, full[0].losses[i]) for i, loss in resumed[0].losses.items())
+
+
+def test_time_budgeted_resume_continues_the_budget(tmp_path, iteration_clock):
+    full = run(tmp_path / 'full', budget_seconds=10)
+    assert max(full[0].losses) == 10 and (tmp_path / 'full' / 'iter_10.pth').is_file()
+    killed = run(tmp_path / 'killed', kill_after=7, budget_seconds=10)
+    # Saved at each quarter of the budget: after iterations 3 and 5 (the older one removed).
+    assert [p.name for p in (tmp_path / 'killed').glob('*.pth')] == ['iter_5.pth']
+    resumed = run(tmp_path / 'killed', resume=True, budget_seconds=10)
+    _assert_same_run(full, resumed, first_resumed=6)
+    assert resumed[1].message_hub.get_scalar('train/budget_used').current() == 1.0
+    # Resuming a finished run trains nothing more.
+    again = run(tmp_path / 'killed', resume=True, budget_seconds=10)
+    assert again[0].losses == {} and again[1].iter == 10
+
+
+def test_budget_eta_replaces_max_iters_eta(tmp_path, iteration_clock):
+    record, runner = run(tmp_path, kill_after=4, budget_seconds=10)
+    assert runner.message_hub.get_info('eta') == 6.0
+    assert runner.message_hub.get_scalar('train/budget_used').current() == 0.4
+    log = next(tmp_path.glob('*/*.log')).read_text()
+    # the fourth iteration's log line: 4 of 10 budget seconds used, 6 left
+    assert [line for line in log.splitlines() if 'budget_used: 0.4000' in line][0].count(
+        'eta: 0:00:06') == 1
+
+
+def test_auto_resume_falls_back_to_newest_loadable(tmp_path):
+    run(tmp_path, kill_after=8)
+    for step in (3, 6):  # keep two checkpoints, as max_keep_ckpts=2 would
+        (tmp_path / f'iter_{step}.pth').write_bytes(b'')
+    run(tmp_path / 'ref', kill_after=4)
+    (tmp_path / 'iter_3.pth').write_bytes((tmp_path / 'ref' / 'iter_3.pth').read_bytes())
+    assert (tmp_path / 'last_checkpoint').read_text().endswith('iter_6.pth')
+    assert find_resumable_checkpoint(tmp_path) == str(tmp_path / 'iter_3.pth')
+    (tmp_path / 'iter_3.pth').write_bytes(b'PK\x03\x04 truncated')
+    assert find_resumable_checkpoint(tmp_path) is None
+    assert find_resumable_checkpoint(tmp_path / 'missing') is None
+
+
+def test_interrupted_save_leftovers_are_removed(tmp_path):
+    (tmp_path / '.iter_4.pth.k2j3h.tmp').write_bytes(b'half a checkpoint')
+    (tmp_path / 'iter_2.pth').write_bytes(b'kept')
+    (tmp_path / '.notes.tmp').write_text('not a checkpoint save')
+    assert remove_interrupted_saves(tmp_path) == [str(tmp_path / '.iter_4.pth.k2j3h.tmp')]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['.notes.tmp', 'iter_2.pth']

@@ -1,0 +1,197 @@
+"""Resuming a run exactly where it stopped, from the newest checkpoint that loads.
+
+mmengine's resume restores the weights, optimizer, schedulers, message hub and iteration
+count, but not the random streams: a resumed run draws other dropout masks, augmentations
+and proposal samples than the uninterrupted one and its losses drift apart (by ~1e-3 within
+a few iterations on the demo configs). :class:`ExactResumeHook` stores the state of
+python's, numpy's and torch's generators in every checkpoint and puts it back at the moment
+the uninterrupted run would draw the next training batch, so with deterministic kernels a
+resumed run repeats the uninterrupted one bit for bit.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import os.path as osp
+import random
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+from mmengine.runner import IterBasedTrainLoop
+
+from vitdense.compat.checkpoint import CorruptCheckpointError, UnsafeCheckpointError, safe_load
+from vitdense.registry import HOOKS
+
+RNG_KEY = 'rng_state'
+
+
+def rng_state() -> dict:
+    """The state of every generator a training step draws from (python, numpy, torch)."""
+    state = dict(python=random.getstate(), numpy=np.random.get_state(),
+                 torch=torch.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(_as_tuple(state['python']))
+    np.random.set_state(_as_tuple(state['numpy']))
+    torch.set_rng_state(state['torch'])
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state['cuda'])
+
+
+def _as_tuple(value: Any) -> Any:
+    """Nested lists back to the tuples ``random.setstate`` insists on."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+class _AlreadyAdvanced:
+    """A data iterator whose first ``skip`` items were consumed ahead of time.
+
+    ``IterBasedTrainLoop.run`` advances its data iterator by the resumed iteration count
+    after ``before_train_epoch``; the hook has already done so (to restore the random state
+    after it), so those calls return nothing and later ones go to the real iterator.
+    """
+
+    def __init__(self, iterator: Iterator, skip: int) -> None:
+        self.iterator = iterator
+        self.skip = skip
+
+    def __iter__(self) -> '_AlreadyAdvanced':
+        return self
+
+    def __next__(self) -> Any:
+        if self.skip > 0:
+            self.skip -= 1
+            return None
+        return next(self.iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.iterator, name)
+
+
+@HOOKS.register_module()
+class ExactResumeHook(Hook):
+    """Save the random state in checkpoints; on resume restore it before the next batch.
+
+    Evaluation between training iterations draws from the same generators (e.g. the data
+    loader's base seed), so validation and testing run on a copy of the state and leave the
+    training stream as it was: a run that resumes past an evaluation it did not repeat still
+    draws the same numbers. In a multi-process run every process restores the state of
+    process 0 (mmengine seeds all processes alike unless ``diff_rank_seed`` is set).
+    """
+
+    priority = 'VERY_LOW'
+
+    def __init__(self) -> None:
+        self.pending: dict | None = None
+        self.outside_eval: dict | None = None
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        checkpoint[RNG_KEY] = rng_state()
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        self.pending = checkpoint.get(RNG_KEY)
+        if self.pending is None:
+            print_log('the checkpoint holds no random state (written without '
+                      'ExactResumeHook): the resumed run draws other random numbers than the '
+                      'interrupted one would have', logger='current', level=logging.WARNING)
+
+    def before_train_epoch(self, runner) -> None:
+        if self.pending is None:
+            return
+        loop = runner.train_loop
+        if isinstance(loop, IterBasedTrainLoop) and loop.iter > 0:
+            if not loop.stop_training:  # a run that trains no further needs no batches
+                print_log(f'advancing the data loader by {loop.iter} batches to where the '
+                          'run stopped', logger='current')
+                for _ in range(loop.iter):
+                    next(loop.dataloader_iterator)
+            loop.dataloader_iterator = _AlreadyAdvanced(loop.dataloader_iterator, loop.iter)
+        set_rng_state(self.pending)
+        self.pending = None
+
+    def _keep_training_stream(self) -> None:
+        self.outside_eval = rng_state()
+
+    def _return_to_training_stream(self) -> None:
+        if self.outside_eval is not None:
+            set_rng_state(self.outside_eval)
+            self.outside_eval = None
+
+    def before_val(self, runner) -> None:
+        self._keep_training_stream()
+
+    def after_val(self, runner) -> None:
+        self._return_to_training_stream()
+
+    def before_test(self, runner) -> None:
+        self._keep_training_stream()
+
+    def after_test(self, runner) -> None:
+        self._return_to_training_stream()
+
+
+_STEP = re.compile(r'(\d+)\.pth$')
+
+
+def _candidates(work_dir: str) -> list[str]:
+    """Checkpoints of ``work_dir``: the one ``last_checkpoint`` names, then the others from
+    the highest iteration / epoch number down."""
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    named = Path(pointer).read_text().strip() if osp.isfile(pointer) else None
+    found = sorted((str(p) for p in Path(work_dir).glob('*.pth')),
+                   key=lambda p: (int(_STEP.search(p).group(1)) if _STEP.search(p) else -1,
+                                  osp.getmtime(p)), reverse=True)
+    ordered = [named] if named else []
+    return ordered + [p for p in found if not named or osp.abspath(p) != osp.abspath(named)]
+
+
+def remove_interrupted_saves(work_dir: str | os.PathLike) -> list[str]:
+    """Delete the temporary files of checkpoint saves that were killed before their rename.
+
+    :func:`~vitdense.compat.checkpoint.atomic_write` names them ``.<checkpoint>.<random>.tmp``;
+    such a file never became a checkpoint, so nothing is lost with it.
+    """
+    removed = [str(path) for path in Path(work_dir).glob('.*.pth.*.tmp')]
+    for path in removed:
+        os.remove(path)
+        print_log(f'removed {path}, left by a checkpoint save that was interrupted',
+                  logger='current')
+    return removed
+
+
+def find_resumable_checkpoint(work_dir: str | os.PathLike) -> str | None:
+    """The newest checkpoint in ``work_dir`` that loads, or None when there is none.
+
+    Starts from the file ``last_checkpoint`` names; a missing, empty, truncated or refused
+    one is reported and the next newest ``*.pth`` is tried.
+    """
+    work_dir = os.fspath(work_dir)
+    if not osp.isdir(work_dir):
+        return None
+    for path in _candidates(work_dir):
+        if not osp.isfile(path):
+            print_log(f'last_checkpoint names {path}, which does not exist; looking for an '
+                      'older checkpoint', logger='current', level=logging.WARNING)
+            continue
+        try:
+            checkpoint = safe_load(path, map_location='cpu')
+        except (CorruptCheckpointError, UnsafeCheckpointError) as err:
+            print_log(f'cannot resume from {path} ({err}); trying an older checkpoint',
+                      logger='current', level=logging.WARNING)
+            continue
+        if not isinstance(checkpoint, dict) or 'state_dict' not in checkpoint:
+            print_log(f'{path} holds no state_dict (not a training checkpoint); skipped',
+                      logger='current', level=logging.WARNING)
+            continue
+        return path
+    return None
