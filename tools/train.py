@@ -15,7 +15,7 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,
-                                    parse_tool_args, tool_parser)
+                                    log_to_tensorboard, parse_tool_args, tool_parser)
 from vitdense.engine.preflight import check_data
 
 
@@ -31,6 +31,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--skip-bad-samples', action='store_true',
                         help='skip (and count) training samples that fail to load instead of '
                              'stopping with an error that names them')
+    parser.add_argument('--tensorboard', action='store_true',
+                        help='also log to TensorBoard (event files in the run\'s vis_data)')
     parser.add_argument('--amp', action='store_true', help='mixed precision (GPU only)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr by total batch / auto_scale_lr.base_batch_size')
@@ -48,6 +50,8 @@ def main() -> None:
         if 'auto_scale_lr' not in cfg:
             raise KeyError(f'{args.config} has no auto_scale_lr.base_batch_size to scale from')
         cfg.auto_scale_lr.enable = True
+    if args.tensorboard:
+        log_to_tensorboard(cfg)
     add_safety_hooks(cfg, max_nonfinite=args.max_nonfinite)
     apply_resume(cfg, args.resume)
     if not args.skip_data_check:

@@ -184,14 +184,16 @@ def test_roi_align_gradient_is_the_derivative():
 
 
 def test_roi_align_empty_rois_and_float16():
-    feats = torch.randn(2, 4, 16, 16)
+    feats = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     empty = mmcv.ops.roi_align(feats, torch.zeros(0, 5), (7, 7), 1.0, 0, 'avg', True)
     assert empty.shape == (0, 4, 7, 7)
     rois = _roi_cases()[:3]
     half = mmcv.ops.roi_align(feats.half(), rois.half(), (7, 7), 0.5, 0, 'avg', True)
     assert half.dtype == torch.float16
-    full = mmcv.ops.roi_align(feats, rois, (7, 7), 0.5, 0, 'avg', True)
-    torch.testing.assert_close(half.float(), full, rtol=1e-2, atol=1e-2)
+    # the same inputs in float32: differences are half-precision rounding of the sums
+    full = mmcv.ops.roi_align(feats.half().float(), rois.half().float(), (7, 7), 0.5, 0, 'avg',
+                              True)
+    torch.testing.assert_close(half.float(), full, rtol=0, atol=2e-2)
 
 
 def test_other_ops_exist_and_raise_naming_the_op():

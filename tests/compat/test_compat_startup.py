@@ -61,7 +61,8 @@ def test_host_libraries_import_and_load_configs_without_vitdense(tmp_path):
         "print(sys.modules['mmcv._ext'].__file__, cfg.model.type)\n",
         str(ROOT / 'configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py'), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == [str(ROOT / 'vitdense/compat/mmcv_ext.py'), 'MaskRCNN']
+    ext_file, model = result.stdout.split()  # the installed vitdense's stand-in
+    assert ext_file.endswith('/vitdense/compat/mmcv_ext.py') and model == 'MaskRCNN'
 
 
 def test_fixes_refuse_versions_they_were_not_written_for():

@@ -14,8 +14,9 @@ pkg_resources                                            (``vitdense-startup.pth
 (``vitdense_startup``)                                   ``import vitdense``
 torch-native mmcv ops        mmcv >=2.0.0,<2.2.0         on ``import mmcv.ops`` when no
 (``compat/mmcv_ext.py``)                                 compiled ``mmcv._ext`` exists
-safe checkpoint loading      torch >=2.6,<2.15;          ``import vitdense``
-(``compat/checkpoint.py``)   mmengine >=0.10.3,<0.11
+safe checkpoint loading and  torch >=2.6,<2.15;          ``import vitdense``
+atomic checkpoint writing    mmengine >=0.10.3,<0.11
+(``compat/checkpoint.py``)
 SyncBatchNorm on CPU         torch >=2.6,<2.15           ``import vitdense``
 (``compat/syncbn.py``)
 ===========================  ==========================  ===============================
@@ -38,8 +39,10 @@ TORCH_WRITTEN_FOR = '>=2.6,<2.15'
 MMENGINE_WRITTEN_FOR = vitdense_startup.PACKAGE_LOOKUPS_WRITTEN_FOR
 
 vitdense_startup.install()
-require('safe checkpoint loading', 'torch', torch.__version__, TORCH_WRITTEN_FOR)
-require('safe checkpoint loading', 'mmengine', mmengine.__version__, MMENGINE_WRITTEN_FOR)
+require('safe checkpoint loading and atomic checkpoint writing', 'torch', torch.__version__,
+        TORCH_WRITTEN_FOR)
+require('safe checkpoint loading and atomic checkpoint writing', 'mmengine',
+        mmengine.__version__, MMENGINE_WRITTEN_FOR)
 checkpoint.apply()
 require('SyncBatchNorm on CPU', 'torch', torch.__version__, TORCH_WRITTEN_FOR)
 syncbn.apply()

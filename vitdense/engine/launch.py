@@ -201,6 +201,14 @@ def add_safety_hooks(cfg: Config, max_nonfinite: int = 5) -> None:
     cfg.custom_hooks = hooks + [hook for name, hook in wanted.items() if name not in present]
 
 
+def log_to_tensorboard(cfg: Config) -> None:
+    """Also write the run's scalars as TensorBoard events (``<work_dir>/<time>/vis_data``),
+    beside the backends the config already has."""
+    backends = cfg.visualizer.setdefault('vis_backends', [])
+    if not any(backend.get('type') == 'TensorboardVisBackend' for backend in backends):
+        backends.append(dict(type='TensorboardVisBackend'))
+
+
 def apply_resume(cfg: Config, resume: str | None) -> None:
     """Set up ``--resume`` (``'auto'``: the newest loadable checkpoint of the work dir).
 
