@@ -1,19 +1,13 @@
 """The backbone benchmark: its measuring pieces and one tiny run end to end (no timed asserts)."""
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
+import benchmark as tool
+import benchmark_lib as bm
 import pytest
 import torch
 import torch.nn.functional as F
-
-from vitdense import benchmark as bm
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('benchmark_tool', ROOT / 'tools/benchmark.py')
-tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tool)
 
 
 def test_interleaved_timing_alternates_order_and_repeats_each_step():
@@ -47,7 +41,7 @@ def test_flops_count_fused_attention_on_cpu_like_explicit_attention():
 
 MEMORY_METER_SCRIPT = """
 import json, torch
-from vitdense import benchmark as bm
+import benchmark_lib as bm
 meter = bm.MemoryMeter('cpu')
 big = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB before the measured step: not an activation
 print(json.dumps(meter.measure(lambda: torch.ones(128 * 2 ** 20 // 4).add_(1), warmup=0)))
@@ -63,7 +57,7 @@ def test_memory_meter_sees_the_peak_of_the_measured_step_only():
     import subprocess
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072')
     out = subprocess.run([sys.executable, '-c', MEMORY_METER_SCRIPT], env=env, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, cwd=Path(bm.__file__).parent).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert 120 < result['activation_mb'] < 200
     assert result['memory_mb'] >= result['activation_mb'] + 60

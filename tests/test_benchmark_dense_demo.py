@@ -1,24 +1,11 @@
 """tools/benchmark_dense_demo.py builds each run's config: the family's demo recipe, ResNet-18
 swapped in with matching neck / head widths, ablation options and another data root applied,
 and the time budget in place of the schedule."""
-import importlib.util
-from pathlib import Path
-
+import benchmark_dense_demo as tool
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(scope='module')
-def tool():
-    spec = importlib.util.spec_from_file_location(
-        'benchmark_dense_demo', ROOT / 'tools/benchmark_dense_demo.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_resnet18_row_swaps_only_the_backbone(tool, tmp_path):
+def test_resnet18_row_swaps_only_the_backbone(tmp_path):
     det = tool.build_config('det', 'resnet18', 2.0, 'process', tmp_path)
     assert det.model.backbone.type == 'mmdet.ResNet' and det.model.backbone.depth == 18
     assert det.model.neck.in_channels == tool.RESNET18_CHANNELS
@@ -29,7 +16,7 @@ def test_resnet18_row_swaps_only_the_backbone(tool, tmp_path):
     assert seg.model.auxiliary_head.in_channels == tool.RESNET18_CHANNELS[2]
 
 
-def test_ablation_options_data_root_and_budget(tool, tmp_path):
+def test_ablation_options_data_root_and_budget(tmp_path):
     cfg = tool.build_config('det', 'xcit', 3.0, 'wall', tmp_path / 'work',
                             {'model.backbone.out_indices': [2, 3, 4, 5]}, str(tmp_path / 'd'))
     assert cfg.model.backbone.out_indices == [2, 3, 4, 5]

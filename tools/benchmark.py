@@ -32,11 +32,9 @@ from typing import Optional
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import benchmark_lib as bm
 
-from vitdense import benchmark as bm  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: each family's small model (CaiT: XXS-24, the width of the dense configs, as S-24 would
 #: take an hour at 512x512 batch 8 on 2 cores)

@@ -13,7 +13,7 @@ every model): preprocessing, forward, losses, backward and an AdamW step.
     python tools/benchmark_dense.py --tasks seg --backbones resnet50 xcit:small_12
 
 Times: median of interleaved iterations after warm-up, all models of a task in one loop.
-Memory: each model alone in a fresh subprocess (see ``vitdense.benchmark.MemoryMeter``).
+Memory: each model alone in a fresh subprocess (see ``tools/benchmark_lib.py``, ``MemoryMeter``).
 SyncBN in the configs becomes BN: one process computes the same statistics.
 """
 from __future__ import annotations
@@ -29,11 +29,9 @@ from typing import Any, Optional
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import benchmark_lib as bm
 
-from vitdense import benchmark as bm  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TASKS = {
     'det': ('mmdet', 'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'),

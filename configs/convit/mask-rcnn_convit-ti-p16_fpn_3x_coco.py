@@ -1,11 +1,7 @@
 # Mask R-CNN + FPN, COCO 3x, ConViT-Ti (official IN-1k weights) with the XCiT dense recipe.
 # Weight decay: the official XCiT dense rule, only the LayerNorms exempt
 # (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw_3x.py).
-_base_ = [
-    '../_base_/models/mask-rcnn_columnar-fpn.py',
-    '../_base_/datasets/coco_instance_detr-aug.py',
-    '../_base_/schedules/adamw_3x.py', '../_base_/default_runtime_mmdet.py'
-]
+_base_ = '../_base_/mask-rcnn_columnar_3x_coco.py'
 model = dict(
     backbone=dict(
         type='vitdense.ConViT', arch='tiny', drop_path_rate=0.1,

@@ -1,10 +1,7 @@
 # UperNet, ADE20k 160k, ViT-S/16 (DeiT IN-1k weights) with the XCiT dense recipe.
 # Weight decay: the official XCiT dense rule, only the LayerNorms exempt
 # (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw-poly_160k.py).
-_base_ = [
-    '../_base_/models/upernet_columnar.py', '../_base_/datasets/ade20k_512x512.py',
-    '../_base_/schedules/adamw-poly_160k.py', '../_base_/default_runtime_mmseg.py'
-]
+_base_ = '../_base_/upernet_columnar_160k_ade20k.py'
 model = dict(
     backbone=dict(
         type='vitdense.ViT', arch='small', drop_path_rate=0.1,

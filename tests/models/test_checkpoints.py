@@ -102,3 +102,19 @@ def test_offline_converter_writes_a_classifier_checkpoint(tmp_path, xcit_referen
     model = XCiT('nano_12', out_type='cls_token')
     model.load_state_dict({k[len('backbone.'):]: v for k, v in converted.items()
                            if k.startswith('backbone.')}, strict=True)
+
+
+def test_a_vit_names_its_arch_and_load_state_dict_honours_strict(xcit_reference):
+    """ViT's own options (depth) no longer hide the arch name; another architecture is
+    refused with strict=True and reported as torch does with strict=False."""
+    with pytest.raises(ValueError, match=r'checkpoint does not match ViT\(arch=small, '
+                                         r'embed_dims=384, num_layers=6'):
+        ViT('small', depth=6).load_state_dict(
+            {'patch_embed.proj.weight': torch.zeros(1, 3, 16, 16)})
+    cait = CaiT(dict(embed_dims=128, num_layers=12, num_heads=4))
+    foreign = xcit_reference.state_dict()
+    with pytest.raises(ValueError, match=r'checkpoint does not match CaiT\(arch=custom'):
+        cait.load_state_dict(foreign)
+    result = cait.load_state_dict(foreign, strict=False)
+    assert 'patch_embed.proj.weight' in result.missing_keys
+    assert 'pos_embed.token_projection.weight' in result.unexpected_keys

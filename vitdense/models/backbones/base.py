@@ -6,14 +6,16 @@ blocks and class-attention blocks are built, and how official / timm checkpoint 
 ours. Everything else lives here once.
 """
 import re
-from typing import Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
+from mmengine.runner import checkpoint as mmengine_checkpoint
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils.checkpoint import checkpoint
 
 from ..layers.blocks import NORM_EPS
@@ -67,15 +69,16 @@ class ColumnarBackbone(BaseModule):
         frozen_stages: freeze the embeddings (>= 0) and the first ``frozen_stages`` blocks.
         norm_eval: keep BatchNorm layers in eval mode while training.
         with_cp: activation checkpointing of every block while training.
+        init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
+            through :meth:`adapt_checkpoint` (official, timm or our layout).
+        arch_overrides: settings that replace those of ``arch``: how a family passes its
+            own constructor options (ViT's ``depth``, ``stem``, ...) to its builders.
     """
 
     arch_zoo: dict[str, dict] = {}
     arch_keys: tuple[str, ...] = ('embed_dims', 'num_layers', 'num_heads')
     arch_defaults: dict = {}
     uniform_drop_path = False
-    #: classify with a class-attention stage (``arch['num_cls_layers']`` blocks, CaiT §3)
-    #: instead of pooling the trunk's class token
-    class_attention = False
     checkpoint_rules: tuple[Rule, ...] = ()
     #: keys of foreign checkpoints that have no counterpart here (classifier heads)
     foreign_only_keys = r'^(head|head_dist|fc_norm|pre_logits)\.'
@@ -96,10 +99,11 @@ class ColumnarBackbone(BaseModule):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, list]] = None) -> None:
+                 init_cfg: Optional[Union[dict, list]] = None,
+                 arch_overrides: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         self.arch_name = arch if isinstance(arch, str) else 'custom'
-        self.arch = self.resolve_arch(arch)
+        self.arch = {**self.resolve_arch(arch), **(arch_overrides or {})}
         self.embed_dims = self.arch['embed_dims']
         self.num_layers = self.arch['num_layers']
         self.num_heads = self.arch['num_heads']
@@ -127,7 +131,7 @@ class ColumnarBackbone(BaseModule):
                              f"(XCiT's conv stem); {type(self.patch_embed).__name__} would "
                              f"drop the pixels beyond the last full patch: use "
                              f"padding='image'")
-        self.cls_token_block = self.class_token_block()
+        self.class_token_layer = self.place_class_token()
         self.pos_embed = self.build_pos_embed()
         self.pos_drop = nn.Dropout(drop_rate)
         if self.uniform_drop_path:
@@ -139,12 +143,12 @@ class ColumnarBackbone(BaseModule):
             self.build_block(i, rates[i]) for i in range(self.num_layers))
 
         self.cls_blocks = None
-        if self.out_type == 'cls_token' and self.class_attention:
+        if self.out_type == 'cls_token' and not self.trunk_has_class_token:
             self.cls_blocks = nn.ModuleList(self.build_class_attention_block()
                                             for _ in range(self.arch['num_cls_layers']))
         if not self.dense:
             self.norm = nn.LayerNorm(self.embed_dims, eps=NORM_EPS)
-        has_cls = self.cls_token_block is not None or self.cls_blocks is not None
+        has_cls = self.trunk_has_class_token or self.cls_blocks is not None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
         self._set_batch_norm(norm_cfg or dict(type='BN'))
         self.pyramid = None
@@ -153,7 +157,6 @@ class ColumnarBackbone(BaseModule):
                                              pyramid_norm_cfg or dict(type='BN'),
                                              crop=padding == 'image')
         self._init_parameters()
-        self._register_load_state_dict_pre_hook(self._adapt_checkpoint)
         self._freeze_stages()
 
     # ------------------------------------------------------------------ family hooks
@@ -170,12 +173,20 @@ class ColumnarBackbone(BaseModule):
         raise NotImplementedError
 
     def build_class_attention_block(self) -> nn.Module:
-        """One block of the class-attention stage (families with ``class_attention``)."""
+        """One block of the class-attention stage (families whose class token joins after
+        the trunk)."""
         raise NotImplementedError
 
-    def class_token_block(self) -> Optional[int]:
-        """Index of the trunk block before which the class token joins, or None."""
-        return None
+    def place_class_token(self) -> int:
+        """Where the class token joins: before trunk block i (ViT: 0), or ``num_layers``
+        (the default): after the trunk, in a class-attention stage of
+        ``arch['num_cls_layers']`` blocks that exists for classification only (CaiT §3)."""
+        return self.num_layers
+
+    @property
+    def trunk_has_class_token(self) -> bool:
+        """Whether the trunk blocks carry the class token (dense outputs included)."""
+        return self.class_token_layer < self.num_layers
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -258,7 +269,7 @@ class ColumnarBackbone(BaseModule):
             if pad_h or pad_w:
                 x = F.pad(x, (0, pad_w, 0, pad_h))
         tokens, hw = self.patch_embed(x)
-        if self.cls_token_block == 0:
+        if self.class_token_layer == 0:
             tokens = self._prepend_cls_token(tokens)
         if self.pos_embed is not None:
             tokens = self.pos_embed(tokens, hw)
@@ -268,12 +279,11 @@ class ColumnarBackbone(BaseModule):
         last = self.out_indices[-1] if self.dense else self.num_layers - 1
         # a classifier reading the trunk's class token needs only that token from the last
         # block (the same output; the patch tokens' FFN and queries are skipped)
-        class_token_only = (self.out_type == 'cls_token' and self.cls_blocks is None
-                            and self.cls_token_block is not None)
+        reads_trunk_class_token = self.out_type == 'cls_token' and self.trunk_has_class_token
         for index, block in enumerate(self.blocks[:last + 1]):
-            if index and index == self.cls_token_block:
+            if index and index == self.class_token_layer:
                 tokens = self._prepend_cls_token(tokens)
-            extra = dict(num_queries=1) if class_token_only and index == last else {}
+            extra = dict(num_queries=1) if reads_trunk_class_token and index == last else {}
             tokens = self._run_block(block, tokens, hw, **extra)
             if self.dense and index in self.out_indices:
                 features.append(self._to_map(tokens, hw))
@@ -294,10 +304,10 @@ class ColumnarBackbone(BaseModule):
         return patches.transpose(1, 2).reshape(tokens.shape[0], -1, *hw)
 
     def _pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        num_prefix = 0 if self.cls_token_block is None else 1
+        num_prefix = 1 if self.trunk_has_class_token else 0
         if self.out_type == 'avg_featmap':
             return self.norm(tokens[:, num_prefix:]).mean(dim=1)
-        if self.cls_blocks is None:
+        if self.trunk_has_class_token:
             return self.norm(tokens[:, 0])
         cls_token = self.cls_token.expand(tokens.shape[0], -1, -1)
         for block in self.cls_blocks:
@@ -317,8 +327,7 @@ class ColumnarBackbone(BaseModule):
             module.eval()
             for param in module.parameters():
                 param.requires_grad = False
-        if self.frozen_stages >= 0 and self.cls_token is not None \
-                and self.cls_token_block == 0:
+        if self.frozen_stages >= 0 and self.class_token_layer == 0:
             self.cls_token.requires_grad = False
 
     def train(self, mode: bool = True) -> 'ColumnarBackbone':
@@ -338,7 +347,7 @@ class ColumnarBackbone(BaseModule):
             return num_ids - 1, num_ids
         name = param_name[len(prefix):]
         if name.startswith(('patch_embed', 'pos_embed')) or \
-                (name == 'cls_token' and self.cls_token_block == 0):
+                (name == 'cls_token' and self.class_token_layer == 0):
             return 0, num_ids
         if name.startswith('blocks.'):
             return int(name.split('.')[1]) + 1, num_ids
@@ -386,16 +395,21 @@ class ColumnarBackbone(BaseModule):
             state_dict[f'{base}.kv.{param}'] = torch.cat([k, v])
         return state_dict
 
-    def _adapt_checkpoint(self, state_dict: dict, prefix: str, *args) -> None:
-        """Load-time hook: convert foreign layouts in place, drop what this mode does not
-        use, and refuse checkpoints of another architecture with a message that says why."""
-        if not prefix and isinstance(state_dict.get('model'), dict):
-            state_dict.update(state_dict.pop('model'))
-        own_keys = [k for k in list(state_dict) if k.startswith(prefix)]
-        if not own_keys:
-            return
-        converted = self.convert_checkpoint({k[len(prefix):]: state_dict.pop(k)
-                                             for k in own_keys})
+    def adapt_checkpoint(self, state_dict: dict, strict: bool = True) -> dict:
+        """A checkpoint of any layout this family reads (official release, timm, ours;
+        bare or wrapped in ``model`` / ``state_dict``), in the layout of this model.
+
+        Keys go through :meth:`convert_checkpoint`; tensors of the classification stage
+        are dropped (and logged) when the model is dense. Raises ValueError naming the
+        arch when tensors have other shapes than the model's (no load could use them;
+        position tables excepted: :class:`LearnedPositionEmbedding` resamples them) and,
+        with ``strict``, when the checkpoint is of another architecture: tensors of the
+        model missing (the dense pyramid, new in fine-tuning, excepted) while unknown
+        ones are present.
+        """
+        if isinstance(state_dict.get('state_dict'), dict):
+            state_dict = state_dict['state_dict']
+        converted = self.convert_checkpoint(state_dict)
         expected = self.state_dict()
         unused = sorted(k for k in converted if k not in expected and self._unused_in_mode(k))
         for key in unused:
@@ -404,10 +418,9 @@ class ColumnarBackbone(BaseModule):
             f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}'
             for k, v in converted.items()
             if k in expected and k != 'pos_embed.weight' and v.shape != expected[k].shape]
-        # the pyramid is new in dense fine-tuning: classification checkpoints never have it
         missing = [k for k in expected if k not in converted and not k.startswith('pyramid.')]
         unexpected = [k for k in converted if k not in expected]
-        if mismatched or (missing and unexpected):
+        if mismatched or (strict and missing and unexpected):
             details = mismatched[:10] if mismatched else [
                 f'missing: {", ".join(missing[:8])}', f'unexpected: {", ".join(unexpected[:8])}']
             raise ValueError(
@@ -420,7 +433,52 @@ class ColumnarBackbone(BaseModule):
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}: out_type={self.out_type!r} does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
-        state_dict.update({prefix + k: v for k, v in converted.items()})
+        return converted
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> _IncompatibleKeys:
+        """torch's ``load_state_dict`` on :meth:`adapt_checkpoint` of ``state_dict``:
+        checkpoints of our own layout load as in torch, official and timm layouts are
+        converted first; ``strict`` as in torch. A backbone loaded as part of a larger
+        model (keys under ``backbone.``) takes our layout only."""
+        return super().load_state_dict(self.adapt_checkpoint(dict(state_dict), strict),
+                                       strict, assign)
+
+    def init_weights(self) -> None:
+        """mmengine's initialisation, except that ``Pretrained`` entries of ``init_cfg``
+        load through :meth:`adapt_checkpoint` (after the others, as in mmengine): the
+        checkpoint must be of this architecture; tensors it lacks keep their
+        initialisation (mmengine's non-strict load, which logs them)."""
+        init_cfgs = [self.init_cfg] if isinstance(self.init_cfg, dict) else self.init_cfg
+        pretrained = [cfg for cfg in init_cfgs or [] if cfg.get('type') == 'Pretrained']
+        if self.is_init or not pretrained:
+            super().init_weights()
+            return
+        self.init_cfg = [cfg for cfg in init_cfgs if cfg not in pretrained] or None
+        try:
+            super().init_weights()
+        finally:
+            self.init_cfg = init_cfgs
+        for cfg in pretrained:
+            self.load_pretrained(cfg['checkpoint'], cfg.get('prefix'),
+                                 cfg.get('map_location', 'cpu'))
+
+    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
+                        map_location: str = 'cpu') -> None:
+        """Load a checkpoint file as ``init_cfg=dict(type='Pretrained', checkpoint=...,
+        prefix=...)`` does: ``prefix`` selects a part of a whole-model checkpoint (e.g.
+        ``'backbone.'`` of a classifier)."""
+        logger = MMLogger.get_current_instance()
+        if prefix is None:
+            logger.info(f'load model from: {checkpoint}')
+            state_dict = mmengine_checkpoint._load_checkpoint(checkpoint,
+                                                              map_location=map_location)
+        else:
+            logger.info(f'load {prefix} in model from: {checkpoint}')
+            state_dict = mmengine_checkpoint._load_checkpoint_with_prefix(
+                prefix, checkpoint, map_location=map_location)
+        mmengine_checkpoint.load_state_dict(self, self.adapt_checkpoint(state_dict),
+                                            strict=False, logger='current')
 
     def _unused_in_mode(self, key: str) -> bool:
         """Checkpoint tensors of the classification stage that dense mode does not build."""

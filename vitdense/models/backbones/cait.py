@@ -30,7 +30,6 @@ class CaiT(ColumnarBackbone):
     }
     arch_defaults = dict(mlp_ratio=4., layer_scale=1e-5, qkv_bias=True, num_cls_layers=2)
     uniform_drop_path = True
-    class_attention = True
     checkpoint_rules = (
         (r'^pos_embed$', 'pos_embed.weight'),
         (r'^blocks_token_only\.', 'cls_blocks.'),

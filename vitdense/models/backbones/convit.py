@@ -4,8 +4,6 @@ The first ``num_local_layers`` blocks use gated positional self-attention (GPSA)
 convolutional init; the class token joins after them, before the plain self-attention
 blocks (§3). Widths are 48 channels per head, or 64 for the "+" models (Table 1).
 """
-from typing import Optional
-
 import torch.nn as nn
 
 from vitdense.registry import MODELS
@@ -40,7 +38,7 @@ class ConViT(ColumnarBackbone):
     def build_pos_embed(self) -> nn.Module:
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid)
 
-    def class_token_block(self) -> Optional[int]:
+    def place_class_token(self) -> int:
         num_local = self.arch['num_local_layers']
         if not 0 <= num_local < self.num_layers:
             raise ValueError(f'num_local_layers must be in [0, num_layers) = [0, '

@@ -49,37 +49,35 @@ class ViT(ColumnarBackbone):
     def __init__(self, arch: Union[str, dict] = 'base', *args, depth: Optional[int] = None,
                  num_parallel: int = 1, stem: str = 'linear', stem_norm: str = 'BN',
                  layer_scale: Optional[float] = None, **kwargs) -> None:
-        arch = dict(self.resolve_arch(arch))
-        if depth is not None:
-            arch['num_layers'] = depth
         if num_parallel < 1:
             raise ValueError(f'num_parallel must be >= 1, got {num_parallel}')
         if stem not in STEMS:
             raise ValueError(f'unknown stem {stem!r}; expected one of {STEMS}')
-        self.num_parallel = num_parallel
-        self.stem, self.stem_norm = stem, stem_norm
-        self.layer_scale = layer_scale
-        super().__init__(arch, *args, **kwargs)
+        overrides = dict(num_parallel=num_parallel, stem=stem, stem_norm=stem_norm,
+                         layer_scale=layer_scale)
+        if depth is not None:
+            overrides['num_layers'] = depth
+        super().__init__(arch, *args, arch_overrides=overrides, **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
-        if self.stem == 'hmlp':
+        if self.arch['stem'] == 'hmlp':
             return HMLPPatchEmbed(self.in_channels, self.embed_dims, self.patch_size,
-                                  self.stem_norm)
+                                  self.arch['stem_norm'])
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
 
     def build_pos_embed(self) -> nn.Module:
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
                                         num_prefix_tokens=1)
 
-    def class_token_block(self) -> Optional[int]:
+    def place_class_token(self) -> int:
         return 0
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         arch = self.arch
         mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
-                                       num_branches=self.num_parallel)
-        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], self.layer_scale,
-                                drop_path, self.drop_rate, num_branches=self.num_parallel)
+                                       num_branches=arch['num_parallel'])
+        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+                                drop_path, self.drop_rate, num_branches=arch['num_parallel'])
 
     @classmethod
     def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:

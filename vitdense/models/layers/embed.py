@@ -85,8 +85,11 @@ class HMLPPatchEmbed(nn.Module):
 
 class LearnedPositionEmbedding(nn.Module):
     """Learned absolute position table (ViT §3.1) for ``num_prefix_tokens`` + a grid of
-    patches. It is resampled (bicubic) to the token grid of each input, and checkpoints
-    with another grid are resampled to this one when loaded."""
+    patches. It is resampled (bicubic) to the token grid of each input, and a table of
+    another square grid is resampled to this one when loaded: in a ``load_state_dict``
+    pre-hook as mmpretrain does, so that whole-model loads (a classifier fine-tuned at
+    another resolution) get it too. A table that is no square grid raises, as torch
+    does for any tensor of another shape."""
 
     def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0) -> None:
         super().__init__()

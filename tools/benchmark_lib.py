@@ -17,7 +17,9 @@ The pieces ``tools/benchmark.py`` (backbones vs timm) and ``tools/benchmark_dens
   (:func:`build_backbone_pair`), in classification or dense form.
 - reporting: JSON, a terminal table (rich) and memory / time vs tokens plots (XCiT Fig. 2).
 
-Nothing here imports mmdet or mmseg; the dense tool builds its models itself.
+Nothing here imports mmdet or mmseg; the dense tool builds its models itself. This module
+lives with the tools (it measures, it is not library code) and is imported by its siblings
+as ``benchmark_lib``; it depends on the installed ``vitdense``, never the reverse.
 """
 from __future__ import annotations
 
@@ -317,7 +319,7 @@ class BackboneSpec:
 def backbone_specs() -> dict[str, BackboneSpec]:
     """Every arch of ``REFERENCE_MODELS``, named by its timm model (``vitdense_<family>_
     <arch>[_<options>]`` for archs timm lacks)."""
-    from .models.timm_reference import REFERENCE_MODELS
+    from vitdense.models.timm_reference import REFERENCE_MODELS
 
     specs = {}
     for family, arch, options, timm_name in REFERENCE_MODELS:
@@ -345,7 +347,7 @@ class TimmDense(nn.Module):
 def build_ours(spec: BackboneSpec, task: str, img_size: int) -> nn.Module:
     """Our backbone: final class token for 'cls', columnar block outputs for 'dense'
     (``pyramid=False``, what timm can compute too); position tables sized for the input."""
-    from .models.timm_reference import FAMILIES
+    from vitdense.models.timm_reference import FAMILIES
 
     if task not in TASKS:
         raise ValueError(f'task must be one of {TASKS}, got {task!r}')
@@ -360,7 +362,7 @@ def build_timm(spec: BackboneSpec, task: str, img_size: int) -> nn.Module:
     for 'cls', wrapped in :class:`TimmDense` with our default out indices for 'dense'."""
     import timm
 
-    from .models.backbones.base import default_out_indices
+    from vitdense.models.backbones.base import default_out_indices
 
     if spec.timm_name is None:
         raise ValueError(f'{spec.name} has no timm counterpart')
