@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.config import config as mmengine_config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
@@ -34,26 +33,6 @@ RECIPES = {  # XCiT paper §4.2-4.3: lr, weight decay, images per GPU, length
 }
 
 
-def _memoised(lookup):
-    """mmengine resolves each ``mmdet::`` / ``mmseg::`` base by parsing the ~400 metafiles of
-    the package (about a second) and then, for ``_base_`` files, raising ValueError; the
-    answer is fixed for a session, so the 8 distinct lookups of these configs are memoised."""
-    answers: dict = {}
-
-    def memoised(package_path: str, cfg_file: str) -> str:
-        key = (package_path, cfg_file)
-        if key not in answers:
-            try:
-                answers[key] = lookup(package_path, cfg_file)
-            except ValueError as error:
-                answers[key] = error
-        if isinstance(answers[key], ValueError):
-            raise answers[key]
-        return answers[key]
-    return memoised
-
-
-mmengine_config._get_external_cfg_path = _memoised(mmengine_config._get_external_cfg_path)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,19 +1,14 @@
 """The model index (model-index.yml, configs/*/metafile.yml) covers every shipped config, its
 parameter counts are the built models', its FLOPs those of the papers where they report
 them, and the README's model-zoo tables are generated from it."""
-import functools
-import sys
 from pathlib import Path
 
+import get_flops  # tools/analysis_tools/get_flops.py (tests/conftest.py)
+import model_index  # tools/model_index.py
 import pytest
 import yaml
-from mmengine.config import config as mmengine_config
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / 'tools'), str(ROOT / 'tools' / 'analysis_tools')]
-
-import get_flops  # noqa: E402
-import model_index  # noqa: E402
 
 CONFIGS = [str(p.relative_to(ROOT)) for p in model_index.shipped_configs()]
 
@@ -21,32 +16,6 @@ CONFIGS = [str(p.relative_to(ROOT)) for p in model_index.shipped_configs()]
 def _entries() -> dict:
     return {model['Config']: model for family in model_index.COLLECTIONS
             for model in model_index.load_metafile(family)['Models']}
-
-
-def _memoised(lookup):
-    """mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` base by parsing
-    the package's metafiles (about a second); the answer is fixed for a session."""
-    answers: dict = {}
-
-    def memoised(package_path: str, cfg_file: str) -> str:
-        key = (package_path, cfg_file)
-        if key not in answers:
-            try:
-                answers[key] = lookup(package_path, cfg_file)
-            except ValueError as error:
-                answers[key] = error
-        if isinstance(answers[key], ValueError):
-            raise answers[key]
-        return answers[key]
-    return memoised
-
-
-@pytest.fixture(scope='module', autouse=True)
-def _fast_external_bases():
-    original = mmengine_config._get_external_cfg_path
-    mmengine_config._get_external_cfg_path = functools.wraps(original)(_memoised(original))
-    yield
-    mmengine_config._get_external_cfg_path = original
 
 
 def test_every_shipped_config_is_in_the_index_once():

@@ -1,7 +1,6 @@
 """tools/infer.py on the demo configs of the three tasks, with checkpoints of randomly
 initialised models: pictures and JSON for a folder and a video, with the host inferencer's
 predictions (consistent boxes, label-map fractions, ranked classes)."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,12 +11,10 @@ from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 from PIL import Image
 
+import infer  # tools/infer.py (tests/conftest.py)
 from vitdense.engine.launch import host_of
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location('infer', ROOT / 'tools' / 'infer.py')
-infer = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(infer)
 
 CONFIGS = {
     'mmpretrain': ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',

@@ -1,9 +1,8 @@
 """tools/analysis_tools/look_inside.py on tiny backbones: every analysis writes its PNG, and
 its JSON holds the numbers the library computes for the same model and image."""
-import importlib.util
 import json
-from pathlib import Path
 
+import look_inside  # tools/analysis_tools/look_inside.py (tests/conftest.py)
 import numpy as np
 import pytest
 import torch
@@ -12,12 +11,6 @@ from PIL import Image
 from vitdense.analysis import (attention_rollout, build_backbone, image_to_tensor,
                                mean_attention_distance, position_encodings, position_similarity,
                                record_attention)
-
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    'look_inside', ROOT / 'tools' / 'analysis_tools' / 'look_inside.py')
-look_inside = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(look_inside)
 
 TINY = dict(embed_dims=32, num_layers=4, num_heads=4)
 BACKBONES = {

@@ -1,16 +1,9 @@
 """tools/analysis_tools/plot_logs.py reads both logs mmengine writes (vis_data/scalars.json
 and the text log) into the same curves, and plots and summarises them."""
-import importlib.util
 import json
-from pathlib import Path
 
+import plot_logs  # tools/analysis_tools/plot_logs.py (tests/conftest.py)
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    'plot_logs', ROOT / 'tools' / 'analysis_tools' / 'plot_logs.py')
-plot_logs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(plot_logs)
 
 # two epochs of 16 iterations, logged every 10, validated after epoch 2 (mmengine formats)
 SCALARS = [
