@@ -12,7 +12,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from vitdense.cls import generate_demo_imagenet
+from data import make_demo_imagenet
 
 CONFIG_ROOT = Path(__file__).resolve().parents[1] / 'configs'
 CLASSIFICATION = re.compile(r'_(in1k(-\d+px)?|demo-in10-\d+px)$')
@@ -31,8 +31,7 @@ def single_thread():
 
 @pytest.fixture(scope='module')
 def tiny_imagenet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return generate_demo_imagenet(tmp_path_factory.mktemp('demo_in10'), train_per_class=1,
-                                  val_per_class=1)
+    return make_demo_imagenet(tmp_path_factory.mktemp('demo_in10'), num_train=1, num_val=1)
 
 
 def shrink(cfg: Config, data_root: Path) -> None:

@@ -14,7 +14,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
-from vitdense.cls import generate_demo_imagenet
+from data import make_demo_imagenet
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
@@ -30,7 +30,7 @@ def trained(request: pytest.FixtureRequest,
     cfg.model.backbone.arch = TINY
     cfg.model.head.in_channels = TINY['embed_dims']
     cfg.train_dataloader.update(batch_size=5, num_workers=0, persistent_workers=False)
-    cfg.train_dataloader.dataset.data_root = str(generate_demo_imagenet(work / 'data', 1, 0))
+    cfg.train_dataloader.dataset.data_root = str(make_demo_imagenet(work / 'data', 1, 0))
     cfg.val_dataloader = cfg.val_evaluator = cfg.val_cfg = None
     cfg.test_dataloader = cfg.test_evaluator = cfg.test_cfg = None
     cfg.train_cfg = dict(by_epoch=True, max_epochs=1)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from vitdense.datasets import ADE_CLASSES, SHAPE_CLASSES, make_demo_ade, make_demo_coco
-from vitdense.datasets.demo import CLASS_COLOURS, render_shapes
+from data import ADE_CLASSES, SHAPE_CLASSES, make_demo_ade, make_demo_coco
+from data.shapes import CLASS_COLOURS, render_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 

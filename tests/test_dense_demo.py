@@ -9,8 +9,9 @@ from mmengine.config import Config
 from mmengine.registry import DATASETS, MODELS, DefaultScope
 from mmengine.runner import Runner
 
-from vitdense.datasets import make_demo_ade, make_demo_coco
 from vitdense.engine.launch import load_config, point_at_data_root
+
+from data import make_demo_ade, make_demo_coco
 
 ROOT = Path(__file__).resolve().parents[1]
 DET = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'

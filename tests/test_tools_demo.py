@@ -9,7 +9,7 @@ from pathlib import Path
 
 import cv2
 
-from vitdense.datasets import make_demo_coco
+from data import make_demo_coco
 
 ROOT = Path(__file__).resolve().parents[1]
 # tools run on this checkout's vitdense, whatever copy the environment has installed

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitdense.datasets import make_demo_ade
+from data import make_demo_ade
 
 ROOT = Path(__file__).resolve().parents[1]
 # tools run on this checkout's vitdense, whatever copy the environment has installed

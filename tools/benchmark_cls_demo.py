@@ -96,8 +96,8 @@ def run_demo(family: str, args: argparse.Namespace) -> dict:
 
 def demo(args: argparse.Namespace) -> None:
     if not (Path(args.data_root) / 'meta' / 'val.txt').exists():
-        from vitdense.cls import generate_demo_imagenet
-        generate_demo_imagenet(args.data_root)
+        from data import make_demo_imagenet
+        make_demo_imagenet(args.data_root)
     rows = [run_demo(f, args) for f in args.families]
     print(f'\n| family | iterations (epochs) | CPU minutes (1 thread) | wall minutes | top-1 '
           f'| top-5 | CPU minutes to {FLOOR:.0f}% top-1 |')

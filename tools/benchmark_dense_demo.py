@@ -126,7 +126,7 @@ def table(rows: list[dict]) -> str:
 
 def ensure_data() -> None:
     """Write the demo sets with their default seed if they are missing."""
-    from vitdense.datasets import make_demo_ade, make_demo_coco
+    from data import make_demo_ade, make_demo_coco
     if not (ROOT / 'data/demo_coco/annotations/instances_val.json').exists():
         make_demo_coco(ROOT / 'data/demo_coco')
     if not (ROOT / 'data/demo_ade/annotations/validation').exists():

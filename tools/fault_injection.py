@@ -40,9 +40,9 @@ from typing import Callable
 
 import torch
 
-from vitdense.cls.demo_imagenet import generate_demo_imagenet
 from vitdense.compat.checkpoint import CorruptCheckpointError, safe_load
-from vitdense.datasets import make_demo_ade, make_demo_coco
+
+from data import make_demo_ade, make_demo_coco, make_demo_imagenet
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHON': sys.executable,
@@ -103,7 +103,7 @@ TARGETS = {
                    *sorted((r / 'annotations' / 'training').iterdir())]),
     'classifier': Target(
         'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
-        lambda d: generate_demo_imagenet(d, train_per_class=2, val_per_class=1, size=72),
+        lambda d: make_demo_imagenet(d, num_train=2, num_val=1, size=72),
         _classifier_options, 'epoch_3.pth',
         lambda r: sorted((r / 'train').rglob('*.JPEG'))),
 }

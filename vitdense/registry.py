@@ -10,7 +10,6 @@ from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import \
     OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
-from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
 SCOPE = 'vitdense'
@@ -21,8 +20,6 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry(
     'optimizer wrapper constructor', parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS,
     scope=SCOPE, locations=['vitdense.engine'])
 DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope=SCOPE,
-                    locations=['vitdense.datasets'])
-TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope=SCOPE,
-                      locations=['vitdense.datasets'])
+                    locations=['vitdense.engine'])
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope=SCOPE,
                  locations=['vitdense.engine'])

@@ -14,8 +14,9 @@ from mmengine import utils
 from mmengine.config import Config
 
 import vitdense  # noqa: F401  (installs the start-up finder, in case the .pth did not run)
-from vitdense.datasets import make_demo_ade, make_demo_coco
 from vitdense_startup import MMCV_EXT_WRITTEN_FOR, HostVersionError, require
+
+from data import make_demo_ade, make_demo_coco
 
 ROOT = Path(__file__).resolve().parents[2]
 

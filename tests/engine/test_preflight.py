@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from mmengine.registry import DefaultScope
 
-from vitdense.datasets import make_demo_ade, make_demo_coco
 from vitdense.engine.launch import load_config, point_at_data_root
 from vitdense.engine.preflight import CheckedDataset, DataError, check_data
+
+from data import make_demo_ade, make_demo_coco
 
 ROOT = Path(__file__).resolve().parents[2]
 ADE = str(ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')

@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from vitdense.cls.demo_imagenet import DEMO_CLASSES, generate_demo_imagenet
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
+from data import DEMO_IMAGENET_CLASSES, make_demo_imagenet  # noqa: E402
 
 
 def main() -> None:
@@ -17,9 +20,9 @@ def main() -> None:
     parser.add_argument('--size', type=int, default=72, help='image side in pixels')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()
-    root = generate_demo_imagenet(args.root, args.train_per_class, args.val_per_class,
-                                  args.size, args.seed)
-    print(f'demo ImageNet ({len(DEMO_CLASSES)} classes) written to {root}')
+    root = make_demo_imagenet(args.root, num_train=args.train_per_class,
+                              num_val=args.val_per_class, size=args.size, seed=args.seed)
+    print(f'demo ImageNet ({len(DEMO_IMAGENET_CLASSES)} classes) written to {root}')
 
 
 if __name__ == '__main__':

@@ -4,8 +4,6 @@ Import it from a config with ``custom_imports=dict(imports=['vitdense', 'vitdens
 register ``vitdense.ViTClassifier`` (hard distillation, attention-only fine-tuning).
 """
 from .classifier import ViTClassifier, build_teacher
-from .demo_imagenet import DEMO_CLASSES, generate_demo_imagenet
 from .finetune import ATTENTION_ONLY, TrainableSummary, train_only
 
-__all__ = ['ViTClassifier', 'build_teacher', 'DEMO_CLASSES', 'generate_demo_imagenet',
-           'ATTENTION_ONLY', 'TrainableSummary', 'train_only']
+__all__ = ['ViTClassifier', 'build_teacher', 'ATTENTION_ONLY', 'TrainableSummary', 'train_only']

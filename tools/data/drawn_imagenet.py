@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageDraw
 
-DEMO_CLASSES: tuple[str, ...] = (
+DEMO_IMAGENET_CLASSES: tuple[str, ...] = (
     'circle', 'square', 'triangle', 'cross', 'ring', 'star', 'hstripes', 'vstripes',
     'checkerboard', 'dots')
 _SPLIT_IDS = {'train': 0, 'val': 1}
@@ -112,36 +112,38 @@ _PAINTERS: dict[str, Painter] = {
 
 
 def draw_demo_image(label: int, rng: np.random.Generator, size: int = 72) -> Image.Image:
-    """Draw one image of class ``DEMO_CLASSES[label]`` with random nuisance factors."""
+    """Draw one image of class ``DEMO_IMAGENET_CLASSES[label]`` with random nuisance factors."""
     bg = rng.integers(0, 256, size=3)
     # Foreground differs clearly from the background so the shape is always visible.
     fg = (bg + rng.integers(80, 176, size=3)) % 256
     img = Image.new('RGB', (size, size), tuple(int(c) for c in bg))
-    _PAINTERS[DEMO_CLASSES[label]](ImageDraw.Draw(img), rng, size, tuple(int(c) for c in fg))
+    paint = _PAINTERS[DEMO_IMAGENET_CLASSES[label]]
+    paint(ImageDraw.Draw(img), rng, size, tuple(int(c) for c in fg))
     noise = rng.normal(0, rng.uniform(4, 16), size=(size, size, 3))
     pixels = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
     return Image.fromarray(pixels)
 
 
-def generate_demo_imagenet(root: str | Path, train_per_class: int = 300,
-                           val_per_class: int = 50, size: int = 72, seed: int = 0) -> Path:
-    """Write the demo set under ``root``; the same seed always gives the same files.
+def make_demo_imagenet(out_dir: str | Path = 'data/demo_in10', num_train: int = 300,
+                       num_val: int = 50, size: int = 72, seed: int = 0) -> Path:
+    """Write the demo ImageNet under ``out_dir`` (``num_train`` / ``num_val`` images per class);
+    return ``out_dir``. The same seed always gives the same files.
 
     Each image gets its own generator seeded by (seed, split, class, index), so the content of
     an image does not depend on how many others are drawn.
     """
-    root = Path(root)
-    (root / 'meta').mkdir(parents=True, exist_ok=True)
-    for split, per_class in (('train', train_per_class), ('val', val_per_class)):
+    out_dir = Path(out_dir)
+    (out_dir / 'meta').mkdir(parents=True, exist_ok=True)
+    for split, per_class in (('train', num_train), ('val', num_val)):
         lines = []
-        for label, name in enumerate(DEMO_CLASSES):
+        for label, name in enumerate(DEMO_IMAGENET_CLASSES):
             for i in range(per_class):
                 rng = np.random.default_rng([seed, _SPLIT_IDS[split], label, i])
                 rel = f'{name}/{name}_{i:05d}.JPEG' if split == 'train' \
                     else f'{name}_val_{i:05d}.JPEG'
-                path = root / split / rel
+                path = out_dir / split / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
                 draw_demo_image(label, rng, size).save(path, quality=90)
                 lines.append(f'{rel} {label}\n')
-        (root / 'meta' / f'{split}.txt').write_text(''.join(lines))
-    return root
+        (out_dir / 'meta' / f'{split}.txt').write_text(''.join(lines))
+    return out_dir
