@@ -73,12 +73,13 @@ def parse_backbone(name: str) -> Optional[tuple[str, str]]:
     """(family, arch) of '<family>:<arch>', None for the ResNet-50 of the config."""
     if name == RESNET:
         return None
-    from vitdense.models.timm_reference import FAMILIES
+    from vitdense.models import backbone_families
 
+    families = backbone_families()
     family, _, arch = name.partition(':')
-    if family not in FAMILIES or arch not in FAMILIES[family].arch_zoo:
+    if family not in families or arch not in families[family].arch_zoo:
         raise SystemExit(f'unknown backbone {name!r}: use {RESNET!r} or <family>:<arch> with '
-                         f'family in {sorted(FAMILIES)} and an arch of its table')
+                         f'family in {sorted(families)} and an arch of its table')
     return family, arch
 
 
@@ -106,10 +107,10 @@ def model_config(task: str, backbone: str, img_size: int):
     spec = parse_backbone(backbone)
     if spec is None:
         return ConfigDict(model)
-    from vitdense.models.timm_reference import FAMILIES
+    from vitdense.models import backbone_families
 
     family, arch = spec
-    cls = FAMILIES[family]
+    cls = backbone_families()[family]
     width = cls.resolve_arch(arch)['embed_dims']
     model['backbone'] = dict(type=f'vitdense.{cls.__name__}', arch=arch, patch_size=16,
                              pyramid_norm_cfg=dict(type='BN'))
