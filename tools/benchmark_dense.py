@@ -14,7 +14,7 @@ every model): preprocessing, forward, losses, backward and an AdamW step.
 
 Times: median of interleaved iterations after warm-up, all models of a task in one loop.
 Memory: each model alone in a fresh subprocess (see ``tools/benchmark_lib.py``, ``MemoryMeter``).
-SyncBN in the configs becomes BN: one process computes the same statistics.
+SyncBN layers stay: in one process without a process group torch normalises them as BN.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -83,15 +83,6 @@ def parse_backbone(name: str) -> Optional[tuple[str, str]]:
     return family, arch
 
 
-def _without_syncbn(cfg: Any) -> Any:
-    if isinstance(cfg, dict):
-        return {k: 'BN' if k == 'type' and v == 'SyncBN' else _without_syncbn(v)
-                for k, v in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return type(cfg)(_without_syncbn(v) for v in cfg)
-    return cfg
-
-
 def model_config(task: str, backbone: str, img_size: int):
     """The packaged R50 config's model (a ``ConfigDict``), with the backbone swapped in."""
     from mmengine.config import Config, ConfigDict
@@ -99,7 +90,6 @@ def model_config(task: str, backbone: str, img_size: int):
     package, path = TASKS[task]
     config = Path(importlib.util.find_spec(package).origin).parent / '.mim/configs' / path
     model = Config.fromfile(str(config)).model.to_dict()
-    model = _without_syncbn(model)
     model['backbone']['init_cfg'] = None  # no pretrained download; weights do not matter
     model.pop('pretrained', None)
     if task == 'seg':
