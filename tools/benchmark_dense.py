@@ -14,7 +14,7 @@ every model): preprocessing, forward, losses, backward and an AdamW step.
 
 Times: median of interleaved iterations after warm-up, all models of a task in one loop.
 Memory: each model alone in a fresh subprocess (see ``tools/benchmark_lib.py``, ``MemoryMeter``).
-SyncBN in the configs becomes BN: one process computes the same statistics.
+SyncBN layers stay: in one process without a process group torch normalises them as BN.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -73,22 +73,14 @@ def parse_backbone(name: str) -> Optional[tuple[str, str]]:
     """(family, arch) of '<family>:<arch>', None for the ResNet-50 of the config."""
     if name == RESNET:
         return None
-    from vitdense.models.timm_reference import FAMILIES
+    from vitdense.models import backbone_families
 
+    families = backbone_families()
     family, _, arch = name.partition(':')
-    if family not in FAMILIES or arch not in FAMILIES[family].arch_zoo:
+    if family not in families or arch not in families[family].arch_zoo:
         raise SystemExit(f'unknown backbone {name!r}: use {RESNET!r} or <family>:<arch> with '
-                         f'family in {sorted(FAMILIES)} and an arch of its table')
+                         f'family in {sorted(families)} and an arch of its table')
     return family, arch
-
-
-def _without_syncbn(cfg: Any) -> Any:
-    if isinstance(cfg, dict):
-        return {k: 'BN' if k == 'type' and v == 'SyncBN' else _without_syncbn(v)
-                for k, v in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return type(cfg)(_without_syncbn(v) for v in cfg)
-    return cfg
 
 
 def model_config(task: str, backbone: str, img_size: int):
@@ -98,7 +90,6 @@ def model_config(task: str, backbone: str, img_size: int):
     package, path = TASKS[task]
     config = Path(importlib.util.find_spec(package).origin).parent / '.mim/configs' / path
     model = Config.fromfile(str(config)).model.to_dict()
-    model = _without_syncbn(model)
     model['backbone']['init_cfg'] = None  # no pretrained download; weights do not matter
     model.pop('pretrained', None)
     if task == 'seg':
@@ -106,10 +97,10 @@ def model_config(task: str, backbone: str, img_size: int):
     spec = parse_backbone(backbone)
     if spec is None:
         return ConfigDict(model)
-    from vitdense.models.timm_reference import FAMILIES
+    from vitdense.models import backbone_families
 
     family, arch = spec
-    cls = FAMILIES[family]
+    cls = backbone_families()[family]
     width = cls.resolve_arch(arch)['embed_dims']
     model['backbone'] = dict(type=f'vitdense.{cls.__name__}', arch=arch, patch_size=16,
                              pyramid_norm_cfg=dict(type='BN'))

@@ -317,15 +317,16 @@ class BackboneSpec:
 
 
 def backbone_specs() -> dict[str, BackboneSpec]:
-    """Every arch of ``REFERENCE_MODELS``, named by its timm model (``vitdense_<family>_
-    <arch>[_<options>]`` for archs timm lacks)."""
-    from vitdense.models.timm_reference import REFERENCE_MODELS
+    """Every named variant of the registered families (their ``timm_models``), named by
+    its timm model (``vitdense_<family>_<arch>[_<options>]`` for archs timm lacks)."""
+    from vitdense.models import backbone_families
 
     specs = {}
-    for family, arch, options, timm_name in REFERENCE_MODELS:
-        name = timm_name or '_'.join(
-            ['vitdense', family, arch] + [f'{k}-{v}' for k, v in options.items()])
-        specs[name] = BackboneSpec(name, family, arch, dict(options), timm_name)
+    for family, cls in backbone_families().items():
+        for arch, options, timm_name in cls.timm_models:
+            name = timm_name or '_'.join(
+                ['vitdense', family, arch] + [f'{k}-{v}' for k, v in options.items()])
+            specs[name] = BackboneSpec(name, family, arch, dict(options), timm_name)
     return specs
 
 
@@ -347,14 +348,15 @@ class TimmDense(nn.Module):
 def build_ours(spec: BackboneSpec, task: str, img_size: int) -> nn.Module:
     """Our backbone: final class token for 'cls', columnar block outputs for 'dense'
     (``pyramid=False``, what timm can compute too); position tables sized for the input."""
-    from vitdense.models.timm_reference import FAMILIES
+    from vitdense.models import backbone_families
 
     if task not in TASKS:
         raise ValueError(f'task must be one of {TASKS}, got {task!r}')
+    cls = backbone_families()[spec.family]
     options = {**spec.options, 'img_size': img_size}
     if task == 'cls':
-        return FAMILIES[spec.family](spec.arch, out_type='cls_token', **options)
-    return FAMILIES[spec.family](spec.arch, out_type='featmap', pyramid=False, **options)
+        return cls(spec.arch, out_type='cls_token', **options)
+    return cls(spec.arch, out_type='featmap', pyramid=False, **options)
 
 
 def build_timm(spec: BackboneSpec, task: str, img_size: int) -> nn.Module:
@@ -386,7 +388,7 @@ def build_backbone_pair(spec: BackboneSpec, task: str, img_size: int, seed: int 
         ours = build_ours(spec, task, img_size)
         reference = build_timm(spec, task, img_size)
     state_dict = (reference.model if task == 'dense' else reference).state_dict()
-    ours.load_state_dict(state_dict, strict=False)
+    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
     return {OURS: ours, TIMM: reference}
 
 

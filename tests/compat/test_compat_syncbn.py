@@ -99,3 +99,18 @@ def test_eval_mode_uses_running_statistics(gloo_group):
     bn.running_mean.fill_(1.0)
     x = torch.ones(2, 2, 3, 3)
     torch.testing.assert_close(bn(x), torch.zeros_like(x), atol=1e-6, rtol=0)
+
+
+def test_ddp_wraps_and_trains_a_cpu_model_with_syncbn(gloo_group):
+    """What ``tools/dist_train.sh`` on a CPU machine builds: DDP around SyncBN layers, no
+    config rewritten; a step matches plain BatchNorm."""
+    torch.manual_seed(0)
+    sync = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.SyncBatchNorm(4))
+    plain = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+    plain.load_state_dict(sync.state_dict())
+    wrapped = torch.nn.parallel.DistributedDataParallel(sync)
+    x = torch.randn(2, 3, 4, 4)
+    wrapped(x).square().mean().backward()
+    plain(x).square().mean().backward()
+    torch.testing.assert_close(sync[0].weight.grad, plain[0].weight.grad)
+    torch.testing.assert_close(sync[1].running_var, plain[1].running_var)

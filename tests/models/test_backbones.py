@@ -1,9 +1,9 @@
 """The four backbones: sizes, parity with timm, dense mode, training modes, bad input."""
 import pytest
 import torch
+from timm_parity import compare_with_timm, count_parameters  # tools/analysis_tools/
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT
-from vitdense.models.timm_reference import compare_with_timm, count_parameters
 
 TOLERANCE = 1e-4
 TINY = {  # small custom archs for shape / training-mode tests

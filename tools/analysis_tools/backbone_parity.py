@@ -9,7 +9,7 @@ import argparse
 import json
 import time
 
-from vitdense.models.timm_reference import REFERENCE_MODELS, compare_with_timm
+from timm_parity import REFERENCE_MODELS, compare_with_timm
 
 
 def _fmt(value, spec: str) -> str:

@@ -14,12 +14,12 @@ import json
 import torch
 
 from vitdense.compat.checkpoint import safe_load
-from vitdense.models.timm_reference import FAMILIES
+from vitdense.models import backbone_families
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('family', choices=sorted(FAMILIES))
+    parser.add_argument('family', choices=sorted(backbone_families()))
     parser.add_argument('src', help='official or timm checkpoint')
     parser.add_argument('dst', help='where to write the vitdense checkpoint')
     parser.add_argument('--arch', required=True, help="arch name, e.g. 'small_12'")
@@ -34,7 +34,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    cls = FAMILIES[args.family]
+    cls = backbone_families()[args.family]
     source = safe_load(args.src, map_location='cpu')
     if not isinstance(source, dict):
         raise SystemExit(f'{args.src} holds a {type(source).__name__}, not a state dict')

@@ -1,7 +1,7 @@
 """Backbones to analyse, from any of the checkpoints vitdense reads, and images to feed them.
 
 A backbone comes from a vitdense config (its ``model.backbone``) or a timm model name (our
-matching arch, see ``vitdense.models.timm_reference``); weights come from our checkpoints
+matching arch, from the families' ``timm_models``); weights come from our checkpoints
 (mmengine runs of a classifier, detector or segmentor, or a bare backbone), timm state
 dicts or official releases, converted by the backbones' own loading. With a timm name and
 no checkpoint, the timm model's own (random) initialisation is loaded, as in the parity
@@ -17,8 +17,7 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from vitdense.models.backbones import ColumnarBackbone
-from vitdense.models.timm_reference import FAMILIES, REFERENCE_MODELS
+from vitdense.models.backbones import ColumnarBackbone, backbone_families
 from vitdense.registry import MODELS
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
@@ -71,10 +70,14 @@ def backbone_from_config(config: Union[str, Config, dict], out_type: str = 'cls_
 
 def backbone_for_timm(name: str, out_type: str = 'cls_token', **overrides) -> ColumnarBackbone:
     """Our backbone matching timm model ``name`` (weights not loaded)."""
-    for family, arch, options, timm_name in REFERENCE_MODELS:
-        if timm_name == name:
-            return FAMILIES[family](arch, out_type=out_type, **{**options, **overrides})
-    known = sorted(n for *_, n in REFERENCE_MODELS if n)
+    known = []
+    for cls in backbone_families().values():
+        for arch, options, timm_name in cls.timm_models:
+            if timm_name == name:
+                return cls(arch, out_type=out_type, **{**options, **overrides})
+            if timm_name:
+                known.append(timm_name)
+    known.sort()
     raise KeyError(f'no vitdense arch matches timm model {name!r}; known: {", ".join(known)}')
 
 

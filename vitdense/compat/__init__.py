@@ -17,7 +17,8 @@ torch-native mmcv ops        mmcv >=2.0.0,<2.2.0         on ``import mmcv.ops`` 
 safe checkpoint loading and  torch >=2.6,<2.15;          ``import vitdense``
 atomic checkpoint writing    mmengine >=0.10.3,<0.11
 (``compat/checkpoint.py``)
-SyncBatchNorm on CPU         torch >=2.6,<2.15           ``import vitdense``
+SyncBatchNorm on CPU: its    torch >=2.6,<2.15           ``import vitdense``
+forward and DDP's check
 (``compat/syncbn.py``)
 ===========================  ==========================  ===============================
 

@@ -1,16 +1,20 @@
-"""``SyncBN`` norm configs in a CPU process.
+"""``SyncBN`` norm configs in CPU processes, the one place vitdense handles them.
 
 Symptom: the papers' recipes (and mmdet / mmseg heads built from them) say
-``norm_cfg=dict(type='SyncBN')``, i.e. ``torch.nn.SyncBatchNorm``.  Without a process
-group torch 2.14 already falls back to plain batch norm, but once one is initialised
+``norm_cfg=dict(type='SyncBN')``, i.e. ``torch.nn.SyncBatchNorm`` (the backbone's own
+``norm_cfg=dict(type='SyncBN')`` converts its BatchNorms to it too). Without a process group
+torch 2.14 already falls back to plain batch norm, but once one is initialised
 (``tools/dist_train.sh`` / ``launcher='pytorch'`` with the gloo backend on a CPU machine,
-even with a single process) ``SyncBatchNorm.forward`` raises
-``ValueError: SyncBatchNorm expected input tensor to be on GPU ...`` in training mode:
-torch can only synchronise statistics on accelerators.
+even with a single process) two things fail: ``DistributedDataParallel`` refuses the model
+(``ValueError: SyncBatchNorm layers only work with GPU modules``) and
+``SyncBatchNorm.forward`` raises ``ValueError: SyncBatchNorm expected input tensor to be on
+GPU ...`` in training mode: torch can only synchronise statistics on accelerators.
 
 Fix: for CPU inputs in training mode with an initialised process group, compute ordinary
 (per-process) batch norm with the same running-stat updates, and warn once when the group
-has more than one process, since the statistics are then not synchronised.
+has more than one process, since the statistics are then not synchronised; and let DDP wrap
+CPU modules holding SyncBatchNorm layers (its check stays for accelerator modules). Configs
+are never rewritten: the same config builds the same modules on GPU and CPU machines.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ['apply']
 
@@ -46,9 +51,18 @@ def _forward(self: nn.SyncBatchNorm, input: torch.Tensor) -> torch.Tensor:
     return _BatchNorm.forward(self, input)
 
 
+def _check_sync_batchnorm(self: DistributedDataParallel, module: nn.Module) -> None:
+    """DDP's refusal of SyncBatchNorm layers, skipped for CPU modules (whose layers
+    normalise locally, :func:`_forward`)."""
+    if self.device_type != 'cpu':
+        _original_ddp_check(self, module)
+
+
 _original_forward = nn.SyncBatchNorm.forward
+_original_ddp_check = DistributedDataParallel._passing_sync_batchnorm_handle
 
 
 def apply() -> None:
-    """Install the CPU fallback on ``torch.nn.SyncBatchNorm`` (idempotent)."""
+    """Install the CPU fallback on ``torch.nn.SyncBatchNorm`` and DDP (idempotent)."""
     nn.SyncBatchNorm.forward = _forward
+    DistributedDataParallel._passing_sync_batchnorm_handle = _check_sync_batchnorm

@@ -152,14 +152,13 @@ def load_config(path: str, cfg_options: dict | None, launcher: str,
 
 
 def _prepare_cpu_distributed(cfg: Config) -> None:
-    """Multi-process training without GPUs: gloo process group, DDP without device ids, BN.
+    """Multi-process training without GPUs: gloo process group, DDP without device ids.
 
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and its default DDP wrapper passes
     ``device_ids=[LOCAL_RANK]``; both assume one GPU per process. The process group is opened
     here (the Runner skips ``init_dist`` when one exists) and the wrapper gets no device ids.
-    torch's DDP refuses SyncBatchNorm in CPU modules (statistics sync needs an accelerator),
-    so ``SyncBN`` norm configs become ``BN``: each process normalises with its own batch, as
-    mmengine does for single-process runs.
+    ``SyncBN`` layers stay as configured: on CPU each process normalises with its own batch
+    (``vitdense/compat/syncbn.py``).
     """
     if not torch.distributed.is_initialized():
         timeout = (cfg.get('env_cfg') or {}).get('dist_cfg', {}).get('timeout')
@@ -169,10 +168,9 @@ def _prepare_cpu_distributed(cfg: Config) -> None:
     wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel'))
     wrapper.setdefault('device_ids', None)
     cfg.model_wrapper_cfg = wrapper
-    replaced = _sync_bn_to_bn(cfg.model)
     print_log(f'no CUDA device: rank {os.environ.get("RANK")} of '
               f'{os.environ.get("WORLD_SIZE")} runs on CPU with the gloo backend; '
-              f'{replaced} SyncBN norm configs use BN', logger='current')
+              f'SyncBN layers normalise per process', logger='current')
 
 
 def exit_with_launcher() -> None:
@@ -235,19 +233,6 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
         return
     print_log(f'--resume: resuming from {found}', logger='current')
     cfg.resume, cfg.load_from = True, found
-
-
-def _sync_bn_to_bn(node) -> int:
-    """Turn every ``dict(type='SyncBN', ...)`` below ``node`` into BN; return how many."""
-    if isinstance(node, dict):
-        count = 0
-        if node.get('type') == 'SyncBN':
-            node['type'] = 'BN'
-            count = 1
-        return count + sum(_sync_bn_to_bn(value) for value in node.values())
-    if isinstance(node, (list, tuple)):
-        return sum(_sync_bn_to_bn(value) for value in node)
-    return 0
 
 
 def point_at_data_root(cfg: Config, data_root: str | os.PathLike) -> None:

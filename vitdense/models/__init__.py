@@ -1,4 +1,4 @@
 """vitdense models: the four columnar backbone families and their shared layers."""
-from .backbones import CaiT, ColumnarBackbone, ConViT, ViT, XCiT
+from .backbones import CaiT, ColumnarBackbone, ConViT, ViT, XCiT, backbone_families
 
-__all__ = ['ColumnarBackbone', 'ViT', 'CaiT', 'XCiT', 'ConViT']
+__all__ = ['ColumnarBackbone', 'ViT', 'CaiT', 'XCiT', 'ConViT', 'backbone_families']

@@ -80,6 +80,9 @@ class ColumnarBackbone(BaseModule):
     arch_defaults: dict = {}
     uniform_drop_path = False
     checkpoint_rules: tuple[Rule, ...] = ()
+    #: the family's named variants as (arch, constructor options, the timm model it
+    #: reproduces or None where timm has none): how a timm checkpoint finds its arch
+    timm_models: tuple[tuple[str, dict, Optional[str]], ...] = ()
     #: keys of foreign checkpoints that have no counterpart here (classifier heads)
     foreign_only_keys = r'^(head|head_dist|fc_norm|pre_logits)\.'
 

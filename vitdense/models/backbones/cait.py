@@ -38,6 +38,13 @@ class CaiT(ColumnarBackbone):
         (r'\.attn\.proj_l\.', '.attn.mix_logits.'),
         (r'\.attn\.proj_w\.', '.attn.mix_weights.'),
     )
+    timm_models = (
+        ('xxs24', {}, 'cait_xxs24_224'), ('xxs36', {}, 'cait_xxs36_224'),
+        ('xs24', dict(img_size=384), 'cait_xs24_384'), ('xs36', {}, None),
+        ('s24', {}, 'cait_s24_224'), ('s36', dict(img_size=384), 'cait_s36_384'),
+        ('s48', {}, None), ('m24', {}, None),
+        ('m36', dict(img_size=384), 'cait_m36_384'), ('m48', dict(img_size=448), 'cait_m48_448'),
+    )
 
     def build_patch_embed(self) -> nn.Module:
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)

@@ -31,6 +31,10 @@ class ConViT(ColumnarBackbone):
         (r'^pos_embed$', 'pos_embed.weight'),
         (r'\.attn\.gating_param$', '.attn.gating'),
     )
+    timm_models = (
+        ('tiny', {}, 'convit_tiny'), ('small', {}, 'convit_small'), ('base', {}, 'convit_base'),
+        ('tiny_plus', {}, None), ('small_plus', {}, None), ('base_plus', {}, None),
+    )
 
     def build_patch_embed(self) -> nn.Module:
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)

@@ -45,6 +45,20 @@ class ViT(ColumnarBackbone):
     checkpoint_rules = (
         (r'^pos_embed$', 'pos_embed.weight'),
     )
+    timm_models = (
+        ('tiny', {}, 'vit_tiny_patch16_224'),
+        ('small', {}, 'vit_small_patch16_224'),
+        ('base', {}, 'vit_base_patch16_224'),
+        ('large', {}, 'vit_large_patch16_224'),
+        ('huge', dict(patch_size=14), 'vit_huge_patch14_224'),
+        ('small', dict(patch_size=8), 'vit_small_patch8_224'),
+        ('base', dict(patch_size=32), 'vit_base_patch32_224'),
+        ('small', dict(depth=18, num_parallel=2, layer_scale=1e-5),
+         'vit_small_patch16_18x2_224'),
+        ('small', dict(depth=36, layer_scale=1e-5), 'vit_small_patch16_36x1_224'),
+        ('base', dict(depth=18, num_parallel=2, layer_scale=1e-5), 'vit_base_patch16_18x2_224'),
+        ('small', dict(stem='hmlp'), None),
+    )
 
     def __init__(self, arch: Union[str, dict] = 'base', *args, depth: Optional[int] = None,
                  num_parallel: int = 1, stem: str = 'linear', stem_norm: str = 'BN',

@@ -43,6 +43,8 @@ class XCiT(ColumnarBackbone):
         (r'\.norm3\.', '.norm_lpi.'),
         (r'\.local_mp\.', '.lpi.'),
     )
+    timm_models = tuple((arch, dict(patch_size=p), f'xcit_{arch}_p{p}_224')
+                        for arch in arch_zoo for p in (16, 8))
 
     def build_patch_embed(self) -> nn.Module:
         return ConvPatchEmbed(self.in_channels, self.embed_dims, self.patch_size)

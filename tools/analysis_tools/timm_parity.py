@@ -1,49 +1,19 @@
-"""timm as the numerical reference: which timm model matches each of our archs, and a
-side-by-side comparison (parameters, logits, block outputs) on the same weights."""
+"""timm as the numerical reference: every named variant of the registered families beside
+the timm model it reproduces, and a side-by-side comparison (parameters, logits, block
+outputs) on the same weights. Imported by its sibling ``backbone_parity.py`` and by the tests
+(``tests/conftest.py`` puts ``tools/analysis_tools/`` on the module path)."""
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from .backbones import CaiT, ColumnarBackbone, ConViT, ViT, XCiT
+from vitdense.models import backbone_families
 
-FAMILIES: dict[str, type[ColumnarBackbone]] = {
-    'vit': ViT, 'cait': CaiT, 'xcit': XCiT, 'convit': ConViT}
-
-#: (family, arch, our extra kwargs) -> timm model name; None where timm has no such model
+#: (family, arch, our extra kwargs, timm model name or None where timm has no such model)
 REFERENCE_MODELS: list[tuple[str, str, dict, Optional[str]]] = [
-    ('vit', 'tiny', {}, 'vit_tiny_patch16_224'),
-    ('vit', 'small', {}, 'vit_small_patch16_224'),
-    ('vit', 'base', {}, 'vit_base_patch16_224'),
-    ('vit', 'large', {}, 'vit_large_patch16_224'),
-    ('vit', 'huge', dict(patch_size=14), 'vit_huge_patch14_224'),
-    ('vit', 'small', dict(patch_size=8), 'vit_small_patch8_224'),
-    ('vit', 'base', dict(patch_size=32), 'vit_base_patch32_224'),
-    ('vit', 'small', dict(depth=18, num_parallel=2, layer_scale=1e-5),
-     'vit_small_patch16_18x2_224'),
-    ('vit', 'small', dict(depth=36, layer_scale=1e-5), 'vit_small_patch16_36x1_224'),
-    ('vit', 'base', dict(depth=18, num_parallel=2, layer_scale=1e-5),
-     'vit_base_patch16_18x2_224'),
-    ('vit', 'small', dict(stem='hmlp'), None),
-    ('cait', 'xxs24', {}, 'cait_xxs24_224'),
-    ('cait', 'xxs36', {}, 'cait_xxs36_224'),
-    ('cait', 'xs24', dict(img_size=384), 'cait_xs24_384'),
-    ('cait', 'xs36', {}, None),
-    ('cait', 's24', {}, 'cait_s24_224'),
-    ('cait', 's36', dict(img_size=384), 'cait_s36_384'),
-    ('cait', 's48', {}, None),
-    ('cait', 'm24', {}, None),
-    ('cait', 'm36', dict(img_size=384), 'cait_m36_384'),
-    ('cait', 'm48', dict(img_size=448), 'cait_m48_448'),
-    *[('xcit', arch, dict(patch_size=p), f'xcit_{arch}_p{p}_224')
-      for arch in XCiT.arch_zoo for p in (16, 8)],
-    ('convit', 'tiny', {}, 'convit_tiny'),
-    ('convit', 'small', {}, 'convit_small'),
-    ('convit', 'base', {}, 'convit_base'),
-    ('convit', 'tiny_plus', {}, None),
-    ('convit', 'small_plus', {}, None),
-    ('convit', 'base_plus', {}, None),
-]
+    (family, arch, options, timm_name)
+    for family, cls in backbone_families().items()
+    for arch, options, timm_name in cls.timm_models]
 
 
 def count_parameters(module: torch.nn.Module) -> int:
@@ -63,7 +33,7 @@ def compare_with_timm(family: str, arch: str, timm_name: Optional[str], num_clas
     """
     import timm
 
-    cls = FAMILIES[family]
+    cls = backbone_families()[family]
     torch.manual_seed(seed)
     ours = cls(arch, out_type='cls_token', **kwargs).eval()
     head_params = ours.embed_dims * num_classes + num_classes
@@ -77,14 +47,14 @@ def compare_with_timm(family: str, arch: str, timm_name: Optional[str], num_clas
                                   **options).eval()
     result['params_timm'] = count_parameters(reference)
     state_dict = reference.state_dict()
-    ours.load_state_dict(state_dict, strict=False)
+    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
     size = image_hw or tuple(reference.pretrained_cfg['input_size'][1:])
     images = torch.randn(2, 3, *size)
     logits = F.linear(ours(images)[0], reference.head.weight, reference.head.bias)
     result['logit_diff'] = (logits - reference(images)).abs().max().item()
 
     dense = cls(arch, out_type='featmap', pyramid=False, **kwargs).eval()
-    dense.load_state_dict(state_dict, strict=False)
+    dense.load_state_dict(dense.adapt_checkpoint(state_dict))
     expected = reference.forward_intermediates(images, indices=list(dense.out_indices),
                                                norm=False, output_fmt='NCHW',
                                                intermediates_only=True)
