@@ -9,7 +9,7 @@ from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
-from vitdense.engine.launch import host_of
+from launch import host_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 
-from vitdense.engine.launch import host_of
+from launch import host_of
 
 ROOT = Path(__file__).resolve().parents[1]
 # tools run on this checkout's vitdense, whatever copy the environment has installed

@@ -12,7 +12,7 @@ from mmengine.registry import MODELS, DefaultScope
 from PIL import Image
 
 import infer  # tools/infer.py (tests/conftest.py)
-from vitdense.engine.launch import host_of
+from launch import host_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -63,7 +63,7 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
     from mmengine.config import Config
 
     from vitdense.engine import train_on_time_budget
-    from vitdense.engine.launch import point_at_data_root
+    from launch import point_at_data_root
     cfg = Config.fromfile(str(ROOT / CONFIGS[task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
         channels = RESNET18_CHANNELS
@@ -93,7 +93,7 @@ def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: 
     torch.set_num_threads(threads)
 
     import vitdense  # noqa: F401
-    from vitdense.engine.launch import host_of
+    from launch import host_of
     cfg = build_config(task, family, train_minutes, clock, work_dir, cfg_options, data_root)
     host_of(cfg)
     start = (time.monotonic(), time.process_time())

@@ -39,9 +39,9 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.compat import mmcv_ext as torch_native
-from vitdense.engine.launch import load_config, point_at_data_root
 
 from data import make_demo_coco
+from launch import load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mmengine.registry import DefaultScope
 
-from vitdense.engine.launch import load_config, point_at_data_root
+from launch import load_config, point_at_data_root
 from vitdense.engine.preflight import CheckedDataset, DataError, check_data
 
 from data import make_demo_ade, make_demo_coco

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitdense.engine.launch import host_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
+from launch import host_of  # noqa: E402
 
 
 

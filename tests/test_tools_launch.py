@@ -1,4 +1,4 @@
-"""Command-line safety of the tools: mistyped --cfg-options keys, --resume with nothing or
+"""tools/launch.py, the command-line safety of the tools: mistyped --cfg-options keys, --resume with nothing or
 a bad file to resume, a process-group timeout, workers that die with their launcher, and
 the launch scripts' choice of interpreter."""
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 import torch
 from mmengine.logging import MMLogger
 
+from launch import add_safety_hooks, apply_resume, load_config  # tools/launch.py
 from vitdense.compat.checkpoint import CorruptCheckpointError
-from vitdense.engine.launch import add_safety_hooks, apply_resume, load_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 
 
@@ -74,7 +74,7 @@ LAUNCHER = '''
 import subprocess, sys, time
 worker = subprocess.Popen([sys.executable, '-c', """
 import time
-from vitdense.engine.launch import exit_with_launcher
+from launch import exit_with_launcher
 exit_with_launcher()
 print('ready', flush=True)
 time.sleep(60)
@@ -87,7 +87,8 @@ time.sleep(60)
 
 def test_worker_exits_when_its_launcher_is_killed():
     launcher = subprocess.Popen([sys.executable, '-c', LAUNCHER], stdout=subprocess.PIPE,
-                                text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+                                text=True, cwd=ROOT,
+                                env={**os.environ, 'PYTHONPATH': f'{ROOT}:{ROOT / "tools"}'})
     worker = int(launcher.stdout.readline())
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
