@@ -9,6 +9,8 @@ import pytest
 import torch
 from mmpretrain.registry import MODELS
 
+import vitdense.cls  # noqa: F401  (registers vitdense.ViTClassifier and the backbones)
+
 TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
 BACKBONES = {
     'vit': dict(type='vitdense.ViT', arch=TINY),

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from data import make_demo_ade
+from vitdense.compat.checkpoint import safe_load
+
+from data import make_demo_ade  # tools/data (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 # tools run on this checkout's vitdense, whatever copy the environment has installed
@@ -60,8 +62,8 @@ def test_train_resume_and_test(data_root, tmp_path):
                *_options(data_root, 4))
     assert f'resuming from {work / "iter_2.pth"}' in log and (work / 'iter_4.pth').exists()
     assert {i: _losses(full)[i] for i in (3, 4)} == {i: _losses(work)[i] for i in (3, 4)}
-    ours = torch.load(work / 'iter_4.pth', weights_only=True)['state_dict']
-    reference = torch.load(full / 'iter_4.pth', weights_only=True)['state_dict']
+    ours = safe_load(work / 'iter_4.pth')['state_dict']
+    reference = safe_load(full / 'iter_4.pth')['state_dict']
     assert all(torch.equal(ours[key], reference[key]) for key in reference)
 
     out, show = tmp_path / 'pred', tmp_path / 'show'

@@ -188,6 +188,17 @@ def exit_with_launcher() -> None:
         raise SystemExit(f'launcher (pid {parent}) is gone; worker {os.getpid()} exits')
 
 
+def close_process_group() -> None:
+    """Tear the process group down before the interpreter exits.
+
+    Left to interpreter shutdown, gloo's threads can be destroyed while still joinable
+    (``terminate called without an active exception``): a worker that finished its work then
+    dies with SIGABRT and torchrun reports the run as failed.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def add_safety_hooks(cfg: Config, max_nonfinite: int = 5) -> None:
     """Exact resume (random state in checkpoints) and the non-finite step guard, unless the
     config has them already."""

@@ -10,7 +10,8 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 
-from launch import HOSTS, add_test_metric, load_config, parse_tool_args, tool_parser
+from launch import (HOSTS, add_test_metric, close_process_group, load_config, parse_tool_args,
+                    tool_parser)
 
 
 def parse_args() -> argparse.Namespace:
@@ -33,6 +34,7 @@ def main() -> None:
         add_test_metric(cfg, host.dump_metric(args.out))
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.test()
+    close_process_group()
 
 
 if __name__ == '__main__':

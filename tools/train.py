@@ -16,8 +16,8 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.engine.preflight import check_data
 
-from launch import (add_safety_hooks, apply_resume, load_config, log_to_tensorboard,
-                    parse_tool_args, tool_parser)
+from launch import (add_safety_hooks, apply_resume, close_process_group, load_config,
+                    log_to_tensorboard, parse_tool_args, tool_parser)
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,6 +59,7 @@ def main() -> None:
         check_data(cfg, skip_bad=args.skip_bad_samples)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
+    close_process_group()
 
 
 if __name__ == '__main__':
