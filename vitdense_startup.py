@@ -30,8 +30,9 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Callable, Sequence
 
-__all__ = ['MissingCompiledOpError', 'HostVersionError', 'require', 'install', 'is_installed', 'package2module',
-           'get_installed_path', 'PACKAGE_LOOKUPS_WRITTEN_FOR', 'MMCV_EXT_WRITTEN_FOR']
+__all__ = ['MissingCompiledOpError', 'HostVersionError', 'require', 'install', 'is_installed',
+           'package2module', 'get_installed_path', 'PACKAGE_LOOKUPS_WRITTEN_FOR',
+           'MMCV_EXT_WRITTEN_FOR']
 
 PACKAGE_LOOKUPS_WRITTEN_FOR = '>=0.10.3,<0.11'   # mmengine
 MMCV_EXT_WRITTEN_FOR = '>=2.0.0,<2.2.0'          # mmcv (op signatures of 2.1.0)
