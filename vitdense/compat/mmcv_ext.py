@@ -41,8 +41,9 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Ten
 
     Boxes are visited in the order of ``scores.sort(descending=True)``, as in mmcv's kernels;
     torchvision's kernel is handed that order as strictly decreasing ranks, so that ties keep
-    mmcv's order and the kept positions come back ascending.  ``offset=1`` (legacy pixel convention: width ``x2 - x1 + 1``) is the same
-    as moving every box's far corner by one pixel.
+    mmcv's order and the kept positions come back ascending.  ``offset=1`` (the legacy pixel
+    convention, width ``x2 - x1 + 1``) is the same as moving every box's far corner by one
+    pixel.
     """
     if boxes.numel() == 0:
         return boxes.new_empty(0, dtype=torch.long)
