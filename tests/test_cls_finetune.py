@@ -7,13 +7,7 @@ from mmpretrain.structures import DataSample
 
 from vitdense.cls import ATTENTION_ONLY, train_only
 
-TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
-BACKBONES = {
-    'vit': dict(type='vitdense.ViT', arch=TINY),
-    'cait': dict(type='vitdense.CaiT', arch=TINY),
-    'xcit': dict(type='vitdense.XCiT', arch=TINY),
-    'convit': dict(type='vitdense.ConViT', arch=dict(TINY, num_local_layers=1)),
-}
+from tiny_models import TINY_BACKBONES  # tests/tiny_models.py
 
 
 def classifier(backbone: dict, finetune: str, embed_dims: int = 32) -> torch.nn.Module:
@@ -23,10 +17,10 @@ def classifier(backbone: dict, finetune: str, embed_dims: int = 32) -> torch.nn.
         head=dict(type='LinearClsHead', num_classes=4, in_channels=embed_dims)))
 
 
-@pytest.mark.parametrize('family', sorted(BACKBONES))
+@pytest.mark.parametrize('family', sorted(TINY_BACKBONES))
 def test_ffn_weights_stay_bit_identical_after_a_step(family: str) -> None:
     torch.manual_seed(0)
-    model = classifier(BACKBONES[family], 'attention')
+    model = classifier(TINY_BACKBONES[family], 'attention')
     before = {k: v.clone() for k, v in model.state_dict().items()}
     optim = build_optim_wrapper(model, dict(
         optimizer=dict(type='AdamW', lr=1e-2, weight_decay=0.05)))
@@ -57,7 +51,7 @@ def test_attention_only_vit_s_trains_about_a_third_of_the_weights() -> None:
 
 
 def test_full_finetuning_trains_everything_and_unknown_modes_fail() -> None:
-    model = classifier(BACKBONES['vit'], 'full')
+    model = classifier(TINY_BACKBONES['vit'], 'full')
     assert all(p.requires_grad for p in model.parameters())
     with pytest.raises(ValueError, match='finetune'):
-        classifier(BACKBONES['vit'], 'ffn')
+        classifier(TINY_BACKBONES['vit'], 'ffn')

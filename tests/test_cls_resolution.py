@@ -11,13 +11,7 @@ from mmpretrain.registry import MODELS
 
 import vitdense.cls  # noqa: F401  (registers vitdense.ViTClassifier and the backbones)
 
-TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
-BACKBONES = {
-    'vit': dict(type='vitdense.ViT', arch=TINY),
-    'cait': dict(type='vitdense.CaiT', arch=TINY),
-    'xcit': dict(type='vitdense.XCiT', arch=TINY),
-    'convit': dict(type='vitdense.ConViT', arch=dict(TINY, num_local_layers=1)),
-}
+from tiny_models import TINY_BACKBONES  # tests/tiny_models.py
 
 
 def classifier(family: str, img_size: int, checkpoint: Path | None = None) -> torch.nn.Module:
@@ -25,13 +19,13 @@ def classifier(family: str, img_size: int, checkpoint: Path | None = None) -> to
                                                     checkpoint=str(checkpoint))
     model = MODELS.build(dict(
         type='vitdense.ViTClassifier', neck=None, init_cfg=init_cfg,
-        backbone=dict(BACKBONES[family], img_size=img_size, patch_size=8, out_type='cls_token'),
+        backbone=dict(TINY_BACKBONES[family], img_size=img_size, patch_size=8, out_type='cls_token'),
         head=dict(type='LinearClsHead', num_classes=5, in_channels=32)))
     model.init_weights()
     return model.eval()
 
 
-@pytest.fixture(params=sorted(BACKBONES))
+@pytest.fixture(params=sorted(TINY_BACKBONES))
 def pretrained(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path, dict]:
     """A randomly initialised 'pretrained' 32-pixel classifier (4x4 grid) and its checkpoint."""
     torch.manual_seed(0)

@@ -15,9 +15,9 @@ from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
 from data import make_demo_imagenet
+from tiny_models import TINY_ARCH  # tests/tiny_models.py
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
 
 
 @pytest.fixture(scope='module', params=['xcit', 'cait'])
@@ -27,8 +27,8 @@ def trained(request: pytest.FixtureRequest,
     work = tmp_path_factory.mktemp(f'{request.param}_cls')
     cfg = Config.fromfile(
         ROOT / 'configs' / request.param / f'{request.param}-mini-p16_1xb64-8e_demo-in10-64px.py')
-    cfg.model.backbone.arch = TINY
-    cfg.model.head.in_channels = TINY['embed_dims']
+    cfg.model.backbone.arch = TINY_ARCH
+    cfg.model.head.in_channels = TINY_ARCH['embed_dims']
     cfg.train_dataloader.update(batch_size=5, num_workers=0, persistent_workers=False)
     cfg.train_dataloader.dataset.data_root = str(make_demo_imagenet(work / 'data', 1, 0))
     cfg.val_dataloader = cfg.val_evaluator = cfg.val_cfg = None
@@ -67,7 +67,7 @@ def test_mask_rcnn_backbone_loads_the_classification_weights(trained: tuple[dict
     init_default_scope('mmdet')
     cfg = package_config('mmdet', '_base_/models/mask-rcnn_r50_fpn.py').model
     cfg.backbone = dense
-    cfg.neck.in_channels = [TINY['embed_dims']] * 4
+    cfg.neck.in_channels = [TINY_ARCH['embed_dims']] * 4
     model = MODELS.build(cfg)
     model.init_weights()
     assert_trunk_loaded(model.backbone, trained_state)
@@ -80,8 +80,8 @@ def test_upernet_backbone_loads_the_classification_weights(trained: tuple[dict, 
     cfg = package_config('mmseg', '_base_/models/upernet_r50.py').model
     cfg.pop('pretrained', None)
     cfg.backbone = dense
-    cfg.decode_head.in_channels = [TINY['embed_dims']] * 4
-    cfg.auxiliary_head.in_channels = TINY['embed_dims']
+    cfg.decode_head.in_channels = [TINY_ARCH['embed_dims']] * 4
+    cfg.auxiliary_head.in_channels = TINY_ARCH['embed_dims']
     for key in ('decode_head', 'auxiliary_head'):
         cfg[key].norm_cfg = dict(type='BN', requires_grad=True)
     cfg.data_preprocessor.pop('size', None)

@@ -11,7 +11,7 @@ from torch import nn
 from vitdense.models import XCiT
 from vitdense.registry import HOOKS
 
-TINY_XCIT = dict(embed_dims=32, num_layers=4, num_heads=2)
+from tiny_models import TINY_ARCH  # tests/tiny_models.py
 
 
 class Detector(BaseModel):
@@ -45,7 +45,7 @@ def _weight_decay(group: dict) -> float:
 
 
 def test_no_decay_on_flat_params_and_backbone_names():
-    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
     groups = _groups_by_name(model, _build(model))
     assert len(groups) == sum(1 for _ in model.parameters())
     no_decay = {n for n, g in groups.items() if _weight_decay(g) == 0}
@@ -62,7 +62,7 @@ def test_custom_keys_rule_spares_only_the_keyed_names():
     """The official XCiT dense rule: custom_keys {'norm': decay_mult 0} and nothing else,
     so biases, BatchNorms, LayerScale, temperatures and the backbone's no_weight_decay()
     names decay (under the 'timm' rule above none of them would)."""
-    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
     groups = _groups_by_name(model, _build(model, weight_decay_rule='custom_keys',
                                            custom_keys={'norm': dict(decay_mult=0.)}))
     no_decay = {n for n, g in groups.items() if _weight_decay(g) == 0}
@@ -76,9 +76,9 @@ def test_custom_keys_rule_spares_only_the_keyed_names():
 
 
 def test_layer_wise_lr_decay_follows_get_layer_depth():
-    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
     groups = _groups_by_name(model, _build(model, layer_decay_rate=0.5))
-    num_ids = TINY_XCIT['num_layers'] + 2
+    num_ids = TINY_ARCH['num_layers'] + 2
     lr = {name: group['lr'] for name, group in groups.items()}
     assert lr['backbone.patch_embed.proj.0.0.weight'] == pytest.approx(1e-3 * 0.5 ** (num_ids - 1))
     assert lr['backbone.blocks.3.mlp.fc1.weight'] == pytest.approx(1e-3 * 0.5 ** 1)
@@ -88,7 +88,7 @@ def test_layer_wise_lr_decay_follows_get_layer_depth():
 
 
 def test_layer_decay_needs_get_layer_depth():
-    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
     model.backbone = nn.Sequential(nn.Conv2d(3, 32, 8, 8))
     model.backbone.embed_dims = 32
     with pytest.raises(TypeError, match='get_layer_depth.*Sequential'):
@@ -105,7 +105,7 @@ class _Images(torch.utils.data.Dataset):
 
 
 def test_time_budget_stops_training_and_anneals_lr(tmp_path):
-    model = Detector(XCiT(TINY_XCIT, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
     runner = Runner(
         model=model, work_dir=str(tmp_path),
         train_dataloader=dict(dataset=_Images(), batch_size=2,
