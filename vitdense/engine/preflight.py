@@ -88,11 +88,16 @@ class CheckedDataset(Dataset):
 
 
 def check_annotation_file(path: str) -> None:
-    """The file exists, is not empty, and parses when it is JSON."""
+    """The file exists and is not empty (whether it parses, the data set's build tells)."""
     if not osp.isfile(path):
         raise DataError(f'annotation file {path} does not exist')
     if osp.getsize(path) == 0:
         raise DataError(f'annotation file {path} is empty (0 bytes)')
+
+
+def _check_parses(path: str) -> None:
+    """A JSON annotation file parses; called only once building its data set failed, so a
+    good file (COCO's are hundreds of MB) is parsed once, by the data set."""
     if path.endswith('.json'):
         try:
             with open(path) as f:
@@ -136,12 +141,11 @@ def check_data(cfg: Config, num_batches: int = 2, skip_bad: bool = False) -> Non
 
 def _check_split(cfg: Config, split: str, num_batches: int, skip_bad: bool) -> None:
     """Annotation files, emptiness and (training split) the first batches of one split."""
-    for leaf in _dataset_cfgs(cfg[split].dataset):
-        ann_file = leaf.get('ann_file')
-        if ann_file:
-            root = leaf.get('data_root') or ''
-            check_annotation_file(ann_file if osp.isabs(ann_file)
-                                  else osp.join(root, ann_file))
+    ann_files = [leaf.ann_file if osp.isabs(leaf.ann_file)
+                 else osp.join(leaf.get('data_root') or '', leaf.ann_file)
+                 for leaf in _dataset_cfgs(cfg[split].dataset) if leaf.get('ann_file')]
+    for ann_file in ann_files:
+        check_annotation_file(ann_file)
     leaf = _dataset_cfgs(cfg[split].dataset)[0]
     where = (f'data_root={leaf.get("data_root")!r}, ann_file={leaf.get("ann_file")!r}, '
              f'data_prefix={leaf.get("data_prefix")!r}')
@@ -154,6 +158,8 @@ def _check_split(cfg: Config, split: str, num_batches: int, skip_bad: bool) -> N
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001  (the library's error, with the files named)
+        for ann_file in ann_files:
+            _check_parses(ann_file)
         raise DataError(f'{split}: the data set ({where}) could not be built: '
                         f'{type(err).__name__}: {err}') from err
     if len(dataset) == 0:
