@@ -5,6 +5,7 @@ import torch
 
 from vitdense.analysis import (build_backbone, image_to_tensor, read_state_dict,
                                timm_random_state_dict)
+from vitdense.compat.checkpoint import UnsafeCheckpointError
 from vitdense.models import ViT
 
 TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
@@ -40,6 +41,20 @@ def test_clear_errors():
                        checkpoint=dict(state_dict={'cls_token': torch.zeros(1, 1, 32)}))
     with pytest.raises(FileNotFoundError, match='checkpoint not found: nowhere.pth'):
         read_state_dict('nowhere.pth')
+    with pytest.raises(ValueError, match=r'checkpoint does not match ViT\(arch=custom'):
+        build_backbone(config=dict(type='vitdense.ViT', arch=TINY),
+                       checkpoint=timm_random_state_dict('xcit_nano_12_p16_224'))
+
+
+class Callback:
+    """Code a checkpoint could smuggle in: unpickling it would import this module."""
+
+
+def test_a_checkpoint_is_read_without_running_its_code(tmp_path):
+    path = tmp_path / 'odd.pth'
+    torch.save(dict(state_dict={}, callback=Callback()), path)
+    with pytest.raises(UnsafeCheckpointError, match=r"refused to load checkpoint .*odd.pth"):
+        read_state_dict(str(path))
 
 
 def test_image_to_tensor_normalises_and_resizes():

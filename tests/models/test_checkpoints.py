@@ -104,17 +104,29 @@ def test_offline_converter_writes_a_classifier_checkpoint(tmp_path, xcit_referen
                            if k.startswith('backbone.')}, strict=True)
 
 
-def test_a_vit_names_its_arch_and_load_state_dict_honours_strict(xcit_reference):
+def test_a_vit_names_its_arch_and_adapt_checkpoint_honours_strict(xcit_reference):
     """ViT's own options (depth) no longer hide the arch name; another architecture is
-    refused with strict=True and reported as torch does with strict=False."""
+    refused with strict=True and passed on for torch to report with strict=False."""
     with pytest.raises(ValueError, match=r'checkpoint does not match ViT\(arch=small, '
                                          r'embed_dims=384, num_layers=6'):
-        ViT('small', depth=6).load_state_dict(
+        ViT('small', depth=6).adapt_checkpoint(
             {'patch_embed.proj.weight': torch.zeros(1, 3, 16, 16)})
     cait = CaiT(dict(embed_dims=128, num_layers=12, num_heads=4))
     foreign = xcit_reference.state_dict()
     with pytest.raises(ValueError, match=r'checkpoint does not match CaiT\(arch=custom'):
-        cait.load_state_dict(foreign)
-    result = cait.load_state_dict(foreign, strict=False)
+        cait.adapt_checkpoint(foreign)
+    result = cait.load_state_dict(cait.adapt_checkpoint(foreign, strict=False), strict=False)
     assert 'patch_embed.proj.weight' in result.missing_keys
     assert 'pos_embed.token_projection.weight' in result.unexpected_keys
+
+
+def test_load_state_dict_is_torchs_and_takes_our_layout_only(xcit_reference):
+    """Official and timm layouts go through adapt_checkpoint explicitly; torch's loader
+    reports their keys instead of converting them behind the caller's back."""
+    ours = XCiT('nano_12', out_type='cls_token')
+    timm_layout = xcit_reference.state_dict()
+    with pytest.raises(RuntimeError, match='Unexpected key'):
+        ours.load_state_dict(timm_layout)
+    ours.load_state_dict(ours.adapt_checkpoint(timm_layout))
+    torch.testing.assert_close(ours.cls_blocks[1].attn.q.weight,
+                               xcit_reference.cls_attn_blocks[1].attn.q.weight)

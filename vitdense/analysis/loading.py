@@ -3,7 +3,7 @@
 A backbone comes from a vitdense config (its ``model.backbone``) or a timm model name (our
 matching arch, from the families' ``timm_models``); weights come from our checkpoints
 (mmengine runs of a classifier, detector or segmentor, or a bare backbone), timm state
-dicts or official releases, converted by the backbones' own loading. With a timm name and
+dicts or official releases, adapted by the backbone's ``adapt_checkpoint``. With a timm name and
 no checkpoint, the timm model's own (random) initialisation is loaded, as in the parity
 tests.
 """
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
+from vitdense.compat.checkpoint import safe_load
 from vitdense.models.backbones import ColumnarBackbone, backbone_families
 from vitdense.registry import MODELS
 
@@ -31,7 +32,7 @@ def read_state_dict(checkpoint: Union[str, os.PathLike, dict]) -> dict:
     if not isinstance(checkpoint, dict):
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
-        checkpoint = torch.load(checkpoint, map_location='cpu', weights_only=False)
+        checkpoint = safe_load(checkpoint, map_location='cpu')
     for key in ('state_dict', 'model', 'state_dict_ema'):
         if isinstance(checkpoint.get(key), dict):
             checkpoint = checkpoint[key]
@@ -43,9 +44,10 @@ def read_state_dict(checkpoint: Union[str, os.PathLike, dict]) -> dict:
 
 
 def load_weights(model: ColumnarBackbone, state_dict: dict) -> ColumnarBackbone:
-    """Load through the backbone's own conversion; every tensor the model uses must be
-    there (the dense pyramid excepted, which classification checkpoints never have)."""
-    result = model.load_state_dict(state_dict, strict=False)
+    """Load a checkpoint of any layout the family reads, adapted explicitly (a checkpoint of
+    another architecture is refused, naming the model's arch); every tensor the model uses
+    must be there (the dense pyramid excepted, which classification checkpoints never have)."""
+    result = model.load_state_dict(model.adapt_checkpoint(state_dict), strict=False)
     missing = [key for key in result.missing_keys if not key.startswith('pyramid.')]
     if missing:
         raise KeyError(f'checkpoint lacks {len(missing)} tensors of {type(model).__name__}: '

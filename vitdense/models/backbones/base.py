@@ -6,7 +6,7 @@ blocks and class-attention blocks are built, and how official / timm checkpoint 
 ours. Everything else lives here once.
 """
 import re
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -15,7 +15,6 @@ from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.module import _IncompatibleKeys
 from torch.utils.checkpoint import checkpoint
 
 from ..layers.blocks import NORM_EPS
@@ -437,15 +436,6 @@ class ColumnarBackbone(BaseModule):
                 f'{type(self).__name__}: out_type={self.out_type!r} does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
         return converted
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
-                        assign: bool = False) -> _IncompatibleKeys:
-        """torch's ``load_state_dict`` on :meth:`adapt_checkpoint` of ``state_dict``:
-        checkpoints of our own layout load as in torch, official and timm layouts are
-        converted first; ``strict`` as in torch. A backbone loaded as part of a larger
-        model (keys under ``backbone.``) takes our layout only."""
-        return super().load_state_dict(self.adapt_checkpoint(dict(state_dict), strict),
-                                       strict, assign)
 
     def init_weights(self) -> None:
         """mmengine's initialisation, except that ``Pretrained`` entries of ``init_cfg``
