@@ -62,41 +62,26 @@ XCIT_UPERNET = {('t12', 16): 41.5, ('t12', 8): 43.5, ('s12', 16): 45.9, ('s12', 
 # ImageNet-1k top-1 of the paper for the recipe of each classification config, and the
 # table it comes from; official weights of that same recipe where they were released
 CLASSIFICATION = {
-    'vit-ti-p16_8xb256-a2_in1k': (72.7, 'Three things, Table 1 (300 epochs)', None),
-    'vit-s-p16_8xb256-a2_in1k': (79.7, 'Three things, Table 1 (300 epochs)', None),
-    'vit-b-p16_8xb256-a2_in1k': (82.2, 'Three things, Table 1 (300 epochs)', None),
-    'vit-l-p16_8xb256-a2_in1k': (83.0, 'Three things, Table 1 (300 epochs)', None),
+    **{f'vit-{size}-p16_8xb256-a2_in1k': (top1, 'Three things, Table 1 (300 epochs)', None)
+       for size, top1 in (('ti', 72.7), ('s', 79.7), ('b', 82.2), ('l', 83.0))},
     'vit-b18x2-p16_8xb256-a2-ls-400e_in1k': (84.1, 'Three things, Table 2', None),
     'vit-s-p16_8xb64_in1k-384px': (82.7, 'Three things, Table 5 (AdamW, full)', None),
     'vit-s-p16-attn_8xb64_in1k-384px': (82.5, 'Three things, Table 5 (AdamW, attn)', None),
-    'cait-xxs24_8xb128_in1k': (77.6, 'CaiT, Table 3', None),
-    'cait-xxs36_8xb128_in1k': (79.1, 'CaiT, Table 3', None),
-    'cait-xs24_8xb128_in1k': (81.8, 'CaiT, Table 3', None),
-    'cait-s24_8xb128_in1k': (82.7, 'CaiT, Table 3', None),
-    'cait-s36_8xb128_in1k': (83.3, 'CaiT, Table 3', None),
-    'cait-m36_8xb128_in1k': (83.8, 'CaiT, Table 3', None),
+    **{f'cait-{size}_8xb128_in1k': (top1, 'CaiT, Table 3', None)
+       for size, top1 in (('xxs24', 77.6), ('xxs36', 79.1), ('xs24', 81.8), ('s24', 82.7),
+                          ('s36', 83.3), ('m36', 83.8))},
     'cait-xxs24-distilled_8xb128_in1k': (78.4, 'CaiT, Table 3 (distilled)',
                                          'https://dl.fbaipublicfiles.com/deit/XXS24_224.pth'),
     'cait-xxs24_8xb64_in1k-384px': (80.4, 'CaiT, Table 3 (↑384)', None),
-    'convit-ti_8xb128_in1k': (73.1, 'ConViT, Table 1',
-                              'https://dl.fbaipublicfiles.com/convit/convit_tiny.pth'),
-    'convit-ti-plus_8xb64_in1k': (76.7, 'ConViT, Table 1', None),
-    'convit-s_8xb128_in1k': (81.3, 'ConViT, Table 1',
-                             'https://dl.fbaipublicfiles.com/convit/convit_small.pth'),
-    'convit-s-plus_8xb64_in1k': (82.2, 'ConViT, Table 1', None),
-    'convit-b_8xb128_in1k': (82.4, 'ConViT, Table 1',
-                             'https://dl.fbaipublicfiles.com/convit/convit_base.pth'),
-    'convit-b-plus_8xb64_in1k': (82.5, 'ConViT, Table 1', None),
-    'xcit-t12-p16_8xb128_in1k': (77.1, 'XCiT, Table 1', XCIT_WEIGHTS + 'xcit_tiny_12_p16_224.pth'),
-    'xcit-t24-p16_8xb128_in1k': (79.4, 'XCiT, Table 1', XCIT_WEIGHTS + 'xcit_tiny_24_p16_224.pth'),
-    'xcit-s12-p16_8xb128_in1k': (82.0, 'XCiT, Table 1',
-                                 XCIT_WEIGHTS + 'xcit_small_12_p16_224.pth'),
-    'xcit-s24-p16_8xb128_in1k': (82.6, 'XCiT, Table 1',
-                                 XCIT_WEIGHTS + 'xcit_small_24_p16_224.pth'),
-    'xcit-m24-p16_8xb128_in1k': (82.7, 'XCiT, Table 1',
-                                 XCIT_WEIGHTS + 'xcit_medium_24_p16_224.pth'),
-    'xcit-l24-p16_8xb128_in1k': (82.9, 'XCiT, Table 1',
-                                 XCIT_WEIGHTS + 'xcit_large_24_p16_224.pth'),
+    **{f'convit-{size}_8xb128_in1k': (
+        top1, 'ConViT, Table 1', f'https://dl.fbaipublicfiles.com/convit/convit_{name}.pth')
+       for size, name, top1 in (('ti', 'tiny', 73.1), ('s', 'small', 81.3), ('b', 'base', 82.4))},
+    **{f'convit-{size}-plus_8xb64_in1k': (top1, 'ConViT, Table 1', None)
+       for size, top1 in (('ti', 76.7), ('s', 82.2), ('b', 82.5))},
+    **{f'xcit-{size}-p16_8xb128_in1k': (
+        top1, 'XCiT, Table 1', f'{XCIT_WEIGHTS}xcit_{XCIT_NAMES[size]}_p16_224.pth')
+       for size, top1 in (('t12', 77.1), ('t24', 79.4), ('s12', 82.0), ('s24', 82.6),
+                          ('m24', 82.7), ('l24', 82.9))},
     'xcit-s12-p16-distilled_8xb128_in1k': (83.3, 'XCiT, Table 2 (distilled)',
                                            XCIT_WEIGHTS + 'xcit_small_12_p16_224_dist.pth'),
 }

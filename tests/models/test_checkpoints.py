@@ -130,3 +130,19 @@ def test_load_state_dict_is_torchs_and_takes_our_layout_only(xcit_reference):
     ours.load_state_dict(ours.adapt_checkpoint(timm_layout))
     torch.testing.assert_close(ours.cls_blocks[1].attn.q.weight,
                                xcit_reference.cls_attn_blocks[1].attn.q.weight)
+
+
+def test_official_layer_scale_and_position_names_convert_for_every_family():
+    """DeiT III's ViT with LayerScale (the "Three things" recipes) saves gamma_1 / gamma_2
+    and a bare pos_embed tensor, as CaiT does: the shared rules map them for ViT too."""
+    torch.manual_seed(0)
+    ours = ViT(dict(embed_dims=32, num_layers=4, num_heads=2), layer_scale=1e-5,
+               out_type='cls_token')
+    official = {k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2')
+                .replace('pos_embed.weight', 'pos_embed'): v
+                for k, v in ours.state_dict().items()}
+    assert 'blocks.3.gamma_2' in official and 'pos_embed' in official
+    adapted = ours.adapt_checkpoint(official)
+    assert adapted.keys() == ours.state_dict().keys()
+    for key, value in ours.state_dict().items():
+        assert torch.equal(adapted[key], value)

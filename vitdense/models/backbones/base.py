@@ -28,6 +28,14 @@ BATCH_NORM_TYPES = ('BN', 'SyncBN')
 OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
 
 Rule = tuple[str, str]
+#: key renames official layouts of every family need, applied before a family's own
+#: ``checkpoint_rules``: a learned position table saved as a bare tensor (DeiT, CaiT,
+#: ConViT) and a block's LayerScale gammas named gamma_1 / gamma_2 (DeiT III, CaiT) or
+#: gamma1 / gamma2 (XCiT), ours being ls1.gamma / ls2.gamma as in timm
+SHARED_CHECKPOINT_RULES: tuple[Rule, ...] = (
+    (r'^pos_embed$', 'pos_embed.weight'),
+    (r'\.gamma_?([12])$', r'.ls\1.gamma'),
+)
 CLASS_ATTENTION_SPLIT = re.compile(r'^cls_blocks\.\d+\.attn\.(qkv|k)\.')
 
 
@@ -78,6 +86,7 @@ class ColumnarBackbone(BaseModule):
     arch_keys: tuple[str, ...] = ('embed_dims', 'num_layers', 'num_heads')
     arch_defaults: dict = {}
     uniform_drop_path = False
+    #: the family's key renames (regex, replacement), after ``SHARED_CHECKPOINT_RULES``
     checkpoint_rules: tuple[Rule, ...] = ()
     #: the family's named variants as (arch, constructor options, the timm model it
     #: reproduces or None where timm has none): how a timm checkpoint finds its arch
@@ -375,7 +384,7 @@ class ColumnarBackbone(BaseModule):
             key = key[len('module.'):] if key.startswith('module.') else key
             if re.match(cls.foreign_only_keys, key):
                 continue
-            for pattern, replacement in cls.checkpoint_rules:
+            for pattern, replacement in SHARED_CHECKPOINT_RULES + cls.checkpoint_rules:
                 key = re.sub(pattern, replacement, key)
             converted[key] = value
         return cls.merge_checkpoint_tensors(converted)

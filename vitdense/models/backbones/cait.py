@@ -31,10 +31,7 @@ class CaiT(ColumnarBackbone):
     arch_defaults = dict(mlp_ratio=4., layer_scale=1e-5, qkv_bias=True, num_cls_layers=2)
     uniform_drop_path = True
     checkpoint_rules = (
-        (r'^pos_embed$', 'pos_embed.weight'),
         (r'^blocks_token_only\.', 'cls_blocks.'),
-        (r'\.gamma_1$', '.ls1.gamma'),
-        (r'\.gamma_2$', '.ls2.gamma'),
         (r'\.attn\.proj_l\.', '.attn.mix_logits.'),
         (r'\.attn\.proj_w\.', '.attn.mix_weights.'),
     )

@@ -28,7 +28,6 @@ class ConViT(ColumnarBackbone):
     arch_defaults = dict(mlp_ratio=4., qkv_bias=False, num_local_layers=10,
                          locality_strength=1.0)
     checkpoint_rules = (
-        (r'^pos_embed$', 'pos_embed.weight'),
         (r'\.attn\.gating_param$', '.attn.gating'),
     )
     timm_models = (

@@ -42,9 +42,6 @@ class ViT(ColumnarBackbone):
         'huge': dict(embed_dims=1280, num_layers=32, num_heads=16),
     }
     arch_defaults = dict(mlp_ratio=4., qkv_bias=True)
-    checkpoint_rules = (
-        (r'^pos_embed$', 'pos_embed.weight'),
-    )
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
         ('small', {}, 'vit_small_patch16_224'),

@@ -37,8 +37,6 @@ class XCiT(ColumnarBackbone):
     checkpoint_rules = (
         (r'^pos_embeder\.', 'pos_embed.'),
         (r'^cls_attn_blocks\.', 'cls_blocks.'),
-        (r'\.gamma1$', '.ls1.gamma'),
-        (r'\.gamma2$', '.ls2.gamma'),
         (r'\.gamma3$', '.ls_lpi.gamma'),
         (r'\.norm3\.', '.norm_lpi.'),
         (r'\.local_mp\.', '.lpi.'),

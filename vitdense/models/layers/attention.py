@@ -167,10 +167,10 @@ class GatedPositionalSelfAttention(nn.Module):
                  proj_drop: float = 0., locality_strength: float = 1.) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.locality_strength = locality_strength
         self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
         self.pos_proj = nn.Linear(3, num_heads)
+        self.locality_strength = locality_strength
         self.gating = nn.Parameter(torch.ones(num_heads))
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
