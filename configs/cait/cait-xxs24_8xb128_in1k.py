@@ -3,12 +3,7 @@
 # XXS24; the LayerScale init comes with the arch), evaluation crop ratio 1.0.
 # Weight decay: official DeiT main.py, as CaiT (timm create_optimizer): 1-D parameters, biases,
 # pos_embed and cls_token exempt (_base_/schedules/deit_adamw_*.py).
-_base_ = [
-    '../_base_/models/deit_cls_in1k.py',
-    '../_base_/datasets/imagenet_bs128_deit_224_crop1.py',
-    '../_base_/schedules/deit_adamw_400e.py',
-    'mmpretrain::_base_/default_runtime.py',
-]
+_base_ = ['../_base_/deit_in1k_400e.py']
 
 model = dict(
     backbone=dict(type='vitdense.CaiT', arch='xxs24', drop_path_rate=0.1),

@@ -3,12 +3,7 @@
 # table, evaluation crop ratio 1.0.
 # Weight decay: official XCiT main.py (timm create_optimizer): 1-D parameters, biases and cls_token
 # exempt (set in xcit-s12-p16_8xb128_in1k.py).
-_base_ = [
-    '../_base_/models/deit_cls_in1k.py',
-    '../_base_/datasets/imagenet_bs128_deit_224_crop1.py',
-    '../_base_/schedules/deit_adamw_400e.py',
-    'mmpretrain::_base_/default_runtime.py',
-]
+_base_ = ['../_base_/deit_in1k_400e.py']
 
 model = dict(
     backbone=dict(type='vitdense.XCiT', arch='small_12', drop_path_rate=0.05),

@@ -2,17 +2,9 @@
 # ViTs" (§2.2): LAMB, lr 4e-3 for ViT-Ti/S (3e-3 for B/L, set in their configs) at batch
 # 2048, weight decay 0.02 except on norms, biases and embeddings, 5 warm-up epochs and a cosine
 # decay over 300 epochs.
-optim_wrapper = dict(
-    optimizer=dict(type='Lamb', lr=4e-3, weight_decay=0.02),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        bias_decay_mult=0.0,
-        flat_decay_mult=0.0,
-        custom_keys={
-            '.pos_embed': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0),
-        }),
-)
+_base_ = ['./deit_weight_decay.py']
+
+optim_wrapper = dict(optimizer=dict(type='Lamb', lr=4e-3, weight_decay=0.02))
 
 max_epochs = 300
 param_scheduler = [

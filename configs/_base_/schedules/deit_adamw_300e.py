@@ -2,18 +2,12 @@
 # the 8x128 = 1024 batch here; --auto-scale-lr rescales to the actual batch), weight decay 0.05
 # except on norms, biases, LayerScale / gating vectors, position embeddings and class tokens,
 # 5 linear warm-up epochs from 1e-6 and a cosine decay to 1e-5 over 300 epochs.
+_base_ = ['./deit_weight_decay.py']
+
 optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=5e-4 * 1024 / 512, weight_decay=0.05, eps=1e-8,
                    betas=(0.9, 0.999)),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        bias_decay_mult=0.0,
-        flat_decay_mult=0.0,
-        custom_keys={
-            '.pos_embed': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0),
-            '.temperature': dict(decay_mult=0.0),
-        }),
+    paramwise_cfg=dict(custom_keys={'.temperature': dict(decay_mult=0.0)}),
 )
 
 max_epochs = 300

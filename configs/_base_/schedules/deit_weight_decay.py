@@ -1,0 +1,13 @@
+# Weight decay as timm's create_optimizer applies it in the DeiT and "Three things" code: none
+# on 1-D parameters (norms, biases, LayerScale and gating vectors), the position embedding and
+# the class token. The schedules that use it set the optimizer and its decay.
+optim_wrapper = dict(
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        flat_decay_mult=0.0,
+        custom_keys={
+            '.pos_embed': dict(decay_mult=0.0),
+            '.cls_token': dict(decay_mult=0.0),
+        }),
+)
