@@ -1,0 +1,27 @@
+"""``import vitdense.models`` needs torch, mmengine and timm only: the host libraries (mmcv,
+mmdet, mmseg, mmpretrain) and the tools' drawing and logging libraries stay unimported."""
+import subprocess
+import sys
+
+OPTIONAL = ('mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'matplotlib', 'tensorboard')
+
+BLOCK_AND_BUILD = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {OPTIONAL!r}:
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+import torch
+from vitdense.models import XCiT
+model = XCiT(dict(embed_dims=32, num_layers=4, num_heads=2), out_indices=(0, 1, 2, 3)).eval()
+print([tuple(f.shape) for f in model(torch.randn(1, 3, 64, 64))])
+"""
+
+
+def test_models_import_without_the_host_libraries():
+    result = subprocess.run([sys.executable, '-c', BLOCK_AND_BUILD], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == ('[(1, 32, 16, 16), (1, 32, 8, 8), (1, 32, 4, 4), '
+                                     '(1, 32, 2, 2)]')
