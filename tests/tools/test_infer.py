@@ -14,12 +14,12 @@ from PIL import Image
 import infer  # tools/infer.py (tests/conftest.py)
 from launch import host_of
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
 
 CONFIGS = {
-    'mmpretrain': ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
-    'mmdet': ROOT / 'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',
-    'mmseg': ROOT / 'configs/vit/upernet_vit-d6-p8_demo-ade.py',
+    'mmpretrain': REPO_ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
+    'mmdet': REPO_ROOT / 'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',
+    'mmseg': REPO_ROOT / 'configs/vit/upernet_vit-d6-p8_demo-ade.py',
 }
 
 
