@@ -6,12 +6,16 @@
 - mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` config base by parsing
   the package's ~400 metafiles (about a second) and, for ``_base_`` files, raising ValueError;
   the answer is fixed for a session, so it is memoised (config tests resolve hundreds).
+- Fixtures that several test folders use.
 """
 import functools
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 from mmengine.config import config as mmengine_config
+from PIL import Image
 
 TOOLS = Path(__file__).resolve().parents[1] / 'tools'
 for folder in (TOOLS, TOOLS / 'analysis_tools'):
@@ -37,3 +41,15 @@ def _memoised(lookup):
 
 
 mmengine_config._get_external_cfg_path = _memoised(mmengine_config._get_external_cfg_path)
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    """``tmp_path/images`` holding two random 64×48 RGB pictures, ``one.jpg`` and ``two.jpg``."""
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ('one', 'two'):
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+            folder / f'{name}.jpg')
+    return folder

@@ -13,9 +13,10 @@ from vitdense.engine.preflight import CheckedDataset, DataError, check_data
 
 from data import make_demo_ade, make_demo_coco
 
-ROOT = Path(__file__).resolve().parents[2]
-ADE = str(ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
-COCO = str(ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py')
+from common import REPO_ROOT
+
+ADE = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
+COCO = str(REPO_ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py')
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import pytest
 import torch
 from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
-from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch import nn
 from torch.utils.data import Dataset
@@ -20,20 +19,13 @@ from torch.utils.data import Dataset
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
 from vitdense.engine.resume import remove_interrupted_saves
 
+from common import RegressToOne
 
-class NoisyNet(BaseModel):
+
+def noisy_net() -> RegressToOne:
     """Dropout and BatchNorm: a step draws random numbers and updates running statistics."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(),
-                                 nn.Dropout(0.5), nn.Linear(8, 1))
-
-    def forward(self, inputs: torch.Tensor, mode: str = 'loss'):
-        out = self.net(inputs)
-        if mode == 'loss':
-            return dict(loss=((out - 1) ** 2).mean())
-        return list(out)
+    return RegressToOne(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(),
+                                      nn.Dropout(0.5), nn.Linear(8, 1)))
 
 
 class AugmentedData(Dataset):
@@ -109,7 +101,7 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         schedulers = []
     torch.manual_seed(0)  # the model is built before the Runner seeds the generators
     runner = Runner(
-        model=NoisyNet(), work_dir=str(work_dir),
+        model=noisy_net(), work_dir=str(work_dir),
         train_dataloader=dict(dataset=AugmentedData(), batch_size=2,
                               collate_fn=dict(type='default_collate'),
                               sampler=dict(type='InfiniteSampler', shuffle=True)),

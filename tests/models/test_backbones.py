@@ -5,13 +5,11 @@ from timm_parity import compare_with_timm, count_parameters  # tools/analysis_to
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 
+from common import TINY_ARCH, TINY_CONVIT_ARCH
+
 TOLERANCE = 1e-4
-TINY = {  # small custom archs for shape / training-mode tests
-    ViT: dict(embed_dims=32, num_layers=4, num_heads=2),
-    CaiT: dict(embed_dims=32, num_layers=4, num_heads=2),
-    XCiT: dict(embed_dims=32, num_layers=4, num_heads=2),
-    ConViT: dict(embed_dims=32, num_layers=4, num_heads=4, num_local_layers=2),
-}
+# small custom archs for shape / training-mode tests
+TINY = {ViT: TINY_ARCH, CaiT: TINY_ARCH, XCiT: TINY_ARCH, ConViT: TINY_CONVIT_ARCH}
 FAMILIES = list(TINY)
 
 

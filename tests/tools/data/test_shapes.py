@@ -12,7 +12,7 @@ from pycocotools import mask as mask_utils
 from data import ADE_CLASSES, SHAPE_CLASSES, make_demo_ade, make_demo_coco
 from data.shapes import CLASS_COLOURS, render_shapes
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
 
 
 def _tree(folder: Path) -> dict:
@@ -114,7 +114,7 @@ def test_ade_layout_and_labels(ade, tmp_path):
 
 def test_cli_writes_the_named_folder(tmp_path):
     out = tmp_path / 'cli_ade'
-    subprocess.run([sys.executable, str(ROOT / 'tools' / 'data' / 'make_demo_data.py'), 'ade',
+    subprocess.run([sys.executable, str(REPO_ROOT / 'tools' / 'data' / 'make_demo_data.py'), 'ade',
                     '--out', str(out), '--num-train', '2', '--num-val', '1', '--size', '32'],
                    check=True, capture_output=True)
     assert len(list((out / 'images' / 'training').glob('*.jpg'))) == 2

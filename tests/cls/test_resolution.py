@@ -11,7 +11,7 @@ from mmpretrain.registry import MODELS
 
 import vitdense.cls  # noqa: F401  (registers vitdense.ViTClassifier and the backbones)
 
-from tiny_models import TINY_BACKBONES  # tests/tiny_models.py
+from common import TINY_BACKBONES
 
 
 def classifier(family: str, img_size: int, checkpoint: Path | None = None) -> torch.nn.Module:

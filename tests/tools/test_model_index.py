@@ -8,9 +8,9 @@ import model_index  # tools/model_index.py
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
 
-CONFIGS = [str(p.relative_to(ROOT)) for p in model_index.shipped_configs()]
+CONFIGS = [str(p.relative_to(REPO_ROOT)) for p in model_index.shipped_configs()]
 
 
 def _entries() -> dict:
@@ -19,7 +19,7 @@ def _entries() -> dict:
 
 
 def test_every_shipped_config_is_in_the_index_once():
-    index = yaml.safe_load((ROOT / 'model-index.yml').read_text())
+    index = yaml.safe_load((REPO_ROOT / 'model-index.yml').read_text())
     assert index['Import'] == [f'configs/{family}/metafile.yml'
                                for family in model_index.COLLECTIONS]
     indexed = [model['Config'] for family in model_index.COLLECTIONS
@@ -37,7 +37,7 @@ def test_every_shipped_config_is_in_the_index_once():
 @pytest.mark.parametrize('config', CONFIGS)
 def test_index_parameters_are_the_built_models(config):
     """Built on the meta device: the full-size models without memory or initialisation."""
-    cfg = get_flops.load_config(str(ROOT / config))
+    cfg = get_flops.load_config(str(REPO_ROOT / config))
     model = get_flops.build_model(cfg, device='meta')
     assert _entries()[config]['Metadata']['Parameters'] == get_flops.count_parameters(model)
 
@@ -71,7 +71,7 @@ def test_index_flops_are_the_papers(name):
 def test_get_flops_counts_the_model_of_a_config(config, shape):
     """The tool itself on a classifier, a detector and a segmentor: the index holds what it
     measures, at the input size of the config's test data."""
-    result = get_flops.analyse(str(ROOT / config))
+    result = get_flops.analyse(str(REPO_ROOT / config))
     entry = _entries()[config]['Metadata']
     assert result['shape'] == shape and entry['Input Size'] == f'{shape[0]}x{shape[1]}'
     assert (result['params'], result['flops']) == (entry['Parameters'], entry['FLOPs'])
@@ -103,7 +103,7 @@ def test_get_flops_counts_attention():
 
 
 def test_readme_tables_are_generated_from_the_index():
-    readme = (ROOT / 'README.md').read_text()
+    readme = (REPO_ROOT / 'README.md').read_text()
     assert model_index.readme_tables() in readme
     using, zoo = readme.index('\n## Using it'), readme.index('\n## Model zoo')
     assert using < zoo and '\n## ' not in readme[using + 1:zoo]

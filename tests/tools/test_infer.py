@@ -14,12 +14,12 @@ from PIL import Image
 import infer  # tools/infer.py (tests/conftest.py)
 from launch import host_of
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
 
 CONFIGS = {
-    'mmpretrain': ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
-    'mmdet': ROOT / 'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',
-    'mmseg': ROOT / 'configs/vit/upernet_vit-d6-p8_demo-ade.py',
+    'mmpretrain': REPO_ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
+    'mmdet': REPO_ROOT / 'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',
+    'mmseg': REPO_ROOT / 'configs/vit/upernet_vit-d6-p8_demo-ade.py',
 }
 
 
@@ -33,22 +33,11 @@ def random_checkpoint(config: Path, path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def images(tmp_path):
-    folder = tmp_path / 'images'
-    folder.mkdir()
-    rng = np.random.default_rng(0)
-    for name in ('one', 'two'):
-        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
-            folder / f'{name}.jpg')
-    return folder
-
-
 @pytest.mark.parametrize('task', list(CONFIGS))
-def test_a_folder_gives_a_picture_and_a_prediction_per_image(task, images, tmp_path):
+def test_a_folder_gives_a_picture_and_a_prediction_per_image(task, image_folder, tmp_path):
     checkpoint = random_checkpoint(CONFIGS[task], tmp_path / 'model.pth')
     out = tmp_path / 'out'
-    result = infer.main([str(CONFIGS[task]), str(checkpoint), str(images),
+    result = infer.main([str(CONFIGS[task]), str(checkpoint), str(image_folder),
                          '--out-dir', str(out), '--score-thr', '0'])
     saved = json.loads((out / 'predictions.json').read_text())
     assert saved == result and saved['task'] == task
@@ -64,7 +53,7 @@ def test_a_folder_gives_a_picture_and_a_prediction_per_image(task, images, tmp_p
         assert prediction['pred_score'] == pytest.approx(scores[0], abs=1e-5)
         from mmpretrain.apis import ImageClassificationInferencer
         (direct,) = ImageClassificationInferencer(str(CONFIGS[task]), pretrained=str(
-            checkpoint))(str(images / 'one.jpg'))
+            checkpoint))(str(image_folder / 'one.jpg'))
         assert prediction['top_k'][0]['label'] == direct['pred_label']
         np.testing.assert_allclose(scores, np.sort(direct['pred_scores'])[::-1][:5], atol=1e-5)
     elif task == 'mmdet':

@@ -1,7 +1,6 @@
 """The TensorBoard option of every host's runtime (``tools/train.py --tensorboard``): the
 config's visualizer also writes TensorBoard events whose scalars read back, and keeps the
 local JSON scalars that tools/analysis_tools/plot_logs.py reads."""
-from pathlib import Path
 
 import pytest
 from mmengine.config import Config
@@ -10,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from launch import host_of, log_to_tensorboard
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
 
 
 @pytest.mark.parametrize('config', [
@@ -19,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
     'configs/cait/upernet_cait-d6-p8_demo-ade.py',
 ])
 def test_the_option_writes_tensorboard_scalars(config, tmp_path):
-    cfg = Config.fromfile(str(ROOT / config))
+    cfg = Config.fromfile(str(REPO_ROOT / config))
     log_to_tensorboard(cfg)
     log_to_tensorboard(cfg)  # once is enough
     assert [b['type'] for b in cfg.visualizer.vis_backends] == ['LocalVisBackend',

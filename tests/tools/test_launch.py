@@ -1,6 +1,6 @@
-"""tools/launch.py, the command-line safety of the tools: mistyped --cfg-options keys, --resume with nothing or
-a bad file to resume, a process-group timeout, workers that die with their launcher, and
-the launch scripts' choice of interpreter."""
+"""tools/launch.py, the command-line safety of the tools: mistyped --cfg-options keys,
+--resume with nothing or a bad file to resume, a process-group timeout, workers that die with
+their launcher, and the launch scripts' choice of interpreter."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +16,9 @@ from mmengine.logging import MMLogger
 from launch import add_safety_hooks, apply_resume, load_config  # tools/launch.py
 from vitdense.compat.checkpoint import CorruptCheckpointError
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = str(ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
+from common import REPO_ROOT
+
+CONFIG = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 
 
 def test_mistyped_top_level_key_names_the_nearest(tmp_path):
@@ -87,8 +87,9 @@ time.sleep(60)
 
 def test_worker_exits_when_its_launcher_is_killed():
     launcher = subprocess.Popen([sys.executable, '-c', LAUNCHER], stdout=subprocess.PIPE,
-                                text=True, cwd=ROOT,
-                                env={**os.environ, 'PYTHONPATH': f'{ROOT}:{ROOT / "tools"}'})
+                                text=True, cwd=REPO_ROOT,
+                                env={**os.environ,
+                                     'PYTHONPATH': f'{REPO_ROOT}:{REPO_ROOT / "tools"}'})
     worker = int(launcher.stdout.readline())
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
@@ -107,7 +108,7 @@ def test_launch_script_prefers_the_project_environment(tmp_path):
     # A checkout whose .venv has a python: torchrun.sh runs it, not the one on PATH.
     checkout = tmp_path / 'checkout'
     (checkout / 'tools').mkdir(parents=True)
-    (checkout / 'tools' / 'torchrun.sh').write_text((ROOT / 'tools/torchrun.sh').read_text())
+    (checkout / 'tools' / 'torchrun.sh').write_text((REPO_ROOT / 'tools/torchrun.sh').read_text())
     venv_python = checkout / '.venv' / 'bin' / 'python'
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text(f'#!/bin/sh\necho "venv python $*"\nexec {sys.executable} "$@"\n')

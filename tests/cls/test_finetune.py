@@ -7,7 +7,7 @@ from mmpretrain.structures import DataSample
 
 from vitdense.cls import ATTENTION_ONLY, train_only
 
-from tiny_models import TINY_BACKBONES  # tests/tiny_models.py
+from common import TINY_BACKBONES
 
 
 def classifier(backbone: dict, finetune: str, embed_dims: int = 32) -> torch.nn.Module:

@@ -15,9 +15,8 @@ from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
 from data import make_demo_imagenet
-from tiny_models import TINY_ARCH  # tests/tiny_models.py
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import CONFIGS, TINY_ARCH
 
 
 @pytest.fixture(scope='module', params=['xcit', 'cait'])
@@ -26,7 +25,7 @@ def trained(request: pytest.FixtureRequest,
     """(backbone config in dense form, trained classification state dict)."""
     work = tmp_path_factory.mktemp(f'{request.param}_cls')
     cfg = Config.fromfile(
-        ROOT / 'configs' / request.param / f'{request.param}-mini-p16_1xb64-8e_demo-in10-64px.py')
+        CONFIGS / request.param / f'{request.param}-mini-p16_1xb64-8e_demo-in10-64px.py')
     cfg.model.backbone.arch = TINY_ARCH
     cfg.model.head.in_channels = TINY_ARCH['embed_dims']
     cfg.train_dataloader.update(batch_size=5, num_workers=0, persistent_workers=False)

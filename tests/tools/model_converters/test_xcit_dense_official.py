@@ -2,10 +2,8 @@
 layout: our model's weights renamed to the names of the official XCiT dense code
 (facebookresearch/xcit ``detection/backbone/xcit.py``), converted back, loaded strictly."""
 import re
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +12,9 @@ from mmengine.registry import MODELS, DefaultScope
 
 from launch import host_of
 
-ROOT = Path(__file__).resolve().parents[1]
-# tools run on this checkout's vitdense, whatever copy the environment has installed
-CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
-CONVERTER = ROOT / 'tools' / 'model_converters' / 'xcit_dense_official.py'
+from common import CHECKOUT_ENV, REPO_ROOT
+
+CONVERTER = REPO_ROOT / 'tools' / 'model_converters' / 'xcit_dense_official.py'
 
 # our name -> official name; the official backbone keeps the pyramid at backbone.fpn1..4,
 # calls LayerScale gamma1/2/3, the LPI branch local_mp with norm3, the encoding pos_embeder
@@ -42,7 +39,7 @@ def _official(state_dict: dict) -> dict:
 
 
 def _build(config: str, seed: int):
-    cfg = Config.fromfile(str(ROOT / config))
+    cfg = Config.fromfile(str(REPO_ROOT / config))
     host_of(cfg)
     cfg.model.backbone.init_cfg = None
     torch.manual_seed(seed)
@@ -74,7 +71,8 @@ def test_official_dense_checkpoint_converts_to_our_model(config, tmp_path):
 
     converted = tmp_path / 'ours.pth'
     subprocess.run([sys.executable, str(CONVERTER), str(source), str(converted),
-                    '--config', str(ROOT / config)], check=True, cwd=ROOT, env=CHECKOUT)
+                    '--config', str(REPO_ROOT / config)], check=True, cwd=REPO_ROOT,
+                   env=CHECKOUT_ENV)
 
     model = _build(config, seed=1)
     checkpoint = torch.load(converted, map_location='cpu', weights_only=False)
@@ -90,7 +88,7 @@ def test_converter_rejects_a_classification_checkpoint(tmp_path):
     source = tmp_path / 'cls.pth'
     torch.save(dict(model={'blocks.0.gamma1': torch.ones(4)}), source)
     result = subprocess.run([sys.executable, str(CONVERTER), str(source), str(tmp_path / 'o')],
-                            capture_output=True, text=True, cwd=ROOT, env=CHECKOUT)
+                            capture_output=True, text=True, cwd=REPO_ROOT, env=CHECKOUT_ENV)
     assert result.returncode != 0 and 'no backbone.* keys' in result.stderr
 
 
@@ -104,7 +102,7 @@ class _RunsCode:
         return self.func, self.args
 
 
-TIMM_CONVERTER = ROOT / 'tools' / 'model_converters' / 'timm_to_vitdense.py'
+TIMM_CONVERTER = REPO_ROOT / 'tools' / 'model_converters' / 'timm_to_vitdense.py'
 
 
 @pytest.mark.parametrize('converter', ['xcit_dense_official', 'timm_to_vitdense'])
@@ -117,7 +115,7 @@ def test_converters_refuse_code_in_checkpoints(converter, tmp_path):
     command = ([CONVERTER, *files] if converter == 'xcit_dense_official'
                else [TIMM_CONVERTER, 'xcit', *files, '--arch', 'nano_12'])
     result = subprocess.run([sys.executable, *map(str, command)],
-                            capture_output=True, text=True, cwd=ROOT, env=CHECKOUT)
+                            capture_output=True, text=True, cwd=REPO_ROOT, env=CHECKOUT_ENV)
     assert result.returncode != 0 and not marker.exists(), 'the payload ran'
     assert 'UnsafeCheckpointError' in result.stderr and str(source) in result.stderr
     assert 'weights_only` set to `False' not in result.stderr
@@ -129,6 +127,6 @@ def test_converter_names_a_truncated_checkpoint(tmp_path):
     torch.save({'state_dict': {'backbone.cls_token': torch.zeros(100)}}, source)
     source.write_bytes(source.read_bytes()[:200])
     result = subprocess.run([sys.executable, str(CONVERTER), str(source), str(tmp_path / 'o')],
-                            capture_output=True, text=True, cwd=ROOT, env=CHECKOUT)
+                            capture_output=True, text=True, cwd=REPO_ROOT, env=CHECKOUT_ENV)
     assert result.returncode != 0
     assert f"checkpoint '{source}' is unreadable" in result.stderr and 'truncated' in result.stderr

@@ -1,19 +1,15 @@
 """README command (1)'s job, tools/demo.py, end to end on a tiny generated set: it trains for
 its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture; resumed
 after it finished, it trains no further."""
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import cv2
 
 from data import make_demo_coco
 
-ROOT = Path(__file__).resolve().parents[1]
-# tools run on this checkout's vitdense, whatever copy the environment has installed
-CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
+from common import CHECKOUT_ENV, REPO_ROOT
 
 
 def test_demo_trains_evaluates_and_draws(tmp_path):
@@ -22,7 +18,7 @@ def test_demo_trains_evaluates_and_draws(tmp_path):
     result = subprocess.run(
         [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
          '--work-dir', str(work), '--num-pictures', '2'],
-        cwd=ROOT, capture_output=True, text=True, env=CHECKOUT)
+        cwd=REPO_ROOT, capture_output=True, text=True, env=CHECKOUT_ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = (work / 'metrics.md').read_text().splitlines()
     assert [row.split('|')[1].strip() for row in rows[2:]] == ['bbox', 'segm']
@@ -39,7 +35,7 @@ def test_demo_trains_evaluates_and_draws(tmp_path):
     resumed = subprocess.run(
         [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
          '--work-dir', str(work), '--num-pictures', '2', '--resume'],
-        cwd=ROOT, capture_output=True, text=True, env=CHECKOUT)
+        cwd=REPO_ROOT, capture_output=True, text=True, env=CHECKOUT_ENV)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert 'nothing left to train' in resumed.stdout
     assert f'backbone, {iterations} iterations' in resumed.stdout

@@ -12,24 +12,15 @@ from vitdense.analysis import (attention_rollout, build_backbone, image_to_tenso
                                mean_attention_distance, position_encodings, position_similarity,
                                record_attention)
 
-TINY = dict(embed_dims=32, num_layers=4, num_heads=4)
-BACKBONES = {
-    'vit': dict(type='vitdense.ViT', arch=TINY),
-    'cait': dict(type='vitdense.CaiT', arch=TINY),
-    'xcit': dict(type='vitdense.XCiT', arch=TINY),
-    'convit': dict(type='vitdense.ConViT', arch=dict(TINY, num_local_layers=2)),
-}
+from common import TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH
+
+# ConViT with two gated blocks: the gate test reads the second one's gates
+BACKBONES = dict(TINY_BACKBONES, convit=dict(type='vitdense.ConViT', arch=TINY_CONVIT_ARCH))
 
 
 @pytest.fixture
-def workspace(tmp_path):
-    """A checkpoint and config per family, at 32 pixels, and a folder of two images."""
-    images = tmp_path / 'images'
-    images.mkdir()
-    rng = np.random.default_rng(0)
-    for name in ('a', 'b'):
-        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
-            images / f'{name}.png')
+def workspace(tmp_path, image_folder):
+    """A checkpoint and config per family, at 32 pixels, beside ``image_folder``."""
     for family, backbone in BACKBONES.items():
         torch.manual_seed(0)
         (tmp_path / f'{family}.py').write_text(
@@ -52,21 +43,22 @@ def run(workspace, analysis, family, *extra):
 def _input(workspace, family, name):
     model = build_backbone(config=str(workspace / f'{family}.py'),
                            checkpoint=str(workspace / f'{family}.pth'))
-    image = np.asarray(Image.open(workspace / 'images' / f'{name}.png').convert('RGB'))
+    image = np.asarray(Image.open(workspace / 'images' / f'{name}.jpg').convert('RGB'))
     return model, image_to_tensor(image, (32, 32))
 
 
 def test_class_attention_maps_of_every_image(workspace):
     result, out = run(workspace, 'class-attention', 'cait', '--image',
                       str(workspace / 'images'))
-    assert sorted(p.name for p in out.glob('*.png')) == ['class-attention_a.png',
-                                                         'class-attention_b.png']
-    model, x = _input(workspace, 'cait', 'b')
+    assert sorted(p.name for p in out.glob('*.png')) == ['class-attention_one.png',
+                                                         'class-attention_two.png']
+    model, x = _input(workspace, 'cait', 'two')
     weights = record_attention(model, x).class_attention[0][0]
-    maps = np.array(result['images']['b']['maps'])
-    assert maps.shape == (4, 2, 2)
-    np.testing.assert_allclose(maps.reshape(4, -1), weights[:, 1:].numpy(), atol=1e-5)
-    np.testing.assert_allclose(maps.sum((1, 2)) + result['images']['b'][
+    maps = np.array(result['images']['two']['maps'])
+    heads = TINY_ARCH['num_heads']
+    assert maps.shape == (heads, 2, 2)
+    np.testing.assert_allclose(maps.reshape(heads, -1), weights[:, 1:].numpy(), atol=1e-5)
+    np.testing.assert_allclose(maps.sum((1, 2)) + result['images']['two'][
         'class_token_self_weight'], 1, atol=1e-4)
 
 
@@ -75,7 +67,7 @@ def test_attention_distance_is_averaged_over_the_images(workspace):
                       str(workspace / 'images'))
     assert (out / 'attention-distance.png').is_file()
     expected = 0
-    for name in ('a', 'b'):
+    for name in ('one', 'two'):
         model, x = _input(workspace, 'vit', name)
         expected = expected + mean_attention_distance(record_attention(model, x).trunk[3],
                                                       (2, 2), patch_size=16) / 2
@@ -84,8 +76,8 @@ def test_attention_distance_is_averaged_over_the_images(workspace):
 
 def test_convit_gates_and_nonlocality(workspace):
     result, out = run(workspace, 'convit', 'convit', '--image',
-                      str(workspace / 'images' / 'a.png'))
-    model, _ = _input(workspace, 'convit', 'a')
+                      str(workspace / 'images' / 'one.jpg'))
+    model, _ = _input(workspace, 'convit', 'one')
     np.testing.assert_allclose(result['gates'][1], torch.sigmoid(
         model.blocks[1].attn.gating).detach().numpy(), atol=1e-5)
     assert sorted(result['nonlocality_patches']) == [0, 1, 2, 3]
@@ -97,21 +89,21 @@ def test_convit_gates_and_nonlocality(workspace):
     ('position-similarity', 'xcit'), ('patch-filters', 'vit'), ('features', 'xcit')])
 def test_other_analyses_write_a_picture(workspace, analysis, family):
     result, out = run(workspace, analysis, family, '--image',
-                      str(workspace / 'images' / 'a.png'))
+                      str(workspace / 'images' / 'one.jpg'))
     assert list(out.glob(f'{analysis}*.png'))
     if analysis == 'features':
-        assert [s[1:] for s in result['images']['a']['shapes']] == [[8, 8], [4, 4], [2, 2],
+        assert [s[1:] for s in result['images']['one']['shapes']] == [[8, 8], [4, 4], [2, 2],
                                                                     [1, 1]]
     if analysis == 'rollout' and family == 'xcit':  # class attention over the patches
-        np.testing.assert_allclose(np.sum(result['images']['a']['map']), 1, atol=1e-4)
+        np.testing.assert_allclose(np.sum(result['images']['one']['map']), 1, atol=1e-4)
 
 
 def test_rollout_is_the_class_token_row(workspace):
-    result, _ = run(workspace, 'rollout', 'vit', '--image', str(workspace / 'images' / 'a.png'))
-    model, x = _input(workspace, 'vit', 'a')
+    result, _ = run(workspace, 'rollout', 'vit', '--image', str(workspace / 'images' / 'one.jpg'))
+    model, x = _input(workspace, 'vit', 'one')
     trunk = record_attention(model, x).trunk
     expected = attention_rollout([trunk[i] for i in range(4)])[0, 0, 1:]
-    np.testing.assert_allclose(np.ravel(result['images']['a']['map']), expected, atol=1e-5)
+    np.testing.assert_allclose(np.ravel(result['images']['one']['map']), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize('analysis,family,message', [
@@ -121,12 +113,12 @@ def test_rollout_is_the_class_token_row(workspace):
 ])
 def test_analyses_a_family_lacks_are_refused(workspace, analysis, family, message):
     with pytest.raises((SystemExit, TypeError), match=message):
-        run(workspace, analysis, family, '--image', str(workspace / 'images' / 'a.png'))
+        run(workspace, analysis, family, '--image', str(workspace / 'images' / 'one.jpg'))
 
 
 def test_position_similarity_at_another_size(workspace):
     result, _ = run(workspace, 'position-similarity', 'vit', '--img-size', '48')
-    model, _ = _input(workspace, 'vit', 'a')
+    model, _ = _input(workspace, 'vit', 'one')
     vectors, hw = position_encodings(model, (3, 3))
     assert tuple(result['grid']) == (3, 3)
     np.testing.assert_allclose(result['similarity'], position_similarity(vectors, hw),

@@ -2,7 +2,6 @@
 create_optimizer (DeiT / CaiT / XCiT / ConViT main.py) exempts 1-D parameters, biases and
 the names the model lists in no_weight_decay(). Checked on the optimizer each config builds
 for a downsized model, parameter by parameter."""
-from pathlib import Path
 
 import pytest
 from mmengine.config import Config
@@ -11,11 +10,11 @@ from mmengine.registry import MODELS, DefaultScope
 
 from launch import host_of
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
 
 
 def _built(config: str):
-    cfg = Config.fromfile(str(ROOT / config))
+    cfg = Config.fromfile(str(REPO_ROOT / config))
     host_of(cfg)
     cfg.model.pop('teacher', None)
     backbone = cfg.model.backbone
@@ -49,7 +48,7 @@ def test_weight_decay_is_the_official_codes(config):
     assert exempt == official
 
 
-FULL_CONFIGS = sorted(p for p in ROOT.glob('configs/*/*.py')
+FULL_CONFIGS = sorted(p for p in REPO_ROOT.glob('configs/*/*.py')
                       if p.parent.name != '_base_' and '_demo-' not in p.name)
 
 

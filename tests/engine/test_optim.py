@@ -11,7 +11,7 @@ from torch import nn
 from vitdense.models import XCiT
 from vitdense.registry import HOOKS
 
-from tiny_models import TINY_ARCH  # tests/tiny_models.py
+from common import TINY_ARCH
 
 
 class Detector(BaseModel):

@@ -1,7 +1,6 @@
 """tools/train.py, tools/test.py and tools/dist_train.sh as a user runs them: train, resume,
 evaluate with saved predictions and pictures, and train with 2 CPU processes (gloo)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +12,8 @@ from vitdense.compat.checkpoint import safe_load
 
 from data import make_demo_ade  # tools/data (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parents[1]
-# tools run on this checkout's vitdense, whatever copy the environment has installed
-CHECKOUT = {**os.environ, 'PYTHONPATH': str(ROOT)}
+from common import CHECKOUT_ENV, REPO_ROOT
+
 CONFIG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 
 
@@ -39,8 +37,8 @@ def _options(data_root: Path, iters: int) -> list:
 
 
 def _run(*args: str, env: dict | None = None) -> str:
-    result = subprocess.run([str(a) for a in args], cwd=ROOT, capture_output=True, text=True,
-                            env={**CHECKOUT, **(env or {})})
+    result = subprocess.run([str(a) for a in args], cwd=REPO_ROOT, capture_output=True, text=True,
+                            env={**CHECKOUT_ENV, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 
@@ -80,8 +78,8 @@ def test_train_resume_and_test(data_root, tmp_path):
 def test_unknown_scope_is_refused(tmp_path):
     config = tmp_path / 'other.py'
     config.write_text("default_scope = 'mmocr'\n")
-    result = subprocess.run([sys.executable, 'tools/train.py', str(config)], cwd=ROOT,
-                            capture_output=True, text=True, env=CHECKOUT)
+    result = subprocess.run([sys.executable, 'tools/train.py', str(config)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, env=CHECKOUT_ENV)
     assert result.returncode != 0 and "default_scope='mmocr'" in result.stderr
 
 

@@ -18,10 +18,10 @@ from vitdense_startup import MMCV_EXT_WRITTEN_FOR, HostVersionError, require
 
 from data import make_demo_ade, make_demo_coco
 
-ROOT = Path(__file__).resolve().parents[2]
+from common import REPO_ROOT
 
 
-def _python(code: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def _python(code: str, *args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter of this environment (its .pth files run)."""
     return subprocess.run([sys.executable, '-c', code, *args], cwd=cwd, capture_output=True,
                           text=True)
@@ -60,7 +60,7 @@ def test_host_libraries_import_and_load_configs_without_vitdense(tmp_path):
         "cfg = Config.fromfile(sys.argv[1], import_custom_modules=False)\n"
         "assert 'vitdense' not in sys.modules, 'imported vitdense'\n"
         "print(sys.modules['mmcv._ext'].__file__, cfg.model.type)\n",
-        str(ROOT / 'configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py'), cwd=tmp_path)
+        str(REPO_ROOT / 'configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py'), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     ext_file, model = result.stdout.split()  # the installed vitdense's stand-in
     assert ext_file.endswith('/vitdense/compat/mmcv_ext.py') and model == 'MaskRCNN'
@@ -85,7 +85,7 @@ def _host_train(package: str, config: str, data_root: Path, work: Path,
     workers = [f'{split}_dataloader.{key}' for split in ('train', 'val', 'test')
                for key in ('num_workers=0', 'persistent_workers=False')]
     result = subprocess.run(
-        [sys.executable, str(tool), str(ROOT / config), '--work-dir', str(work),
+        [sys.executable, str(tool), str(REPO_ROOT / config), '--work-dir', str(work),
          '--cfg-options', *loaders, *workers, 'train_cfg.max_iters=1',
          'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1',
          'train_dataloader.batch_size=2', *options],

@@ -10,7 +10,6 @@ import pytest
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.hooks import Hook
-from mmengine.model import BaseModel
 from mmengine.runner import Runner, load_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
@@ -19,19 +18,12 @@ from torch.utils.data import Dataset
 from vitdense.compat.checkpoint import (CorruptCheckpointError, UnsafeCheckpointError,
                                        atomic_write, safe_load)
 
+from common import RegressToOne
 
-class TinyNet(BaseModel):
+
+def linear_regression(init_cfg: dict | None = None) -> RegressToOne:
     """Linear regression to 1, enough for a Runner to train, log and checkpoint."""
-
-    def __init__(self, init_cfg: dict | None = None) -> None:
-        super().__init__(init_cfg=init_cfg)
-        self.fc = nn.Linear(2, 1)
-
-    def forward(self, inputs: torch.Tensor, mode: str = 'loss'):
-        out = self.fc(inputs)
-        if mode == 'loss':
-            return dict(loss=((out - 1) ** 2).mean())
-        return list(out)
+    return RegressToOne(nn.Linear(2, 1), init_cfg)
 
 
 class Ones(Dataset):
@@ -46,7 +38,7 @@ class Ones(Dataset):
 
 def make_runner(work_dir: Path, max_epochs: int, max_keep_ckpts: int = -1, **kwargs) -> Runner:
     return Runner(
-        model=TinyNet(), work_dir=str(work_dir),
+        model=linear_regression(), work_dir=str(work_dir),
         train_dataloader=dict(dataset=Ones(), batch_size=2, collate_fn=dict(type='default_collate'),
                               sampler=dict(type='DefaultSampler', shuffle=False)),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
@@ -119,13 +111,13 @@ def test_runner_resume_round_trips(trained, tmp_path):
 
 def test_load_checkpoint_and_pretrained_init(trained):
     ckpt, weights = trained
-    model = TinyNet()
+    model = linear_regression()
     load_checkpoint(model, str(ckpt), map_location='cpu')
-    torch.testing.assert_close(model.fc.weight, weights['fc.weight'])
+    torch.testing.assert_close(model.net.weight, weights['net.weight'])
 
-    model = TinyNet(init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+    model = linear_regression(init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
     model.init_weights()
-    torch.testing.assert_close(model.fc.bias, weights['fc.bias'])
+    torch.testing.assert_close(model.net.bias, weights['net.bias'])
 
 
 class _RunsCode:
@@ -139,7 +131,7 @@ class _RunsCode:
 
 
 def _write(path: Path, payload: object) -> str:
-    torch.save({'state_dict': {'fc.weight': torch.zeros(1, 2)}, 'meta': payload}, path)
+    torch.save({'state_dict': {'net.weight': torch.zeros(1, 2)}, 'meta': payload}, path)
     return str(path)
 
 
@@ -158,9 +150,9 @@ def test_malicious_checkpoint_is_refused(how, tmp_path, marker, monkeypatch):
             runner = make_runner(tmp_path / 'wd', max_epochs=1, load_from=evil)
             runner.load_or_resume()
         elif how == 'pretrained':
-            TinyNet(init_cfg=dict(type='Pretrained', checkpoint=evil)).init_weights()
+            linear_regression(init_cfg=dict(type='Pretrained', checkpoint=evil)).init_weights()
         else:
-            load_checkpoint(TinyNet(), evil)
+            load_checkpoint(linear_regression(), evil)
     assert not marker.exists(), 'the payload ran'
     message = str(info.value)
     assert evil in message and 'system' in message and 'Nothing from the file was executed' in message
@@ -179,7 +171,7 @@ def test_getattr_only_resolves_history_buffer_statistics(target, tmp_path, marke
     # HistoryBuffer pickles getattr(HistoryBuffer, 'mean'); nothing else may go through it.
     evil = _write(tmp_path / 'getattr.pth', _RunsCode(getattr, *target))
     with pytest.raises(UnsafeCheckpointError, match=target[1]):
-        load_checkpoint(TinyNet(), evil)
+        load_checkpoint(linear_regression(), evil)
 
 
 def test_empty_history_buffer_loads(tmp_path):
@@ -204,7 +196,8 @@ def test_bytes_with_arguments_is_refused(tmp_path):
 def test_corrupt_checkpoint_names_file_and_problem(trained, tmp_path, damage, problem):
     bad = tmp_path / 'bad.pth'
     bad.write_bytes(damage(trained[0].read_bytes()))
-    for load in (lambda: safe_load(str(bad)), lambda: load_checkpoint(TinyNet(), str(bad))):
+    for load in (lambda: safe_load(str(bad)),
+                 lambda: load_checkpoint(linear_regression(), str(bad))):
         with pytest.raises(CorruptCheckpointError) as info:
             load()
         assert str(bad) in str(info.value) and problem in str(info.value)

@@ -19,11 +19,12 @@ from mmengine.registry import MODELS, DefaultScope
 from vitdense.compat.mmcv_ext import IMPLEMENTED
 from launch import host_of
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import REPO_ROOT
+
 FAMILIES = ('xcit', 'vit', 'cait', 'convit')
-CONFIGS = sorted(str(p.relative_to(ROOT)) for family in FAMILIES
+CONFIGS = sorted(str(p.relative_to(REPO_ROOT)) for family in FAMILIES
                  for task in ('mask-rcnn', 'upernet', 'fpn')
-                 for p in (ROOT / 'configs' / family).glob(f'{task}_*.py'))
+                 for p in (REPO_ROOT / 'configs' / family).glob(f'{task}_*.py'))
 FULL = [c for c in CONFIGS if '_demo-' not in c]
 IMAGE_HW = (64, 80)
 RECIPES = {  # XCiT paper §4.2-4.3: lr, weight decay, images per GPU, length
@@ -33,11 +34,9 @@ RECIPES = {  # XCiT paper §4.2-4.3: lr, weight decay, images per GPU, length
 }
 
 
-
-
 @functools.lru_cache(maxsize=None)
 def _parsed(config: str) -> Config:
-    cfg = Config.fromfile(str(ROOT / config))
+    cfg = Config.fromfile(str(REPO_ROOT / config))
     host_of(cfg)
     return cfg
 

@@ -14,10 +14,12 @@ from mmengine.runner import Runner
 
 from data import make_demo_imagenet
 
-CONFIG_ROOT = Path(__file__).resolve().parents[1] / 'configs'
+from common import CONFIGS
+
 CLASSIFICATION = re.compile(r'_(in1k(-\d+px)?|demo-in10-\d+px)$')
-CONFIGS = sorted(p for family in ('vit', 'cait', 'xcit', 'convit')
-                 for p in (CONFIG_ROOT / family).glob('*.py') if CLASSIFICATION.search(p.stem))
+CLASSIFICATION_CONFIGS = sorted(p for family in ('vit', 'cait', 'xcit', 'convit')
+                                for p in (CONFIGS / family).glob('*.py')
+                                if CLASSIFICATION.search(p.stem))
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -54,14 +56,15 @@ def shrink(cfg: Config, data_root: Path) -> None:
 
 
 def test_every_family_has_configs() -> None:
-    names = [p.name for p in CONFIGS]
+    names = [p.name for p in CLASSIFICATION_CONFIGS]
     for family in ('vit', 'cait', 'xcit', 'convit'):
         assert any(n.startswith(family) and n.endswith('in1k.py') for n in names), family
         assert any(n.startswith(family) and n.endswith('in1k-384px.py') for n in names), family
         assert any(n.startswith(family) and 'demo-in10' in n for n in names), family
 
 
-@pytest.mark.parametrize('path', CONFIGS, ids=[p.stem for p in CONFIGS])
+@pytest.mark.parametrize('path', CLASSIFICATION_CONFIGS,
+                         ids=[p.stem for p in CLASSIFICATION_CONFIGS])
 def test_config_trains_one_epoch(path: Path, tiny_imagenet: Path, tmp_path: Path) -> None:
     cfg = Config.fromfile(path)
     assert cfg.default_scope == 'mmpretrain'

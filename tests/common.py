@@ -1,0 +1,49 @@
+"""What many test files share: where the checkout is, the tiny architectures every family is
+built at, and a toy model for the engine and checkpoint tests.
+
+Importable as ``common`` from any test folder: pytest puts ``tests/``, the folder of
+``conftest.py``, on the module path.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from mmengine.model import BaseModel
+from torch import nn
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = REPO_ROOT / 'configs'
+# the environment for a tool run as a subprocess: this checkout's vitdense, whatever copy the
+# environment has installed
+CHECKOUT_ENV = {**os.environ, 'PYTHONPATH': str(REPO_ROOT)}
+
+# 32 channels, 4 blocks, 2 heads (ConViT with one gated block): small enough for a CPU test,
+# yet with every layer kind
+TINY_ARCH = dict(embed_dims=32, num_layers=4, num_heads=2)
+# ConViT's convolutional init gives each head one offset of a √heads × √heads kernel (ConViT
+# §2, Eq. 5): 4 heads fill a 2×2 kernel, where 2 heads would leave a head with no offset. Two gated
+# blocks let a test read a gate past the first.
+TINY_CONVIT_ARCH = dict(TINY_ARCH, num_heads=4, num_local_layers=2)
+TINY_BACKBONES = {
+    'vit': dict(type='vitdense.ViT', arch=TINY_ARCH),
+    'cait': dict(type='vitdense.CaiT', arch=TINY_ARCH),
+    'xcit': dict(type='vitdense.XCiT', arch=TINY_ARCH),
+    'convit': dict(type='vitdense.ConViT', arch=dict(TINY_ARCH, num_local_layers=1)),
+}
+
+
+class RegressToOne(BaseModel):
+    """``net`` regressed to 1 with a squared error: enough for a Runner to train, evaluate
+    (the outputs as a list) and checkpoint."""
+
+    def __init__(self, net: nn.Module, init_cfg: dict | None = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.net = net
+
+    def forward(self, inputs: torch.Tensor, mode: str = 'loss') -> dict | list:
+        out = self.net(inputs)
+        if mode == 'loss':
+            return dict(loss=((out - 1) ** 2).mean())
+        return list(out)
