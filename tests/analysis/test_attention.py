@@ -11,7 +11,7 @@ from vitdense.analysis import (AttentionRecorder, attention_rollout, class_atten
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 from vitdense.models.layers.attention import _merge_heads, _split_heads
 
-TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
+from common import TINY_ARCH
 
 
 def _outputs_of_attention(model, images):
@@ -37,9 +37,9 @@ def _outputs_of_attention(model, images):
 
 
 @pytest.mark.parametrize('model', [
-    ViT(TINY, out_type='featmap', pyramid=False, out_indices=[3]),
-    CaiT(TINY, out_type='featmap', pyramid=False, out_indices=[3]),
-    ConViT(dict(TINY, num_local_layers=2, num_heads=4), out_type='featmap', pyramid=False,
+    ViT(TINY_ARCH, out_type='featmap', pyramid=False, out_indices=[3]),
+    CaiT(TINY_ARCH, out_type='featmap', pyramid=False, out_indices=[3]),
+    ConViT(dict(TINY_ARCH, num_local_layers=2, num_heads=4), out_type='featmap', pyramid=False,
            out_indices=[3]),
 ], ids=['vit', 'cait-talking-heads', 'convit-gpsa'])
 def test_recorded_weights_reproduce_the_attention_output(model):
@@ -58,7 +58,7 @@ def test_recorded_weights_reproduce_the_attention_output(model):
 
 
 def test_class_token_is_counted_from_the_block_it_joins():
-    model = ConViT(dict(TINY, num_heads=4, num_local_layers=2), out_type='cls_token')
+    model = ConViT(dict(TINY_ARCH, num_heads=4, num_local_layers=2), out_type='cls_token')
     record = record_attention(model, torch.randn(1, 3, 32, 32))
     assert [record.num_prefix_tokens(i) for i in range(4)] == [0, 0, 1, 1]
     # the classifier computes only the class token's query in the last block; the record
@@ -67,7 +67,7 @@ def test_class_token_is_counted_from_the_block_it_joins():
 
 
 def test_class_attention_rows_sum_to_one_and_give_the_output():
-    model = CaiT(TINY, out_type='cls_token').eval()
+    model = CaiT(TINY_ARCH, out_type='cls_token').eval()
     outputs = []
     model.cls_blocks[0].attn.register_forward_hook(lambda m, a, out: outputs.append(
         (a[0], out.clone())))
@@ -87,7 +87,7 @@ def test_class_attention_rows_sum_to_one_and_give_the_output():
 
 
 def test_xcit_records_class_attention_and_no_token_attention():
-    record = record_attention(XCiT(TINY, out_type='cls_token'), torch.randn(1, 3, 32, 32))
+    record = record_attention(XCiT(TINY_ARCH, out_type='cls_token'), torch.randn(1, 3, 32, 32))
     assert record.trunk == {} and len(record.class_attention) == 2
 
 
@@ -153,7 +153,7 @@ def test_recorder_rejects_other_models():
 
 
 def test_parallel_branches_stack_their_heads():
-    model = ViT(TINY, num_parallel=2, out_type='cls_token')
+    model = ViT(TINY_ARCH, num_parallel=2, out_type='cls_token')
     record = record_attention(model, torch.randn(3, 3, 32, 32))
     weights = record.trunk[0]
     assert weights.shape == (3, 2 * 2, 5, 5)

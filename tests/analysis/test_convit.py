@@ -8,6 +8,8 @@ import torch
 from vitdense.analysis import gating_strengths, mean_attention_distance, record_attention
 from vitdense.models import ConViT, ViT
 
+from common import TINY_ARCH
+
 ARCH = dict(embed_dims=36, num_layers=3, num_heads=9, num_local_layers=2)
 
 
@@ -25,7 +27,7 @@ def test_gates_are_the_sigmoid_of_the_parameters():
 
 def test_gates_need_gpsa_blocks():
     with pytest.raises(TypeError, match='no gated positional self-attention'):
-        gating_strengths(ViT(dict(embed_dims=32, num_layers=4, num_heads=2)))
+        gating_strengths(ViT(TINY_ARCH))
 
 
 def test_positional_heads_look_one_kernel_offset_away():

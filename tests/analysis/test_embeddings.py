@@ -6,11 +6,11 @@ from vitdense.analysis import (filter_components, patch_embedding_filters, posit
                                position_similarity)
 from vitdense.models import ViT, XCiT
 
-TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
+from common import TINY_ARCH
 
 
 def test_learned_table_without_the_class_token():
-    model = ViT(TINY, img_size=64)
+    model = ViT(TINY_ARCH, img_size=64)
     vectors, hw = position_encodings(model)
     assert hw == (4, 4)
     torch.testing.assert_close(vectors, model.pos_embed.weight[0, 1:])
@@ -19,7 +19,7 @@ def test_learned_table_without_the_class_token():
 
 
 def test_fourier_encoding_is_what_the_forward_adds():
-    model = XCiT(TINY, img_size=48)
+    model = XCiT(TINY_ARCH, img_size=48)
     vectors, hw = position_encodings(model)
     added = model.pos_embed(torch.zeros(1, 9, 32), (3, 3))[0]
     assert hw == (3, 3)
@@ -59,7 +59,7 @@ def test_components_of_filters_spanned_by_two_patterns():
 
 
 def test_filters_are_the_first_convolution_of_the_stem():
-    vit = ViT(TINY)
+    vit = ViT(TINY_ARCH)
     torch.testing.assert_close(patch_embedding_filters(vit), vit.patch_embed.proj.weight)
-    xcit = XCiT(TINY)
+    xcit = XCiT(TINY_ARCH)
     assert patch_embedding_filters(xcit).shape == (4, 3, 3, 3)  # 32 / 2**3 channels

@@ -8,16 +8,16 @@ from vitdense.analysis import (build_backbone, image_to_tensor, read_state_dict,
 from vitdense.compat.checkpoint import UnsafeCheckpointError
 from vitdense.models import ViT
 
-TINY = dict(embed_dims=32, num_layers=4, num_heads=2)
+from common import TINY_ARCH
 
 
 def test_a_classifier_checkpoint_loads_its_backbone(tmp_path):
-    source = ViT(TINY, out_type='cls_token', img_size=32)
+    source = ViT(TINY_ARCH, out_type='cls_token', img_size=32)
     state = {f'backbone.{k}': v for k, v in source.state_dict().items()}
     state['head.fc.weight'] = torch.zeros(10, 32)
     path = tmp_path / 'epoch_1.pth'
     torch.save(dict(meta={}, state_dict=state), path)
-    config = dict(model=dict(backbone=dict(type='vitdense.ViT', arch=TINY, img_size=32)))
+    config = dict(model=dict(backbone=dict(type='vitdense.ViT', arch=TINY_ARCH, img_size=32)))
     model = build_backbone(config=config, checkpoint=str(path))
     images = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
@@ -37,12 +37,12 @@ def test_clear_errors():
     with pytest.raises(ValueError, match='exactly one of a config or a timm model name'):
         build_backbone()
     with pytest.raises(KeyError, match='checkpoint lacks'):
-        build_backbone(config=dict(type='vitdense.ViT', arch=TINY),
+        build_backbone(config=dict(type='vitdense.ViT', arch=TINY_ARCH),
                        checkpoint=dict(state_dict={'cls_token': torch.zeros(1, 1, 32)}))
     with pytest.raises(FileNotFoundError, match='checkpoint not found: nowhere.pth'):
         read_state_dict('nowhere.pth')
     with pytest.raises(ValueError, match=r'checkpoint does not match ViT\(arch=custom'):
-        build_backbone(config=dict(type='vitdense.ViT', arch=TINY),
+        build_backbone(config=dict(type='vitdense.ViT', arch=TINY_ARCH),
                        checkpoint=timm_random_state_dict('xcit_nano_12_p16_224'))
 
 

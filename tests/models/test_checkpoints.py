@@ -5,6 +5,8 @@ import torch
 
 from vitdense.models import CaiT, ViT, XCiT
 
+from common import TINY_ARCH
+
 
 def _official_xcit(state_dict: dict) -> dict:
     """The layout of the official XCiT release: ``pos_embeder`` and one qkv map in class
@@ -136,7 +138,7 @@ def test_official_layer_scale_and_position_names_convert_for_every_family():
     """DeiT III's ViT with LayerScale (the "Three things" recipes) saves gamma_1 / gamma_2
     and a bare pos_embed tensor, as CaiT does: the shared rules map them for ViT too."""
     torch.manual_seed(0)
-    ours = ViT(dict(embed_dims=32, num_layers=4, num_heads=2), layer_scale=1e-5,
+    ours = ViT(TINY_ARCH, layer_scale=1e-5,
                out_type='cls_token')
     official = {k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2')
                 .replace('pos_embed.weight', 'pos_embed'): v

@@ -10,7 +10,7 @@ from torch import nn
 
 from vitdense.models import ViT, XCiT
 
-TINY = dict(embed_dims=64, num_layers=4, num_heads=4)
+from common import TINY_ARCH
 
 
 def _official_pyramid(features: list, pyramid: nn.Module, patch_size: int) -> list:
@@ -46,9 +46,9 @@ def test_stem_padding_is_the_official_forward(patch_size, image_hw):
     """(64, 85) is ADE20k's 512 × 683 whole-image test size scaled by 1/8."""
     torch.manual_seed(0)
     reference = timm.models.xcit.Xcit(
-        patch_size=patch_size, embed_dim=TINY['embed_dims'], depth=TINY['num_layers'],
-        num_heads=TINY['num_heads'], eta=1.0, tokens_norm=True).eval()
-    ours = XCiT(TINY, patch_size=patch_size, out_indices=(0, 1, 2, 3), padding='stem').eval()
+        patch_size=patch_size, embed_dim=TINY_ARCH['embed_dims'], depth=TINY_ARCH['num_layers'],
+        num_heads=TINY_ARCH['num_heads'], eta=1.0, tokens_norm=True).eval()
+    ours = XCiT(TINY_ARCH, patch_size=patch_size, out_indices=(0, 1, 2, 3), padding='stem').eval()
     with torch.no_grad():
         _randomise_batch_norms(reference)
         _randomise_batch_norms(ours.pyramid)
@@ -88,20 +88,20 @@ def test_stem_padding_needs_a_stem_that_pads():
     with pytest.raises(ValueError, match="padding='stem' needs a patch embedding.*PatchEmbed"):
         ViT('small', padding='stem')
     with pytest.raises(ValueError, match="unknown padding 'same'"):
-        XCiT(TINY, padding='same')
+        XCiT(TINY_ARCH, padding='same')
 
 
 def test_sync_bn_in_the_stem_and_lpi():
     """norm_cfg=SyncBN makes every BatchNorm of the stem and the blocks a SyncBatchNorm (the
     official dense code's statistics over all GPUs), with the same parameters and output."""
     torch.manual_seed(0)
-    plain = XCiT(TINY, out_indices=(0, 1, 2, 3)).eval()
-    synced = XCiT(TINY, out_indices=(0, 1, 2, 3), norm_cfg=dict(type='SyncBN')).eval()
+    plain = XCiT(TINY_ARCH, out_indices=(0, 1, 2, 3)).eval()
+    synced = XCiT(TINY_ARCH, out_indices=(0, 1, 2, 3), norm_cfg=dict(type='SyncBN')).eval()
     synced.load_state_dict(plain.state_dict())
     batch_norms = [m for m in synced.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     in_trunk = [m for name, m in synced.named_modules() if not name.startswith('pyramid')
                 and isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    assert len(in_trunk) == 4 + TINY['num_layers']  # 4 stem convs, one per LPI
+    assert len(in_trunk) == 4 + TINY_ARCH['num_layers']  # 4 stem convs, one per LPI
     assert all(isinstance(m, nn.SyncBatchNorm) for m in in_trunk)
     assert not any(isinstance(m, nn.SyncBatchNorm) for m in plain.modules())
     assert len(batch_norms) == len(in_trunk) + 1  # the pyramid's own (pyramid_norm_cfg)
@@ -110,4 +110,4 @@ def test_sync_bn_in_the_stem_and_lpi():
         for a, b in zip(plain(images), synced(images)):
             torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="norm_cfg .* type in \\['BN', 'SyncBN'\\].*GN"):
-        XCiT(TINY, norm_cfg=dict(type='GN', num_groups=2))
+        XCiT(TINY_ARCH, norm_cfg=dict(type='GN', num_groups=2))
