@@ -11,6 +11,7 @@ import argparse
 import ctypes
 import datetime
 import difflib
+import gc
 import importlib
 import inspect
 import logging
@@ -189,13 +190,19 @@ def exit_with_launcher() -> None:
 
 
 def close_process_group() -> None:
-    """Tear the process group down before the interpreter exits.
+    """Tear the process group down before the interpreter exits; call it once the runner is
+    gone (after ``main()`` returns).
 
     Left to interpreter shutdown, gloo's threads can be destroyed while still joinable
     (``terminate called without an active exception``): a worker that finished its work then
-    dies with SIGABRT and torchrun reports the run as failed.
+    dies with SIGABRT and torchrun reports the run as failed. A DistributedDataParallel model
+    holds the group as well, so the garbage is collected first (the runner and its wrapped
+    model are in reference cycles), every process waits for the others at a barrier, and only
+    then is the group destroyed.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 

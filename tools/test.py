@@ -34,8 +34,8 @@ def main() -> None:
         add_test_metric(cfg, host.dump_metric(args.out))
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.test()
-    close_process_group()
 
 
 if __name__ == '__main__':
     main()
+    close_process_group()

@@ -59,8 +59,8 @@ def main() -> None:
         check_data(cfg, skip_bad=args.skip_bad_samples)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
-    close_process_group()
 
 
 if __name__ == '__main__':
     main()
+    close_process_group()
