@@ -23,8 +23,8 @@ CHECKOUT_ENV = {**os.environ, 'PYTHONPATH': str(REPO_ROOT)}
 # yet with every layer kind
 TINY_ARCH = dict(embed_dims=32, num_layers=4, num_heads=2)
 # ConViT's convolutional init gives each head one offset of a √heads × √heads kernel (ConViT
-# §2, Eq. 5): 4 heads fill a 2×2 kernel, where 2 heads would leave a head with no offset. Two gated
-# blocks let a test read a gate past the first.
+# §2, Eq. 5): 4 heads fill a 2×2 kernel, where 2 heads would leave a head with no offset. Two
+# gated blocks let a test read a gate past the first.
 TINY_CONVIT_ARCH = dict(TINY_ARCH, num_heads=4, num_local_layers=2)
 TINY_BACKBONES = {
     'vit': dict(type='vitdense.ViT', arch=TINY_ARCH),

@@ -19,7 +19,8 @@ def classifier(family: str, img_size: int, checkpoint: Path | None = None) -> to
                                                     checkpoint=str(checkpoint))
     model = MODELS.build(dict(
         type='vitdense.ViTClassifier', neck=None, init_cfg=init_cfg,
-        backbone=dict(TINY_BACKBONES[family], img_size=img_size, patch_size=8, out_type='cls_token'),
+        backbone=dict(TINY_BACKBONES[family], img_size=img_size, patch_size=8,
+                      out_type='cls_token'),
         head=dict(type='LinearClsHead', num_classes=5, in_channels=32)))
     model.init_weights()
     return model.eval()

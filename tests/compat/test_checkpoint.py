@@ -155,7 +155,8 @@ def test_malicious_checkpoint_is_refused(how, tmp_path, marker, monkeypatch):
             load_checkpoint(linear_regression(), evil)
     assert not marker.exists(), 'the payload ran'
     message = str(info.value)
-    assert evil in message and 'system' in message and 'Nothing from the file was executed' in message
+    assert evil in message and 'system' in message
+    assert 'Nothing from the file was executed' in message
 
 
 def test_refusal_names_builtin_exec(tmp_path, marker):

@@ -1,4 +1,5 @@
-"""``norm_cfg=dict(type='SyncBN')`` heads train in a CPU process, with or without a process group."""
+"""``norm_cfg=dict(type='SyncBN')`` heads train in a CPU process, with or without a process
+group."""
 from __future__ import annotations
 
 import warnings
