@@ -3,6 +3,8 @@ mmdet, mmseg, mmpretrain) and the tools' drawing and logging libraries stay unim
 import subprocess
 import sys
 
+from common import TINY_ARCH
+
 OPTIONAL = ('mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'matplotlib', 'tensorboard')
 
 BLOCK_AND_BUILD = f"""
@@ -14,7 +16,7 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import torch
 from vitdense.models import XCiT
-model = XCiT(dict(embed_dims=32, num_layers=4, num_heads=2), out_indices=(0, 1, 2, 3)).eval()
+model = XCiT({TINY_ARCH!r}, out_indices=(0, 1, 2, 3)).eval()
 print([tuple(f.shape) for f in model(torch.randn(1, 3, 64, 64))])
 """
 
@@ -23,5 +25,6 @@ def test_models_import_without_the_host_libraries():
     result = subprocess.run([sys.executable, '-c', BLOCK_AND_BUILD], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == ('[(1, 32, 16, 16), (1, 32, 8, 8), (1, 32, 4, 4), '
-                                     '(1, 32, 2, 2)]')
+    width = TINY_ARCH['embed_dims']
+    assert result.stdout.strip() == str([(1, width, 64 // stride, 64 // stride)
+                                         for stride in (4, 8, 16, 32)])
