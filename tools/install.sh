@@ -16,6 +16,9 @@
 # Idempotent and quick when warm: every step checks what is there first.  Versions come from
 # requirements/constraints.txt, the exact set the tests passed with.
 #
+# Disk: a fresh install takes ~6.2 GB (torch's CUDA build is 5.6 GB of it); the script checks
+# the free space before installing torch and stops there when there is not enough.
+#
 # Environment: VITDENSE_VENV (default <repo>/.venv), VITDENSE_CACHE, PYTHON (default python3.11),
 # MAX_JOBS (compile jobs for --full-mmcv, default: number of cores).
 set -euo pipefail
@@ -30,7 +33,7 @@ FULL_MMCV=0
 for arg in "$@"; do
   case "$arg" in
     --full-mmcv) FULL_MMCV=1 ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) printf '[vitdense install] error: unknown option %s (see --help)\n' "$arg" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +44,16 @@ die() { printf '[vitdense install] error: %s\n' "$*" >&2; exit 1; }
 
 # Version of NAME pinned in the constraints file (empty when not pinned).
 pinned() { sed -n "s/^$1==//Ip" "$CONSTRAINTS" | head -1; }
+
+# require_free_space GB DIR WHAT: stop when the filesystem holding DIR has less than GB
+# gigabytes free.  pip would otherwise stop half-way with ENOSPC, after uninstalling what it
+# meant to replace.
+require_free_space() {
+  local need_gb=$1 dir=$2 what=$3 free_kb
+  free_kb=$(df -Pk "$dir" | awk 'NR == 2 {print $4}')
+  [ "$free_kb" -ge $((need_gb * 1024 * 1024)) ] || \
+    die "$what needs about $need_gb GB free on the filesystem of $dir, which has $((free_kb / 1024)) MB free; free some space there, or set VITDENSE_VENV to a directory on a larger disk"
+}
 
 [ -f "$CONSTRAINTS" ] || die "missing $CONSTRAINTS"
 TORCH_VERSION="$(pinned torch)"
@@ -73,8 +86,10 @@ PYEOF
 
 step "torch $TORCH_VERSION, torchvision, mmengine"
 have "torch==$TORCH_VERSION" "torchvision==$(pinned torchvision)" "setuptools==$(pinned setuptools)" \
-     "mmengine==$(pinned mmengine)" || \
+     "mmengine==$(pinned mmengine)" || {
+  require_free_space 7 "$VENV" "installing torch $TORCH_VERSION (a CUDA build) and the OpenMMLab stack"
   "${PIP[@]}" --only-binary=:all: torch torchvision setuptools numpy mmengine
+}
 
 if [ "$FULL_MMCV" = 1 ]; then
   WHEEL_DIR="$CACHE/wheels/torch-$TORCH_VERSION-$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
@@ -83,6 +98,7 @@ if [ "$FULL_MMCV" = 1 ]; then
     if [ -z "$WHEEL" ]; then
       command -v g++ >/dev/null || die "g++ is needed to build mmcv's ops (apt-get install g++)"
       step "building mmcv $MMCV_VERSION with its ops from the PyPI source (one time, ~10-25 min on 2 cores)"
+      require_free_space 1 "${TMPDIR:-/tmp}" "building mmcv"
       BUILD=$(mktemp -d)
       restore_setuptools() { "${PIP[@]}" --no-deps --quiet "setuptools==$(pinned setuptools)"; }
       trap 'restore_setuptools; rm -rf "$BUILD"' EXIT
