@@ -237,7 +237,7 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
     if resume != 'auto':
         if not osp.isfile(resume):
             raise FileNotFoundError(f'--resume {resume}: no such checkpoint file')
-        safe_load(resume, map_location='cpu')
+        safe_load(resume, map_location='cpu', mmap=True)
         cfg.resume, cfg.load_from = True, resume
         return
     if osp.isdir(cfg.work_dir):

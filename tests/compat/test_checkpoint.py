@@ -197,7 +197,7 @@ def test_bytes_with_arguments_is_refused(tmp_path):
 def test_corrupt_checkpoint_names_file_and_problem(trained, tmp_path, damage, problem):
     bad = tmp_path / 'bad.pth'
     bad.write_bytes(damage(trained[0].read_bytes()))
-    for load in (lambda: safe_load(str(bad)),
+    for load in (lambda: safe_load(str(bad)), lambda: safe_load(str(bad), mmap=True),
                  lambda: load_checkpoint(linear_regression(), str(bad))):
         with pytest.raises(CorruptCheckpointError) as info:
             load()

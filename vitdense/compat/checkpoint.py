@@ -194,16 +194,19 @@ def _corruption(filename: str, err: BaseException) -> str | None:
     return None
 
 
-def safe_load(f: Any, map_location: Any = None) -> Any:
+def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
     """``torch.load(f, weights_only=True)`` with the allow-list and a clear refusal.
 
     Raises :class:`UnsafeCheckpointError` for a file that asks for a global outside the
     allow-list and :class:`CorruptCheckpointError` for an empty, truncated or garbled file.
+    ``mmap=True`` (a file path only) maps the tensors instead of reading them: the archive and
+    every global are still checked, for the cost of reading the pickle alone, which is how
+    a checkpoint is vetted before the Runner loads it.
     """
     is_path = isinstance(f, (str, bytes)) or hasattr(f, '__fspath__')
     name = os.fsdecode(f) if is_path else repr(f)
     try:
-        return torch.load(f, map_location=map_location, weights_only=True)
+        return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, zipfile.BadZipFile,
             ValueError) as err:
         if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):

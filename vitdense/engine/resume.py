@@ -184,7 +184,7 @@ def find_resumable_checkpoint(work_dir: str | os.PathLike) -> str | None:
                       'older checkpoint', logger='current', level=logging.WARNING)
             continue
         try:
-            checkpoint = safe_load(path, map_location='cpu')
+            checkpoint = safe_load(path, map_location='cpu', mmap=True)
         except (CorruptCheckpointError, UnsafeCheckpointError) as err:
             print_log(f'cannot resume from {path} ({err}); trying an older checkpoint',
                       logger='current', level=logging.WARNING)
