@@ -33,7 +33,7 @@ FULL_MMCV=0
 for arg in "$@"; do
   case "$arg" in
     --full-mmcv) FULL_MMCV=1 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) printf '[vitdense install] error: unknown option %s (see --help)\n' "$arg" >&2; exit 2 ;;
   esac
 done

@@ -1,5 +1,5 @@
-"""tools/install.sh: a disk too small for torch's CUDA build stops the install, with a message
-naming the filesystem and the space, before pip has changed anything."""
+"""tools/install.sh: its --help, and a disk too small for torch's CUDA build, which stops the
+install with a message naming the filesystem and the space before pip has changed anything."""
 from __future__ import annotations
 
 import os
@@ -35,3 +35,12 @@ def test_install_stops_when_the_disk_is_too_small(tmp_path):
             f'free on the filesystem of {venv}, which has 100 MB free') in result.stderr
     assert 'VITDENSE_VENV' in result.stderr
     assert not list(venv.glob('lib/python*/site-packages/torch'))
+
+
+def test_help_prints_the_whole_header_and_nothing_else():
+    result = subprocess.run(['bash', str(REPO_ROOT / 'tools/install.sh'), '--help'],
+                            capture_output=True, text=True, check=True, timeout=30)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith('Install vitdense and the OpenMMLab stack')
+    assert any(line.startswith('Disk: a fresh install takes') for line in lines)
+    assert lines[-1].startswith('MAX_JOBS') and '#' not in result.stdout
