@@ -31,8 +31,9 @@ def test_install_stops_when_the_disk_is_too_small(tmp_path):
     result = subprocess.run(['bash', str(REPO_ROOT / 'tools/install.sh')], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert (f'installing torch {torch_version} (a CUDA build) and the OpenMMLab stack needs about 7 GB '
-            f'free on the filesystem of {venv}, which has 100 MB free') in result.stderr
+    assert (f'installing torch {torch_version} (a CUDA build) and the OpenMMLab stack needs '
+            f'about 7 GB free on the filesystem of {venv}, which has 100 MB free'
+            ) in result.stderr
     assert 'VITDENSE_VENV' in result.stderr
     assert not list(venv.glob('lib/python*/site-packages/torch'))
 
