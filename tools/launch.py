@@ -78,7 +78,7 @@ def host_of(cfg: Config) -> Host:
 
 
 def tool_parser(description: str) -> argparse.ArgumentParser:
-    """The arguments every OpenMMLab train/test tool takes: config, work dir, overrides, launcher."""
+    """The arguments every OpenMMLab train/test tool takes: config, work dir, overrides, launcher"""
     parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('config', help='config file')
