@@ -8,11 +8,11 @@ counted, and their peak memory measured each in a fresh subprocess. Results: a t
 ``<out>.json`` and ``<out>.png`` (peak memory and time per image vs number of tokens, as
 XCiT's Fig. 2).
 
-    python tools/benchmark.py --models xcit_small_12_p16_224 vit_small_patch16_224 \\
+    python -m benchmarks.benchmark --models xcit_small_12_p16_224 vit_small_patch16_224 \\
         --tasks dense --sizes 224 448 896 --batches 1 --attention fused explicit
-    python tools/benchmark.py --models vit_small_patch16_224 --modes train --compile
-    nice python tools/benchmark.py --preset floors       # the measurements of issue 6
-    python tools/benchmark.py --list                     # model names
+    python -m benchmarks.benchmark --models vit_small_patch16_224 --modes train --compile
+    nice python -m benchmarks.benchmark --preset floors       # the measurements of issue 6
+    python -m benchmarks.benchmark --list                     # model names
 
 Tasks: ``cls`` compares our ``out_type='cls_token'`` with timm's pooled features
 (``num_classes=0``); ``dense`` compares our columnar dense maps (``pyramid=False``) with
@@ -26,15 +26,13 @@ import json
 import math
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-import benchmark_lib as bm
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import benchmark_lib as bm
+from benchmarks.benchmark_lib import ROOT
 
 #: each family's small model (CaiT: XXS-24, the width of the dense configs, as S-24 would
 #: take an hour at 512x512 batch 8 on 2 cores)
@@ -56,6 +54,7 @@ PRESETS: dict[str, list[dict]] = {
     'small': [dict(models=SMALL_MODELS, tasks=['cls', 'dense'], sizes=[224], batches=[1])],
     'smoke': [dict(models=['vit_tiny_patch16_224'], tasks=['cls'], sizes=[64], batches=[1])],
 }
+PROBE = bm.module_command('benchmarks.benchmark', '--probe')
 GRID_KEYS = ('models', 'tasks', 'sizes', 'batches', 'modes', 'attention')
 #: parallel model -> sequential model with the same blocks ("Three things" §3)
 PARALLEL_TWINS = {'vit_small_patch16_18x2_224': 'vit_small_patch16_36x1_224'}
@@ -158,7 +157,7 @@ def time_in_processes(case: bm.Case, args: argparse.Namespace) -> dict[str, list
         spec = dict(case.as_dict(), measure='time', device=args.device, threads=args.threads,
                     reference_first=index % 2 == 1, compile=args.compile,
                     warmup=args.warmup, repeats=args.repeats, min_repeat_s=args.min_repeat_s)
-        result = bm.run_probe([sys.executable, __file__, '--probe'], spec)
+        result = bm.run_probe(PROBE, spec)
         if 'probe_error' in result:
             raise RuntimeError(f'timing process {index} of {case}: {result["probe_error"]}')
         for name, values in result.items():
@@ -192,7 +191,7 @@ def run_case(case: bm.Case, args: argparse.Namespace) -> dict:
     if not args.no_memory:
         for name in impls:
             probe = dict(case.as_dict(), impl=name, device=args.device, threads=args.threads)
-            impls[name].update(bm.probe_memory([sys.executable, __file__, '--probe'], probe))
+            impls[name].update(bm.probe_memory(PROBE, probe))
     record['impls'] = impls
     for suffix in ('', '+compile'):
         ours, ref = impls.get(bm.OURS + suffix), impls.get(bm.TIMM + suffix)

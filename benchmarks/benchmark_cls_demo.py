@@ -10,8 +10,8 @@ iterations; the table gives minutes, top-1/top-5 and the minutes to reach the 60
 the steps, and the bytes autograd keeps for the backward pass. Each mode runs in a fresh
 process so the peaks do not mix.
 
-    nice python tools/benchmark_cls_demo.py demo [--families xcit cait] [--minutes 9.5]
-    nice python tools/benchmark_cls_demo.py attn [--batch-size 16]
+    nice python -m benchmarks.benchmark_cls_demo demo [--families xcit cait] [--minutes 9.5]
+    nice python -m benchmarks.benchmark_cls_demo attn [--batch-size 16]
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def run_demo(family: str, args: argparse.Namespace) -> dict:
 
 def demo(args: argparse.Namespace) -> None:
     if not (Path(args.data_root) / 'meta' / 'val.txt').exists():
-        from data import make_demo_imagenet
+        from vitdense.demo_data import make_demo_imagenet
         make_demo_imagenet(args.data_root)
     rows = [run_demo(f, args) for f in args.families]
     print(f'\n| family | iterations (epochs) | CPU minutes (1 thread) | wall minutes | top-1 '

@@ -9,11 +9,11 @@ backbone width, the multi-layer pyramid giving strides 4-32). An iteration is mm
 ``train_step`` on a synthetic batch (random images, boxes, masks or label maps, identical for
 every model): preprocessing, forward, losses, backward and an AdamW step.
 
-    python tools/benchmark_dense.py --tasks det seg --img-size 512 --batch 2
-    python tools/benchmark_dense.py --tasks seg --backbones resnet50 xcit:small_12
+    python -m benchmarks.benchmark_dense --tasks det seg --img-size 512 --batch 2
+    python -m benchmarks.benchmark_dense --tasks seg --backbones resnet50 xcit:small_12
 
 Times: median of interleaved iterations after warm-up, all models of a task in one loop.
-Memory: each model alone in a fresh subprocess (see ``tools/benchmark_lib.py``, ``MemoryMeter``).
+Memory: each model alone in a fresh subprocess (see ``benchmarks/benchmark_lib.py``, ``MemoryMeter``).
 SyncBN layers stay: in one process without a process group torch normalises them as BN.
 """
 from __future__ import annotations
@@ -23,15 +23,13 @@ import importlib
 import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-import benchmark_lib as bm
-
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import benchmark_lib as bm
+from benchmarks.benchmark_lib import ROOT
 
 TASKS = {
     'det': ('mmdet', 'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'),
@@ -221,7 +219,7 @@ def run_task(task: str, args: argparse.Namespace, progress, bar) -> list[dict]:
             progress.update(bar, description=f'{task}: memory of {backbone}')
             spec = dict(task=task, backbone=backbone, img_size=args.img_size,
                         batch=args.batch, device=args.device, threads=args.threads)
-            rows[backbone].update(bm.probe_memory([sys.executable, __file__, '--probe'], spec))
+            rows[backbone].update(bm.probe_memory(bm.module_command('benchmarks.benchmark_dense', '--probe'), spec))
         progress.advance(bar)
     reference = rows.get(RESNET, {})
     for row in rows.values():

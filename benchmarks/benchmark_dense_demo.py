@@ -11,10 +11,10 @@ the budget is CPU time of the run's process with one torch thread and data loadi
 process (``--clock process --threads 1``): what an otherwise idle machine does in that many
 minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time instead.
 
-    nice python tools/benchmark_dense_demo.py                       # everything, ~2.5 h
-    nice python tools/benchmark_dense_demo.py --tasks det --families xcit resnet18
+    nice python -m benchmarks.benchmark_dense_demo                       # everything, ~2.5 h
+    nice python -m benchmarks.benchmark_dense_demo --tasks det --families xcit resnet18
     # an ablation: the same run with a recipe change, on another generated set
-    nice python tools/benchmark_dense_demo.py --tasks det --families xcit --minutes 7 \
+    nice python -m benchmarks.benchmark_dense_demo --tasks det --families xcit --minutes 7 \
         --cfg-options model.backbone.out_indices=[2,3,4,5] --data-root /tmp/coco_random
 
 Runs go one at a time, each in its own process; results are appended to
@@ -63,7 +63,7 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
     from mmengine.config import Config
 
     from vitdense.engine import train_on_time_budget
-    from launch import point_at_data_root
+    from vitdense.engine.launch import point_at_data_root
     cfg = Config.fromfile(str(ROOT / CONFIGS[task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
         channels = RESNET18_CHANNELS
@@ -93,7 +93,7 @@ def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: 
     torch.set_num_threads(threads)
 
     import vitdense  # noqa: F401
-    from launch import host_of
+    from vitdense.engine.launch import host_of
     cfg = build_config(task, family, train_minutes, clock, work_dir, cfg_options, data_root)
     host_of(cfg)
     start = (time.monotonic(), time.process_time())
@@ -126,7 +126,7 @@ def table(rows: list[dict]) -> str:
 
 def ensure_data() -> None:
     """Write the demo sets with their default seed if they are missing."""
-    from data import make_demo_ade, make_demo_coco
+    from vitdense.demo_data import make_demo_ade, make_demo_coco
     if not (ROOT / 'data/demo_coco/annotations/instances_val.json').exists():
         make_demo_coco(ROOT / 'data/demo_coco')
     if not (ROOT / 'data/demo_ade/annotations/validation').exists():

@@ -1,6 +1,6 @@
 """Measure models fairly: time per step, peak memory and FLOPs, side by side.
 
-The pieces ``tools/benchmark.py`` (backbones vs timm) and ``tools/benchmark_dense.py``
+The pieces ``benchmarks/benchmark.py`` (backbones vs timm) and ``benchmarks/benchmark_dense.py``
 (detectors / segmentors) share:
 
 - :func:`time_interleaved`: several steps timed in alternating order after a warm-up, so
@@ -8,7 +8,8 @@ The pieces ``tools/benchmark.py`` (backbones vs timm) and ``tools/benchmark_dens
   :func:`paired_ratio` compares two steps sample by sample (neighbours in time).
 - :func:`count_flops`: ``FlopCounterMode`` with the CPU flash-attention kernels added (torch
   counts fused attention only for the CUDA kernels); a multiply-add counts as 2 FLOPs.
-- :func:`run_probe` runs a measurement in a fresh subprocess (timing in several processes
+- :func:`run_probe` runs a measurement in a fresh subprocess (:func:`module_command`: a
+  module of this folder run from the repository root; timing in several processes
   averages out where each one's buffers happen to land in memory);
   :func:`probe_memory` runs one model in a fresh subprocess: on CPU the peak resident set
   (``VmHWM``) of that process above its size after imports, so nothing the parent holds
@@ -17,9 +18,10 @@ The pieces ``tools/benchmark.py`` (backbones vs timm) and ``tools/benchmark_dens
   (:func:`build_backbone_pair`), in classification or dense form.
 - reporting: JSON, a terminal table (rich) and memory / time vs tokens plots (XCiT Fig. 2).
 
-Nothing here imports mmdet or mmseg; the dense tool builds its models itself. This module
-lives with the tools (it measures, it is not library code) and is imported by its siblings
-as ``benchmark_lib``; it depends on the installed ``vitdense``, never the reverse.
+Nothing here imports mmdet or mmseg; the dense benchmark builds its models itself. This
+module measures, it is not library code: it lives with the benchmarks (the package
+``benchmarks``, run as ``python -m benchmarks.<name>`` from the repository root) and depends
+on ``vitdense``, never the reverse.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +42,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+ROOT = Path(__file__).resolve().parents[1]
 PROBE_PREFIX = 'VITDENSE_PROBE '
 TASKS = ('cls', 'dense')
 MODES = ('infer', 'train')
@@ -266,16 +270,22 @@ class MemoryMeter:
                     memory_kind=kind)
 
 
+def module_command(module: str, *args: str) -> list[str]:
+    """``python -m module args...``: a module of the ``benchmarks`` package in a fresh
+    interpreter (:func:`run_probe` starts it in the repository root, where it is found)."""
+    return [sys.executable, '-m', module, *args]
+
+
 def run_probe(command: Sequence[str], spec: dict, timeout_s: float = 1800.,
               env: Optional[dict] = None, error_key: str = 'probe_error') -> dict:
-    """Run ``command + [json(spec)]`` in a fresh process (``env`` added to this one's,
-    ``spec['threads']`` OpenMP threads) and return the dict it reports with
-    :func:`report_probe`, or ``{error_key: why}``."""
+    """Run ``command + [json(spec)]`` in a fresh process in the repository root (``env``
+    added to this one's, ``spec['threads']`` OpenMP threads) and return the dict it reports
+    with :func:`report_probe`, or ``{error_key: why}``."""
     env = dict(os.environ, OMP_NUM_THREADS=str(spec.get('threads', default_threads())),
                **(env or {}))
     try:
         proc = subprocess.run([*command, json.dumps(spec)], capture_output=True, text=True,
-                              env=env, timeout=timeout_s)
+                              env=env, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {error_key: f'probe timed out after {timeout_s:.0f} s'}
     for line in reversed(proc.stdout.splitlines()):

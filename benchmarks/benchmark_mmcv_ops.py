@@ -17,7 +17,7 @@ switches mmcv's op modules between the two extensions.
    first alternating), then evaluated with mmdet's COCO metric under its own extension:
    bbox / segm mAP of each, and the median training-step time of each.
 
-    python tools/benchmark_mmcv_ops.py --iters 150 --out benchmarks/results/mmcv_ops.json
+    python -m benchmarks.benchmark_mmcv_ops --iters 150 --out benchmarks/results/mmcv_ops.json
 """
 from __future__ import annotations
 
@@ -39,9 +39,8 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.compat import mmcv_ext as torch_native
-
-from data import make_demo_coco
-from launch import load_config, point_at_data_root
+from vitdense.demo_data import make_demo_coco
+from vitdense.engine.launch import load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'

@@ -21,7 +21,7 @@ outcome against an uninterrupted reference run of the same model:
 After a kill, a "lost file" is a checkpoint that ``last_checkpoint`` named before the kill
 and that is missing or unreadable after it.
 
-    python tools/fault_injection.py --trials 12 --out work_dirs/faults
+    python -m benchmarks.fault_injection --trials 12 --out work_dirs/faults
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ import torch
 
 from vitdense.compat.checkpoint import CorruptCheckpointError, safe_load
 
-from data import make_demo_ade, make_demo_coco, make_demo_imagenet
+from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_imagenet
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHON': sys.executable,

@@ -1,27 +1,17 @@
 """Shared by all tests.
 
-- The command-line tools are importable as modules, with ``tools/`` and
-  ``tools/analysis_tools/`` on the module path as when a tool runs (``import benchmark as
-  tool``, ``import look_inside``). Appended, so a tool's name never shadows an installed module.
 - mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` config base by parsing
   the package's ~400 metafiles (about a second) and, for ``_base_`` files, raising ValueError;
   the answer is fixed for a session, so it is memoised (config tests resolve hundreds).
 - Fixtures that several test folders use.
 """
 import functools
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from mmengine.config import config as mmengine_config
 from PIL import Image
-
-TOOLS = Path(__file__).resolve().parents[1] / 'tools'
-for folder in (TOOLS, TOOLS / 'analysis_tools'):
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
-
 
 def _memoised(lookup):
     answers: dict = {}

@@ -29,10 +29,10 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.engine import train_on_time_budget
+from vitdense.demo_data import make_demo_coco
+from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,
+                                    point_at_data_root)
 from vitdense.engine.preflight import check_data
-
-from data import make_demo_coco
-from launch import add_safety_hooks, apply_resume, load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'

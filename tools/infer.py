@@ -28,8 +28,7 @@ from mmengine.registry import init_default_scope
 from mmengine.utils import ProgressBar
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
-
-from launch import host_of
+from vitdense.engine.launch import host_of
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 VIDEO_SUFFIXES = ('.mp4', '.avi', '.mov', '.mkv', '.webm')

@@ -9,9 +9,8 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
-
-from launch import (HOSTS, add_test_metric, close_process_group, load_config, parse_tool_args,
-                    tool_parser)
+from vitdense.engine.launch import (HOSTS, add_test_metric, close_process_group, load_config,
+                                    parse_tool_args, tool_parser)
 
 
 def parse_args() -> argparse.Namespace:

@@ -3,11 +3,12 @@ import json
 import sys
 from pathlib import Path
 
-import benchmark as tool
-import benchmark_lib as bm
 import pytest
 import torch
 import torch.nn.functional as F
+
+from benchmarks import benchmark as tool
+from benchmarks import benchmark_lib as bm
 
 
 def test_interleaved_timing_alternates_order_and_repeats_each_step():
@@ -41,7 +42,7 @@ def test_flops_count_fused_attention_on_cpu_like_explicit_attention():
 
 MEMORY_METER_SCRIPT = """
 import json, torch
-import benchmark_lib as bm
+from benchmarks import benchmark_lib as bm
 meter = bm.MemoryMeter('cpu')
 big = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB before the measured step: not an activation
 print(json.dumps(meter.measure(lambda: torch.ones(128 * 2 ** 20 // 4).add_(1), warmup=0)))
@@ -57,7 +58,7 @@ def test_memory_meter_sees_the_peak_of_the_measured_step_only():
     import subprocess
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072')
     out = subprocess.run([sys.executable, '-c', MEMORY_METER_SCRIPT], env=env, check=True,
-                         capture_output=True, text=True, cwd=Path(bm.__file__).parent).stdout
+                         capture_output=True, text=True, cwd=bm.ROOT).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert 120 < result['activation_mb'] < 200
     assert result['memory_mb'] >= result['activation_mb'] + 60

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 
-import benchmark_dense as tool  # noqa: E402
+from benchmarks import benchmark_dense as tool  # noqa: E402
 
 
 def _types(cfg) -> set:

@@ -1,8 +1,9 @@
-"""tools/benchmark_dense_demo.py builds each run's config: the family's demo recipe, ResNet-18
+"""benchmarks/benchmark_dense_demo.py builds each run's config: the family's demo recipe, ResNet-18
 swapped in with matching neck / head widths, ablation options and another data root applied,
 and the time budget in place of the schedule."""
-import benchmark_dense_demo as tool
 import pytest
+
+from benchmarks import benchmark_dense_demo as tool
 
 
 def test_resnet18_row_swaps_only_the_backbone(tmp_path):

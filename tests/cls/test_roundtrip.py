@@ -14,7 +14,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
-from data import make_demo_imagenet
+from vitdense.demo_data import make_demo_imagenet
 
 from common import CONFIGS, TINY_ARCH
 

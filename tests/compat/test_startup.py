@@ -14,9 +14,8 @@ from mmengine import utils
 from mmengine.config import Config
 
 import vitdense  # noqa: F401  (installs the start-up finder, in case the .pth did not run)
+from vitdense.demo_data import make_demo_ade, make_demo_coco
 from vitdense_startup import MMCV_EXT_WRITTEN_FOR, HostVersionError, require
-
-from data import make_demo_ade, make_demo_coco
 
 from common import REPO_ROOT
 

@@ -12,7 +12,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from data import make_demo_imagenet
+from vitdense.demo_data import make_demo_imagenet
 
 from common import CONFIGS
 

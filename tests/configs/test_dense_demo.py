@@ -9,9 +9,8 @@ from mmengine.config import Config
 from mmengine.registry import DATASETS, MODELS, DefaultScope
 from mmengine.runner import Runner
 
-from launch import load_config, point_at_data_root
-
-from data import make_demo_ade, make_demo_coco
+from vitdense.demo_data import make_demo_ade, make_demo_coco
+from vitdense.engine.launch import load_config, point_at_data_root
 
 from common import REPO_ROOT
 

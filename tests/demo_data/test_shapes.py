@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
-from data import ADE_CLASSES, SHAPE_CLASSES, make_demo_ade, make_demo_coco
-from data.shapes import CLASS_COLOURS, render_shapes
+from vitdense.demo_data import ADE_CLASSES, SHAPE_CLASSES, make_demo_ade, make_demo_coco
+from vitdense.demo_data.shapes import CLASS_COLOURS, render_shapes
 
-from common import REPO_ROOT
+from common import CHECKOUT_ENV, REPO_ROOT
 
 
 def _tree(folder: Path) -> dict:
@@ -116,5 +116,5 @@ def test_cli_writes_the_named_folder(tmp_path):
     out = tmp_path / 'cli_ade'
     subprocess.run([sys.executable, str(REPO_ROOT / 'tools' / 'data' / 'make_demo_data.py'), 'ade',
                     '--out', str(out), '--num-train', '2', '--num-val', '1', '--size', '32'],
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, env=CHECKOUT_ENV)
     assert len(list((out / 'images' / 'training').glob('*.jpg'))) == 2

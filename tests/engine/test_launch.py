@@ -1,4 +1,4 @@
-"""tools/launch.py, the command-line safety of the tools: mistyped --cfg-options keys,
+"""vitdense/engine/launch.py, the command-line safety of the tools: mistyped --cfg-options keys,
 --resume with nothing or a bad file to resume, a process-group timeout, workers that die with
 their launcher, and the launch scripts' choice of interpreter."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import torch
 from mmengine.logging import MMLogger
 
-from launch import add_safety_hooks, apply_resume, load_config  # tools/launch.py
 from vitdense.compat.checkpoint import CorruptCheckpointError
+from vitdense.engine.launch import add_safety_hooks, apply_resume, load_config
 
 from common import REPO_ROOT
 
@@ -74,7 +74,7 @@ LAUNCHER = '''
 import subprocess, sys, time
 worker = subprocess.Popen([sys.executable, '-c', """
 import time
-from launch import exit_with_launcher
+from vitdense.engine.launch import exit_with_launcher
 exit_with_launcher()
 print('ready', flush=True)
 time.sleep(60)

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 from mmengine.registry import DefaultScope
 
-from launch import load_config, point_at_data_root
+from vitdense.demo_data import make_demo_ade, make_demo_coco
+from vitdense.engine.launch import load_config, point_at_data_root
 from vitdense.engine.preflight import CheckedDataset, DataError, check_data
-
-from data import make_demo_ade, make_demo_coco
 
 from common import REPO_ROOT
 

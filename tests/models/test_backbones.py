@@ -1,8 +1,8 @@
 """The four backbones: sizes, parity with timm, dense mode, training modes, bad input."""
 import pytest
 import torch
-from timm_parity import compare_with_timm, count_parameters  # tools/analysis_tools/
 
+from vitdense.analysis.timm_parity import compare_with_timm, count_parameters
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 
 from common import TINY_ARCH, TINY_CONVIT_ARCH

@@ -7,7 +7,7 @@ import sys
 
 import cv2
 
-from data import make_demo_coco
+from vitdense.demo_data import make_demo_coco
 
 from common import CHECKOUT_ENV, REPO_ROOT
 

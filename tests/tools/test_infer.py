@@ -11,8 +11,8 @@ from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 from PIL import Image
 
-import infer  # tools/infer.py (tests/conftest.py)
-from launch import host_of
+from tools import infer
+from vitdense.engine.launch import host_of
 
 from common import REPO_ROOT
 

@@ -3,10 +3,12 @@ parameter counts are the built models', its FLOPs those of the papers where they
 them, and the README's model-zoo tables are generated from it."""
 from pathlib import Path
 
-import get_flops  # tools/analysis_tools/get_flops.py (tests/conftest.py)
-import model_index  # tools/model_index.py
 import pytest
 import yaml
+from mmengine.config import Config
+
+from tools import model_index
+from vitdense.analysis import complexity
 
 from common import REPO_ROOT
 
@@ -37,9 +39,9 @@ def test_every_shipped_config_is_in_the_index_once():
 @pytest.mark.parametrize('config', CONFIGS)
 def test_index_parameters_are_the_built_models(config):
     """Built on the meta device: the full-size models without memory or initialisation."""
-    cfg = get_flops.load_config(str(REPO_ROOT / config))
-    model = get_flops.build_model(cfg, device='meta')
-    assert _entries()[config]['Metadata']['Parameters'] == get_flops.count_parameters(model)
+    cfg = complexity.load_config(str(REPO_ROOT / config))
+    model = complexity.build_model(cfg, device='meta')
+    assert _entries()[config]['Metadata']['Parameters'] == complexity.count_parameters(model)
 
 
 # FLOPs (×1e9) of the papers' tables at 224 × 224: XCiT Table 1, CaiT Table 3
@@ -71,7 +73,7 @@ def test_index_flops_are_the_papers(name):
 def test_get_flops_counts_the_model_of_a_config(config, shape):
     """The tool itself on a classifier, a detector and a segmentor: the index holds what it
     measures, at the input size of the config's test data."""
-    result = get_flops.analyse(str(REPO_ROOT / config))
+    result = complexity.analyse(str(REPO_ROOT / config))
     entry = _entries()[config]['Metadata']
     assert result['shape'] == shape and entry['Input Size'] == f'{shape[0]}x{shape[1]}'
     assert (result['params'], result['flops']) == (entry['Parameters'], entry['FLOPs'])
@@ -86,7 +88,7 @@ def test_get_flops_counts_attention():
     with torch.device('meta'):
         model = ViT(dict(embed_dims=dims, num_layers=layers, num_heads=2), patch_size=16,
                     img_size=64, out_type='avg_featmap', out_indices=[layers - 1])
-    cfg = get_flops.Config(dict(default_scope='mmpretrain'))
+    cfg = Config(dict(default_scope='mmpretrain'))
 
     class Tensor(torch.nn.Module):
         def __init__(self):
@@ -96,7 +98,7 @@ def test_get_flops_counts_attention():
         def forward(self, images, samples, mode):
             return self.backbone(images)
 
-    flops = get_flops.count_flops(Tensor(), cfg, (64, 64))
+    flops = complexity.count_flops(Tensor(), cfg, (64, 64))
     patches = 16 * 3 * 16 * 16 * dims
     blocks = layers * (12 * tokens * dims ** 2 + 2 * tokens ** 2 * dims)
     assert flops == patches + blocks

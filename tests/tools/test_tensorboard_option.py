@@ -7,7 +7,7 @@ from mmengine.config import Config
 from mmengine.registry import VISUALIZERS, init_default_scope
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from launch import host_of, log_to_tensorboard
+from vitdense.engine.launch import host_of, log_to_tensorboard
 
 from common import REPO_ROOT
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from vitdense.compat.checkpoint import safe_load
-
-from data import make_demo_ade  # tools/data (tests/conftest.py)
+from vitdense.demo_data import make_demo_ade
 
 from common import CHECKOUT_ENV, REPO_ROOT
 

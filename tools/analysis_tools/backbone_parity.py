@@ -9,7 +9,7 @@ import argparse
 import json
 import time
 
-from timm_parity import REFERENCE_MODELS, compare_with_timm
+from vitdense.analysis.timm_parity import REFERENCE_MODELS, compare_with_timm
 
 
 def _fmt(value, spec: str) -> str:

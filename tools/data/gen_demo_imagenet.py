@@ -5,11 +5,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
-from data import DEMO_IMAGENET_CLASSES, make_demo_imagenet  # noqa: E402
+from vitdense.demo_data import DEMO_IMAGENET_CLASSES, make_demo_imagenet
 
 
 def main() -> None:

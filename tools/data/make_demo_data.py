@@ -4,11 +4,8 @@
     python tools/data/make_demo_data.py ade --seed 1    # -> data/demo_ade
 """
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
-from data import make_demo_ade, make_demo_coco  # noqa: E402
+from vitdense.demo_data import make_demo_ade, make_demo_coco
 
 _MAKERS = {'coco': (make_demo_coco, 'data/demo_coco', 160),
            'ade': (make_demo_ade, 'data/demo_ade', 128)}

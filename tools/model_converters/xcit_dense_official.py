@@ -18,7 +18,6 @@ import argparse
 import re
 import sys
 from collections import OrderedDict
-from pathlib import Path
 
 import torch
 from mmengine.config import Config
@@ -26,10 +25,8 @@ from mmengine.registry import MODELS
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
 from vitdense.compat.checkpoint import safe_load
+from vitdense.engine.launch import host_of
 from vitdense.models import XCiT
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
-from launch import host_of  # noqa: E402
 
 BACKBONE = 'backbone.'
 

@@ -9,25 +9,16 @@ time), a detector's backbone, neck and RPN plus its box head on ``test_cfg.rpn.m
 proposals and its mask head on ``test_cfg.rcnn.max_per_img`` boxes (the most a test image
 gets; RoIAlign itself has no multiply-adds).
 
-    python tools/analysis_tools/get_flops.py configs/xcit/xcit-s12-p16_8xb128_in1k.py
-    python tools/analysis_tools/get_flops.py \\
-        configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py --shape 1024 1024
+Command line: ``tools/analysis_tools/get_flops.py``.
 """
 from __future__ import annotations
-
-import argparse
-import json
-import sys
-from pathlib import Path
 
 import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
-from launch import host_of  # noqa: E402
-
+from vitdense.engine.launch import host_of
 
 
 def load_config(config: str) -> Config:
@@ -78,6 +69,7 @@ def default_shape(cfg: Config) -> tuple[int, int]:
 
 
 def count_parameters(model: torch.nn.Module) -> int:
+    """How many numbers the model's parameters hold."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -113,30 +105,9 @@ def count_flops(model: torch.nn.Module, cfg: Config, shape: tuple[int, int]) -> 
 
 
 def analyse(config: str, shape: tuple[int, int] | None = None) -> dict:
+    """``config``'s parameter count and FLOPs at ``shape`` (default: :func:`default_shape`)."""
     cfg = load_config(config)
     shape = tuple(shape) if shape else default_shape(cfg)
     model = build_model(cfg, device='meta')
     return dict(config=config, shape=list(shape), params=count_parameters(model),
                 flops=count_flops(model, cfg, shape))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config')
-    parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
-                        help='input size; default: the test crop (classification), the '
-                             'padded test resize (detection), the training crop (segmentation)')
-    parser.add_argument('--json', action='store_true', help='print one JSON line')
-    args = parser.parse_args()
-    result = analyse(args.config, args.shape)
-    if args.json:
-        print(json.dumps(result))
-        return
-    height, width = result['shape']
-    print(f'{args.config}\ninput: 3 x {height} x {width}\n'
-          f'params: {result["params"] / 1e6:.2f} M\nFLOPs: {result["flops"] / 1e9:.2f} G')
-
-
-if __name__ == '__main__':
-    main()

@@ -1,7 +1,7 @@
 """timm as the numerical reference: every named variant of the registered families beside
 the timm model it reproduces, and a side-by-side comparison (parameters, logits, block
-outputs) on the same weights. Imported by its sibling ``backbone_parity.py`` and by the tests
-(``tests/conftest.py`` puts ``tools/analysis_tools/`` on the module path)."""
+outputs) on the same weights. Behind ``tools/analysis_tools/backbone_parity.py`` and the
+backbone tests."""
 from typing import Optional
 
 import torch
@@ -9,15 +9,13 @@ import torch.nn.functional as F
 
 from vitdense.models import backbone_families
 
+from .complexity import count_parameters
+
 #: (family, arch, our extra kwargs, timm model name or None where timm has no such model)
 REFERENCE_MODELS: list[tuple[str, str, dict, Optional[str]]] = [
     (family, arch, options, timm_name)
     for family, cls in backbone_families().items()
     for arch, options, timm_name in cls.timm_models]
-
-
-def count_parameters(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""What ``tools/train.py`` and ``tools/test.py`` share: one config, any of three host libraries.
+"""What the command-line tools share: one config, any of three host libraries.
 
 A vitdense config names its host library in ``default_scope`` (``mmdet``, ``mmseg`` or
 ``mmpretrain``). The host is imported and registered here by name, so this module itself

@@ -2,11 +2,12 @@
 its JSON holds the numbers the library computes for the same model and image."""
 import json
 
-import look_inside  # tools/analysis_tools/look_inside.py (tests/conftest.py)
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+from tools.analysis_tools import look_inside
 
 from vitdense.analysis import (attention_rollout, build_backbone, image_to_tensor,
                                mean_attention_distance, position_encodings, position_similarity,

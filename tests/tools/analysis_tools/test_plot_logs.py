@@ -2,8 +2,9 @@
 and the text log) into the same curves, and plots and summarises them."""
 import json
 
-import plot_logs  # tools/analysis_tools/plot_logs.py (tests/conftest.py)
 import pytest
+
+from tools.analysis_tools import plot_logs
 
 # two epochs of 16 iterations, logged every 10, validated after epoch 2 (mmengine formats)
 SCALARS = [

@@ -10,7 +10,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 
-from launch import host_of
+from vitdense.engine.launch import host_of
 
 from common import CHECKOUT_ENV, REPO_ROOT
 

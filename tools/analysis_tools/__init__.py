@@ -1,0 +1,1 @@
+"""Command lines that analyse models and runs (parity, FLOPs, pictures, log plots)."""
