@@ -1,5 +1,6 @@
 """What the four columnar families share: arch tables, the dense / classification forward,
-the multi-layer pyramid, freezing, activation checkpointing and checkpoint adaptation.
+the multi-layer pyramid, freezing and activation checkpointing (checkpoint adaptation:
+:mod:`.checkpoint_adaptation`).
 
 A family (one file each) states its arch table, how its patch embedding, position encoding,
 blocks and class-attention blocks are built, and how official / timm checkpoint keys map to
@@ -11,32 +12,20 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
-from mmengine.runner import checkpoint as mmengine_checkpoint
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from ..layers.blocks import NORM_EPS
 from ..layers.branched import BranchedLinear
 from ..layers.pyramid import MultiLevelPyramid
+from .checkpoint_adaptation import CheckpointAdaptation
 
 OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
 #: how inputs that are not a multiple of the patch size (or of the pyramid's 32) are met
 PADDINGS = ('image', 'stem')
 BATCH_NORM_TYPES = ('BN', 'SyncBN')
 OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
-
-Rule = tuple[str, str]
-#: key renames official layouts of every family need, applied before a family's own
-#: ``checkpoint_rules``: a learned position table saved as a bare tensor (DeiT, CaiT,
-#: ConViT) and a block's LayerScale gammas named gamma_1 / gamma_2 (DeiT III, CaiT) or
-#: gamma1 / gamma2 (XCiT), ours being ls1.gamma / ls2.gamma as in timm
-SHARED_CHECKPOINT_RULES: tuple[Rule, ...] = (
-    (r'^pos_embed$', 'pos_embed.weight'),
-    (r'\.gamma_?([12])$', r'.ls\1.gamma'),
-)
-CLASS_ATTENTION_SPLIT = re.compile(r'^cls_blocks\.\d+\.attn\.(qkv|k)\.')
 
 
 def default_out_indices(num_layers: int) -> tuple[int, ...]:
@@ -46,7 +35,7 @@ def default_out_indices(num_layers: int) -> tuple[int, ...]:
     return tuple(max(num_layers * q // 4 - 1, 0) for q in (1, 2, 3, 4))
 
 
-class ColumnarBackbone(BaseModule):
+class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     """Base of the columnar backbones (see ``docs/backbone_contract.md``).
 
     Args:
@@ -86,13 +75,9 @@ class ColumnarBackbone(BaseModule):
     arch_keys: tuple[str, ...] = ('embed_dims', 'num_layers', 'num_heads')
     arch_defaults: dict = {}
     uniform_drop_path = False
-    #: the family's key renames (regex, replacement), after ``SHARED_CHECKPOINT_RULES``
-    checkpoint_rules: tuple[Rule, ...] = ()
     #: the family's named variants as (arch, constructor options, the timm model it
     #: reproduces or None where timm has none): how a timm checkpoint finds its arch
     timm_models: tuple[tuple[str, dict, Optional[str]], ...] = ()
-    #: keys of foreign checkpoints that have no counterpart here (classifier heads)
-    foreign_only_keys = r'^(head|head_dist|fc_norm|pre_logits)\.'
 
     def __init__(self,
                  arch: Union[str, dict],
@@ -369,119 +354,3 @@ class ColumnarBackbone(BaseModule):
         LayerScale gammas, XCA temperatures, GPSA gates."""
         keep = re.compile(r'^(cls_token|pos_embed\..*|.*\.(gamma|temperature|gating))$')
         return {name for name, _ in self.named_parameters() if keep.match(name)}
-
-    # ------------------------------------------------------------------ checkpoints
-    @classmethod
-    def convert_checkpoint(cls, state_dict: dict) -> dict:
-        """Map an official release or a timm state dict of this family to our keys.
-
-        Keys already in our layout pass through unchanged; classifier heads are dropped.
-        """
-        if 'model' in state_dict and isinstance(state_dict['model'], dict):
-            state_dict = state_dict['model']
-        converted = {}
-        for key, value in state_dict.items():
-            key = key[len('module.'):] if key.startswith('module.') else key
-            if re.match(cls.foreign_only_keys, key):
-                continue
-            for pattern, replacement in SHARED_CHECKPOINT_RULES + cls.checkpoint_rules:
-                key = re.sub(pattern, replacement, key)
-            converted[key] = value
-        return cls.merge_checkpoint_tensors(converted)
-
-    @classmethod
-    def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
-        """Tensors split or stacked differently. Class attention keeps a query map and a
-        fused key-value map; official XCiT stores one qkv map, timm and CaiT q, k, v."""
-        for key in [k for k in state_dict if CLASS_ATTENTION_SPLIT.search(k)]:
-            if key not in state_dict:
-                continue
-            base, kind, param = key.rsplit('.', 2)
-            if kind == 'qkv':
-                q, k, v = state_dict.pop(key).chunk(3)
-                state_dict[f'{base}.q.{param}'] = q
-            else:
-                k = state_dict.pop(key)
-                v = state_dict.pop(f'{base}.v.{param}')
-            state_dict[f'{base}.kv.{param}'] = torch.cat([k, v])
-        return state_dict
-
-    def adapt_checkpoint(self, state_dict: dict, strict: bool = True) -> dict:
-        """A checkpoint of any layout this family reads (official release, timm, ours;
-        bare or wrapped in ``model`` / ``state_dict``), in the layout of this model.
-
-        Keys go through :meth:`convert_checkpoint`; tensors of the classification stage
-        are dropped (and logged) when the model is dense. Raises ValueError naming the
-        arch when tensors have other shapes than the model's (no load could use them;
-        position tables excepted: :class:`LearnedPositionEmbedding` resamples them) and,
-        with ``strict``, when the checkpoint is of another architecture: tensors of the
-        model missing (the dense pyramid, new in fine-tuning, excepted) while unknown
-        ones are present.
-        """
-        if isinstance(state_dict.get('state_dict'), dict):
-            state_dict = state_dict['state_dict']
-        converted = self.convert_checkpoint(state_dict)
-        expected = self.state_dict()
-        unused = sorted(k for k in converted if k not in expected and self._unused_in_mode(k))
-        for key in unused:
-            del converted[key]
-        mismatched = [
-            f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}'
-            for k, v in converted.items()
-            if k in expected and k != 'pos_embed.weight' and v.shape != expected[k].shape]
-        missing = [k for k in expected if k not in converted and not k.startswith('pyramid.')]
-        unexpected = [k for k in converted if k not in expected]
-        if mismatched or (strict and missing and unexpected):
-            details = mismatched[:10] if mismatched else [
-                f'missing: {", ".join(missing[:8])}', f'unexpected: {", ".join(unexpected[:8])}']
-            raise ValueError(
-                f'checkpoint does not match {type(self).__name__}(arch={self.arch_name}, '
-                f'embed_dims={self.embed_dims}, num_layers={self.num_layers}, patch_size='
-                f'{self.patch_size}): {len(mismatched)} tensors with other shapes, '
-                f'{len(missing)} missing, {len(unexpected)} unexpected' +
-                ''.join(f'\n  {d}' for d in details))
-        if unused:
-            MMLogger.get_current_instance().info(
-                f'{type(self).__name__}: out_type={self.out_type!r} does not use '
-                f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
-        return converted
-
-    def init_weights(self) -> None:
-        """mmengine's initialisation, except that ``Pretrained`` entries of ``init_cfg``
-        load through :meth:`adapt_checkpoint` (after the others, as in mmengine): the
-        checkpoint must be of this architecture; tensors it lacks keep their
-        initialisation (mmengine's non-strict load, which logs them)."""
-        init_cfgs = [self.init_cfg] if isinstance(self.init_cfg, dict) else self.init_cfg
-        pretrained = [cfg for cfg in init_cfgs or [] if cfg.get('type') == 'Pretrained']
-        if self.is_init or not pretrained:
-            super().init_weights()
-            return
-        self.init_cfg = [cfg for cfg in init_cfgs if cfg not in pretrained] or None
-        try:
-            super().init_weights()
-        finally:
-            self.init_cfg = init_cfgs
-        for cfg in pretrained:
-            self.load_pretrained(cfg['checkpoint'], cfg.get('prefix'),
-                                 cfg.get('map_location', 'cpu'))
-
-    def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
-                        map_location: str = 'cpu') -> None:
-        """Load a checkpoint file as ``init_cfg=dict(type='Pretrained', checkpoint=...,
-        prefix=...)`` does: ``prefix`` selects a part of a whole-model checkpoint (e.g.
-        ``'backbone.'`` of a classifier)."""
-        logger = MMLogger.get_current_instance()
-        if prefix is None:
-            logger.info(f'load model from: {checkpoint}')
-            state_dict = mmengine_checkpoint._load_checkpoint(checkpoint,
-                                                              map_location=map_location)
-        else:
-            logger.info(f'load {prefix} in model from: {checkpoint}')
-            state_dict = mmengine_checkpoint._load_checkpoint_with_prefix(
-                prefix, checkpoint, map_location=map_location)
-        mmengine_checkpoint.load_state_dict(self, self.adapt_checkpoint(state_dict),
-                                            strict=False, logger='current')
-
-    def _unused_in_mode(self, key: str) -> bool:
-        """Checkpoint tensors of the classification stage that dense mode does not build."""
-        return self.dense and (key.startswith(('norm.', 'cls_blocks.')) or key == 'cls_token')
