@@ -1,4 +1,5 @@
 """LayerDecayOptimWrapperConstructor and TimeBudgetHook on real backbones and a real Runner."""
+import re
 import time
 
 import pytest
@@ -104,18 +105,26 @@ class _Images(torch.utils.data.Dataset):
         return dict(inputs=torch.randn(3, 32, 32))
 
 
-def test_time_budget_stops_training_and_anneals_lr(tmp_path):
-    model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
-    runner = Runner(
-        model=model, work_dir=str(tmp_path),
+def _budgeted_runner(tmp_path, minutes: float, log_interval: int, **runner_args) -> Runner:
+    """A tiny XCiT detector trained for ``minutes`` by TimeBudgetHook (stand-in max_iters)."""
+    return Runner(
+        model=Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN'))),
+        work_dir=str(tmp_path),
         train_dataloader=dict(dataset=_Images(), batch_size=2,
                               collate_fn=dict(type='default_collate'),
                               sampler=dict(type='InfiniteSampler', shuffle=True)),
         train_cfg=dict(by_epoch=False, max_iters=100000),
         optim_wrapper=dict(constructor='vitdense.LayerDecayOptimWrapperConstructor',
                            optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05)),
-        custom_hooks=[dict(type='vitdense.TimeBudgetHook', minutes=0.05, warmup_iters=2)],
-        default_hooks=dict(checkpoint=None, logger=dict(type='LoggerHook', interval=1000)))
+        custom_hooks=[dict(type='vitdense.TimeBudgetHook', minutes=minutes, warmup_iters=2)],
+        default_hooks=dict(checkpoint=None,
+                           logger=dict(type='LoggerHook', interval=log_interval)),
+        **runner_args)
+
+
+def test_time_budget_stops_training_and_anneals_lr(tmp_path):
+    runner = _budgeted_runner(tmp_path, minutes=0.05, log_interval=1000)
+    model = runner.model
     start = time.monotonic()
     runner.train()
     assert 3 <= time.monotonic() - start < 10
@@ -126,3 +135,16 @@ def test_time_budget_stops_training_and_anneals_lr(tmp_path):
     assert (tmp_path / 'last_checkpoint').read_text() == str(saved)
     state = torch.load(saved, map_location='cpu', weights_only=False)['state_dict']
     assert all(torch.equal(state[key], value) for key, value in model.state_dict().items())
+
+
+def test_time_budget_log_shows_the_budget_not_the_stand_in_total(tmp_path):
+    runner = _budgeted_runner(tmp_path, minutes=0.02, log_interval=1,
+                              log_processor=dict(type='vitdense.TimeBudgetLogProcessor',
+                                                 by_epoch=False))
+    runner.train()
+    log = next(tmp_path.glob('*/*.log')).read_text()
+    headers = re.findall(r'Iter\(train\) \[(\d+) \| (\d+\.\d\d)/0\.02 min\]', log)
+    assert len(headers) == runner.iter
+    assert [int(step) for step, _ in headers] == list(range(1, runner.iter + 1))
+    assert [float(spent) for _, spent in headers] == sorted(float(s) for _, s in headers)
+    assert '/100000]' not in log

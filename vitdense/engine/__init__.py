@@ -3,8 +3,8 @@ from .nonfinite import NonFiniteGuardHook, NonFiniteLossError
 from .optim_constructor import LayerDecayOptimWrapperConstructor
 from .preflight import CheckedDataset, DataError, check_data
 from .resume import ExactResumeHook, find_resumable_checkpoint
-from .time_budget import TimeBudgetHook, train_on_time_budget
+from .time_budget import TimeBudgetHook, TimeBudgetLogProcessor, train_on_time_budget
 
 __all__ = ['CheckedDataset', 'DataError', 'ExactResumeHook', 'LayerDecayOptimWrapperConstructor',
-           'NonFiniteGuardHook', 'NonFiniteLossError', 'TimeBudgetHook', 'check_data',
-           'find_resumable_checkpoint', 'train_on_time_budget']
+           'NonFiniteGuardHook', 'NonFiniteLossError', 'TimeBudgetHook', 'TimeBudgetLogProcessor',
+           'check_data', 'find_resumable_checkpoint', 'train_on_time_budget']

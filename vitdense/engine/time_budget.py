@@ -17,9 +17,10 @@ from mmengine.config import Config
 from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
+from mmengine.runner import LogProcessor
 
 from vitdense.compat.checkpoint import atomic_write
-from vitdense.registry import HOOKS
+from vitdense.registry import HOOKS, LOG_PROCESSORS
 
 
 @HOOKS.register_module()
@@ -36,7 +37,8 @@ class TimeBudgetHook(Hook):
     the budget is used up (mmengine's ``save_last`` only fires at ``max_iters``, which a
     budgeted run never reaches); the previous one is removed once the new one is on disk
     and named in ``last_checkpoint``. The log line's ``eta`` is the budget left and
-    ``budget_used`` the fraction spent (the iteration count has no end to measure from).
+    ``budget_used`` the fraction spent (the iteration count has no end to measure from);
+    :class:`TimeBudgetLogProcessor` puts the minutes spent and budgeted in its header.
     """
 
     # After IterTimerHook (NORMAL), which writes an eta from max_iters, and before
@@ -44,6 +46,7 @@ class TimeBudgetHook(Hook):
     priority = 55
     CLOCKS = {'wall': time.monotonic, 'process': time.process_time}
     STATE_KEY = 'time_budget'
+    INFO_KEY = 'time_budget_seconds'
 
     def __init__(self, minutes: float, warmup_iters: int = 50, warmup_ratio: float = 1e-3,
                  clock: str = 'wall', checkpoints: int = 10) -> None:
@@ -94,6 +97,7 @@ class TimeBudgetHook(Hook):
                          outputs=None) -> None:
         seconds = self.seconds_spent()
         runner.message_hub.update_info('eta', max(0.0, self.budget - seconds))
+        runner.message_hub.update_info(self.INFO_KEY, (seconds, self.budget))
         runner.message_hub.update_scalar('train/budget_used', min(1.0, seconds / self.budget))
         if seconds >= self.budget:
             runner.train_loop.stop_training = True
@@ -136,6 +140,30 @@ class TimeBudgetHook(Hook):
         self.saved = path
 
 
+@LOG_PROCESSORS.register_module()
+class TimeBudgetLogProcessor(LogProcessor):
+    """mmengine's iteration log, headed by the time budget instead of a total iteration count.
+
+    A budgeted run's loop has a stand-in ``max_iters`` that is never reached, so the usual
+    header ``Iter(train) [ 100/1000000000]`` says nothing; with :class:`TimeBudgetHook` it
+    reads ``Iter(train) [100 | 3.20/10.00 min]``, the minutes spent (runs resumed from
+    included) of the budget. Validation and test lines, and lines of another layout
+    (``by_epoch``), are mmengine's.
+    """
+
+    def get_log_after_iter(self, runner, batch_idx: int, mode: str) -> tuple[dict, str]:
+        tag, log_str = super().get_log_after_iter(runner, batch_idx, mode)
+        budget = runner.message_hub.get_info(TimeBudgetHook.INFO_KEY)
+        cur_iter = self._get_iter(runner, batch_idx)
+        header = f'Iter(train) [{str(cur_iter).rjust(len(str(runner.max_iters)))}/' \
+                 f'{runner.max_iters}]'
+        if mode != 'train' or budget is None or not log_str.startswith(header):
+            return tag, log_str
+        seconds, total = budget
+        return tag, (f'Iter(train) [{cur_iter} | {seconds / 60:.2f}/{total / 60:.2f} min]'
+                     + log_str[len(header):])
+
+
 def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> None:
     """Rewrite ``cfg`` in place to train for ``minutes`` and evaluate once, at the end.
 
@@ -150,6 +178,6 @@ def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> No
     cfg.custom_hooks.append(dict(type='vitdense.TimeBudgetHook', minutes=minutes, clock=clock))
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
                                         interval=10 ** 9, save_last=True, max_keep_ckpts=1)
-    cfg.log_processor = dict(by_epoch=False,
+    cfg.log_processor = dict(type='vitdense.TimeBudgetLogProcessor', by_epoch=False,
                              custom_cfg=[dict(data_src='budget_used', method_name='mean',
                                              window_size=1)])
