@@ -61,6 +61,7 @@ def test_xca_is_softmax_over_channel_covariance():
     attn = ((q @ k.transpose(-2, -1)) * xca.temperature).softmax(-1)  # (1, 2, 4, 4)
     expected = xca.proj((attn @ v).permute(0, 3, 1, 2).reshape(1, 5, 8))
     assert torch.allclose(xca(x), expected, atol=1e-6)
+    torch.testing.assert_close(xca.attention_weights(x), attn)
 
 
 def test_xca_memory_is_linear_in_tokens():

@@ -4,8 +4,9 @@ compute from it: per-query maps, class-attention maps (CaiT §3, XCiT §3.3), at
 (ConViT Eq. 8).
 
 The blocks fuse attention (SDPA) and never materialise the weights, so a forward pre-hook on
-each attention module recomputes them from the module's own input and parameters; the
-backbones stay untouched and the recorded weights are those the forward pass applies.
+each attention module asks it for them (``attention_weights`` of the token mixers, from the
+module's own input and parameters); the backbones stay untouched and the recorded weights
+are those the forward pass applies.
 """
 from __future__ import annotations
 
@@ -16,48 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vitdense.models.layers.attention import (ClassAttention, CrossCovarianceAttention,
+from vitdense.models.layers.attention import (CrossCovarianceAttention,
                                               GatedPositionalSelfAttention, Grid,
-                                              MultiheadSelfAttention, _mix_heads,
-                                              _split_heads)
-
-
-def self_attention_weights(module: MultiheadSelfAttention, x: torch.Tensor) -> torch.Tensor:
-    """(B, heads, N, N) weights of plain or talking-heads self-attention for tokens x.
-
-    Talking heads (CaiT): the weights after the post-softmax head mixing, the ones that
-    multiply the values (rows need not sum to one). Parallel branches ("Three things") are
-    stacked along the head axis, branch-major.
-    """
-    q, k, _ = _split_heads(module.qkv(x).flatten(0, -3), 3, module.num_heads)
-    logits = (q * module.scale) @ k.transpose(-2, -1)
-    if module.talking_heads:
-        weights = _mix_heads(_mix_heads(logits, module.mix_logits).softmax(dim=-1),
-                             module.mix_weights)
-    else:
-        weights = logits.softmax(dim=-1)
-    if x.dim() == 4:  # (branches, B, N, C) -> heads of every branch side by side
-        weights = weights.view(x.shape[0], x.shape[1], *weights.shape[1:])
-        weights = weights.transpose(0, 1).flatten(1, 2)
-    return weights
-
-
-def gated_attention_weights(module: GatedPositionalSelfAttention, x: torch.Tensor,
-                            hw: Grid) -> torch.Tensor:
-    """(B, heads, N, N) weights of GPSA (ConViT Eq. 7): (1 - σ(λ)) content + σ(λ) positional."""
-    q, k = _split_heads(module.qk(x), 2, module.num_heads)
-    content = ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
-    positional = module.positional_attention(hw, x)
-    return torch.lerp(content, positional.expand_as(content),
-                      torch.sigmoid(module.gating).view(-1, 1, 1))
-
-
-def class_attention_weights(module: ClassAttention, x: torch.Tensor) -> torch.Tensor:
-    """(B, heads, 1 + N) weights of the class token over itself and the N patch tokens."""
-    (q,) = _split_heads(module.q(x[:, :1]), 1, module.num_heads)
-    k, _ = _split_heads(module.kv(x), 2, module.num_heads)
-    weights = ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
-    return weights[:, :, 0]
+                                              MultiheadSelfAttention)
 
 
 @dataclass
@@ -116,17 +78,14 @@ class AttentionRecorder:
         for block in self.model.cls_blocks or ():
             self._handles.append(block.attn.register_forward_pre_hook(
                 lambda module, args: record.class_attention.append(
-                    class_attention_weights(module, args[0]).detach())))
+                    module.attention_weights(args[0])[:, :, 0].detach())))
         return record
 
     def _trunk_hook(self, index: int):
         def hook(module, args, kwargs):
-            x, hw = args[0], args[1] if len(args) > 1 else kwargs['hw']
-            if isinstance(module, GatedPositionalSelfAttention):
-                weights = gated_attention_weights(module, x, hw)
-            else:  # all queries, also where the forward computes only the class token's
-                weights = self_attention_weights(module, x)
-            self.record.trunk[index] = weights.detach()
+            x, hw = args[0], args[1] if len(args) > 1 else kwargs.get('hw')
+            # all queries, also where the forward computes only the class token's
+            self.record.trunk[index] = module.attention_weights(x, hw).detach()
         return hook
 
     def __exit__(self, *exc) -> None:

@@ -75,6 +75,23 @@ class MultiheadSelfAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
 
+    def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
+        """(B, heads, N, N): the weights the forward pass applies to the values of tokens x
+        (talking heads: after the post-softmax head mixing, so rows need not sum to one).
+        Parallel branches, x of shape (branches, B, N, C), are stacked along the head axis,
+        branch-major."""
+        q, k, _ = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
+        logits = (q * self.scale) @ k.transpose(-2, -1)
+        if self.talking_heads:
+            weights = _mix_heads(_mix_heads(logits, self.mix_logits).softmax(dim=-1),
+                                 self.mix_weights)
+        else:
+            weights = logits.softmax(dim=-1)
+        if x.dim() == 4:
+            weights = weights.view(x.shape[0], x.shape[1], *weights.shape[1:])
+            weights = weights.transpose(0, 1).flatten(1, 2)
+        return weights
+
 
 def _mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
     """A linear map across the heads of (B, heads, N, M) attention maps (talking heads).
@@ -109,6 +126,12 @@ class ClassAttention(nn.Module):
             q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         return self.proj_drop(self.proj(_merge_heads(out)))
 
+    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, heads, 1, 1+N): the class token's weights over itself and the N patch tokens."""
+        (q,) = _split_heads(self.q(x[:, :1]), 1, self.num_heads)
+        k, _ = _split_heads(self.kv(x), 2, self.num_heads)
+        return ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+
 
 class CrossCovarianceAttention(nn.Module):
     """XCA (XCiT §3.1): attention over channels, from the cross-covariance of l2-normalised
@@ -141,6 +164,15 @@ class CrossCovarianceAttention(nn.Module):
         attn = F.dropout(attn.softmax(dim=-1), self.attn_drop, self.training)
         out = (attn @ v).reshape(batch, dim, num_tokens).transpose(1, 2).contiguous()
         return self.proj_drop(self.proj(out))
+
+    def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
+        """(B, heads, d, d) attention between the d channels of each head (XCiT Eq. 2):
+        softmax of the temperature-scaled cosine similarity of the queries' and keys'
+        channels over the tokens."""
+        batch, num_tokens, _ = x.shape
+        q, k, _ = self.qkv(x).view(batch, num_tokens, 3, self.num_heads, -1).permute(2, 0, 3, 4, 1)
+        cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+        return (cosine * self.temperature).softmax(dim=-1)
 
 
 def relative_positions(hw: Grid, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -216,3 +248,11 @@ class GatedPositionalSelfAttention(nn.Module):
         positional = positional.view(self.num_heads, num_tokens, batch, -1).permute(2, 0, 1, 3)
         out = torch.lerp(content, positional, torch.sigmoid(self.gating).view(-1, 1, 1))
         return self.proj_drop(self.proj(_merge_heads(out)))
+
+    def attention_weights(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
+        """(B, heads, N, N) weights (ConViT Eq. 7): (1 - σ(λ)) content + σ(λ) positional
+        attention, the map the forward pass applies term by term."""
+        q, k = _split_heads(self.qk(x), 2, self.num_heads)
+        content = ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return torch.lerp(content, self.positional_attention(hw, x).expand_as(content),
+                          torch.sigmoid(self.gating).view(-1, 1, 1))
