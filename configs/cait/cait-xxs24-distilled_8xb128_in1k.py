@@ -1,8 +1,6 @@
 # CaiT-XXS24Υ: the XXS24 recipe with hard distillation (CaiT §4.3, DeiT §5.2). The loss is the
 # mean of the label loss and the cross-entropy against the argmax of a frozen convnet teacher
 # (the paper's RegNetY-16GF is not in mmpretrain; its in1k RegNetX-12GF stands in).
-# Weight decay: official DeiT main.py, as CaiT (timm create_optimizer): 1-D parameters, biases,
-# pos_embed and cls_token exempt (_base_/schedules/deit_adamw_*.py).
 _base_ = ['./cait-xxs24_8xb128_in1k.py']
 
 model = dict(

@@ -1,8 +1,6 @@
 # CaiT-XXS24 on ImageNet-1k, DeiT recipe as in CaiT §4.3: batch 8 x 128 = 1024, AdamW lr 1e-3,
 # 400 epochs, uniform stochastic depth d_r and LayerScale init from Table 3 (0.1, 1e-5 for
 # XXS24; the LayerScale init comes with the arch), evaluation crop ratio 1.0.
-# Weight decay: official DeiT main.py, as CaiT (timm create_optimizer): 1-D parameters, biases,
-# pos_embed and cls_token exempt (_base_/schedules/deit_adamw_*.py).
 _base_ = ['../_base_/deit_in1k_400e.py']
 
 model = dict(

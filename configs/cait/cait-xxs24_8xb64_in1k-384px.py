@@ -1,6 +1,5 @@
 # CaiT-XXS24 fine-tuned at 384x384 (↑384, CaiT §4.3) from its 224 checkpoint: DeiT fine-tuning
 # procedure, position table resampled on load, evaluation crop ratio 1.0.
-# Weight decay: DeiT fine-tuning, 1e-8 (_base_/schedules/deit_finetune_adamw_30e.py).
 _base_ = [
     '../_base_/models/deit_cls_in1k-384px.py',
     '../_base_/datasets/imagenet_bs64_deit_384_crop1.py',

@@ -1,6 +1,4 @@
 # Semantic FPN, ADE20k 80k, CaiT-S24 (official IN-1k weights) with the XCiT dense recipe.
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw-poly_80k.py).
 _base_ = './fpn_cait-xxs24-p16_8xb2-80k_ade20k-512x512.py'
 model = dict(
     backbone=dict(

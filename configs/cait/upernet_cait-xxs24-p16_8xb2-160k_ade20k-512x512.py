@@ -1,6 +1,4 @@
 # UperNet, ADE20k 160k, CaiT-XXS24 (official IN-1k weights) with the XCiT dense recipe.
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw-poly_160k.py).
 _base_ = '../_base_/upernet_columnar_160k_ade20k.py'
 model = dict(
     backbone=dict(

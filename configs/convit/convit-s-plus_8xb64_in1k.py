@@ -1,6 +1,4 @@
 # ConViT-S-plus: D_emb/N_h = 64; as in §4 of the paper, batch 512 (8 x 64) and lr 4e-4.
-# Weight decay: official ConViT main.py (timm create_optimizer): 1-D parameters, biases, pos_embed
-# and cls_token exempt (_base_/schedules/deit_adamw_*.py).
 _base_ = ['./convit-s_8xb128_in1k.py']
 
 model = dict(backbone=dict(arch='small_plus'), head=dict(in_channels=576))

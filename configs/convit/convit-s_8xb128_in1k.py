@@ -1,7 +1,5 @@
 # ConViT-S on ImageNet-1k with the unchanged DeiT recipe (d'Ascoli et al. §4): batch 8 x 128 =
 # 1024, AdamW lr 1e-3, 300 epochs, stochastic depth 0.1, evaluation crop ratio 0.875.
-# Weight decay: official ConViT main.py (timm create_optimizer): 1-D parameters, biases, pos_embed
-# and cls_token exempt (_base_/schedules/deit_adamw_*.py).
 _base_ = [
     '../_base_/models/deit_cls_in1k.py',
     '../_base_/datasets/imagenet_bs128_deit_224.py',

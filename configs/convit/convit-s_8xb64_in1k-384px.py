@@ -1,6 +1,5 @@
 # ConViT-S fine-tuned at 384x384 from its 224 checkpoint: DeiT fine-tuning procedure, the
 # position table resampled on load, evaluation crop ratio 0.875.
-# Weight decay: DeiT fine-tuning, 1e-8 (_base_/schedules/deit_finetune_adamw_30e.py).
 _base_ = [
     '../_base_/models/deit_cls_in1k-384px.py',
     '../_base_/datasets/imagenet_bs64_deit_384.py',

@@ -1,6 +1,4 @@
 # Semantic FPN, ADE20k 80k, ConViT-Ti (official IN-1k weights) with the XCiT dense recipe.
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw-poly_80k.py).
 _base_ = '../_base_/fpn_columnar_80k_ade20k.py'
 model = dict(
     backbone=dict(

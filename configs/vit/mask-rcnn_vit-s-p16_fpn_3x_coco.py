@@ -1,6 +1,4 @@
 # Mask R-CNN + FPN, COCO 3x, ViT-S/16 (DeiT IN-1k weights) with the XCiT dense recipe.
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw_3x.py).
 _base_ = '../_base_/mask-rcnn_columnar_3x_coco.py'
 model = dict(
     backbone=dict(

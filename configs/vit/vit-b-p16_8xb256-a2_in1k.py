@@ -1,6 +1,4 @@
 # ViT-B/16 A2 baseline ("Three things" §2.2): lr 3e-3, stochastic depth 0.1.
-# Weight decay: A2 (timm optimizer factory): 1-D parameters, biases, pos_embed and cls_token exempt
-# (_base_/schedules/a2_lamb_300e.py).
 _base_ = ['./vit-s-p16_8xb256-a2_in1k.py']
 
 model = dict(backbone=dict(arch='base', drop_path_rate=0.1), head=dict(in_channels=768))

@@ -1,7 +1,5 @@
 # Parallel ViT-B18x2 with LayerScale, 400 epochs ("Three things" Table 2: 84.1% top-1): A2 at
 # lr 3e-3, stochastic depth 0.2 for the 36 residual blocks of a B36.
-# Weight decay: A2 (timm optimizer factory): 1-D parameters, biases, pos_embed and cls_token exempt
-# (_base_/schedules/a2_lamb_300e.py).
 _base_ = ['./vit-s-p16_8xb256-a2_in1k.py']
 
 model = dict(

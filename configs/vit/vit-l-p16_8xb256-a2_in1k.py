@@ -1,6 +1,4 @@
 # ViT-L/16 A2 baseline ("Three things" §2.2): lr 3e-3, stochastic depth 0.4.
-# Weight decay: A2 (timm optimizer factory): 1-D parameters, biases, pos_embed and cls_token exempt
-# (_base_/schedules/a2_lamb_300e.py).
 _base_ = ['./vit-s-p16_8xb256-a2_in1k.py']
 
 model = dict(backbone=dict(arch='large', drop_path_rate=0.4), head=dict(in_channels=1024))

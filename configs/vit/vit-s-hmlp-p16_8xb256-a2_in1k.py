@@ -1,8 +1,6 @@
 # ViT-S/16 with the hierarchical MLP stem ("Three things" §5, Appendix C): patches are
 # processed independently by 4x4 -> 2x2 -> 2x2 linear maps with BatchNorm and GELU; A2 recipe.
 # The paper's stem uses SyncBatchNorm: the runner converts BN layers for distributed training.
-# Weight decay: A2 (timm optimizer factory): 1-D parameters, biases, pos_embed and cls_token exempt
-# (_base_/schedules/a2_lamb_300e.py).
 _base_ = ['./vit-s-p16_8xb256-a2_in1k.py']
 
 model = dict(backbone=dict(stem='hmlp', stem_norm='BN'))

@@ -1,7 +1,6 @@
 # Attention-only fine-tuning of ViT-S/16 at 384x384 ("Three things" §4, Table 5): only the
 # MHSA weights (plus norms, position embedding, class token and head) train, the FFNs stay
 # frozen. The trainable-parameter count and the memory this saves are logged at start-up.
-# Weight decay: DeiT fine-tuning, 1e-8 (_base_/schedules/deit_finetune_adamw_30e.py).
 _base_ = ['./vit-s-p16_8xb64_in1k-384px.py']
 
 model = dict(finetune='attention')

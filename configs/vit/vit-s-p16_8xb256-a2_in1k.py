@@ -1,7 +1,5 @@
 # ViT-S/16 baseline of "Three things everyone should know about ViTs" (§2.2): the A2 procedure
 # (BCE, LAMB lr 4e-3 at batch 8 x 256 = 2048, 300 epochs), stochastic depth 0.05 for S.
-# Weight decay: A2 (timm optimizer factory): 1-D parameters, biases, pos_embed and cls_token exempt
-# (_base_/schedules/a2_lamb_300e.py).
 _base_ = [
     '../_base_/models/a2_cls_in1k.py',
     '../_base_/datasets/imagenet_bs256_a2_224.py',

@@ -1,7 +1,6 @@
 # ViT-S/16 fine-tuned at 384x384 from its 224 A2 checkpoint (DeiT ↑384 procedure: 30 epochs,
 # AdamW lr 5e-6 at batch 512). The 14x14 position table is resampled to 24x24 when the
 # checkpoint loads; the head and BCE loss carry over from pretraining.
-# Weight decay: DeiT fine-tuning, 1e-8 (_base_/schedules/deit_finetune_adamw_30e.py).
 _base_ = [
     '../_base_/models/a2_cls_in1k-384px.py',
     '../_base_/datasets/imagenet_bs64_deit_384.py',

@@ -1,6 +1,4 @@
 # Semantic FPN, ADE20k 80k, XCiT-S24/16 (XCiT paper Tables 5-6).
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw-poly_80k.py).
 _base_ = './fpn_xcit-s12-p16_8xb2-80k_ade20k-512x512.py'
 model = dict(
     backbone=dict(

@@ -1,8 +1,6 @@
 # Mask R-CNN + FPN, COCO 3x, XCiT-M24/16 (XCiT paper Tables 5-6). The official
 # mask_rcnn_xcit_medium_24_p16_3x_coco.py sets patch_size=8; Table 5's 101.1M parameters and the
 # README's separate /16 result are those of patch size 16, which this config keeps.
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw_3x.py).
 _base_ = './mask-rcnn_xcit-s12-p16_fpn_3x_coco.py'
 model = dict(
     backbone=dict(

@@ -1,6 +1,4 @@
 # Mask R-CNN + FPN, COCO 3x, XCiT-M24/8: the p16 recipe with 8×8 patches.
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw_3x.py).
 _base_ = './mask-rcnn_xcit-m24-p16_fpn_3x_coco.py'
 model = dict(
     backbone=dict(

@@ -1,6 +1,4 @@
 # UperNet, ADE20k 160k, XCiT-S12/16 (the _base_ model, XCiT paper Tables 5-6).
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw-poly_160k.py).
 _base_ = '../_base_/upernet_columnar_160k_ade20k.py'
 # The official XCiT dense forward on inputs that are not multiples of 32 (ADE20k whole-image
 # testing, e.g. 512 × 683): the stem pads itself, the pyramid pools in floor mode. Converted

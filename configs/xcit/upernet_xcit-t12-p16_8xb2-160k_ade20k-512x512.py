@@ -1,6 +1,4 @@
 # UperNet, ADE20k 160k, XCiT-T12/16 (XCiT paper Tables 5-6).
-# Weight decay: the official XCiT dense rule, only the LayerNorms exempt
-# (weight_decay_rule='custom_keys', custom_keys 'norm'; _base_/schedules/adamw-poly_160k.py).
 _base_ = './upernet_xcit-s12-p16_8xb2-160k_ade20k-512x512.py'
 model = dict(
     backbone=dict(

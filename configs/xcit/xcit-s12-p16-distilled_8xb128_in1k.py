@@ -1,7 +1,5 @@
 # XCiT-S12/16Υ: the S12/16 recipe with hard distillation from a frozen convnet teacher (XCiT
 # Table 1, following DeiT), see cait-xxs24-distilled_8xb128_in1k.py.
-# Weight decay: official XCiT main.py (timm create_optimizer): 1-D parameters, biases and cls_token
-# exempt (set in xcit-s12-p16_8xb128_in1k.py).
 _base_ = ['./xcit-s12-p16_8xb128_in1k.py']
 
 model = dict(

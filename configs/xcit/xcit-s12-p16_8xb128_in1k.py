@@ -1,8 +1,6 @@
 # XCiT-S12/16 on ImageNet-1k, DeiT recipe as in XCiT §4.1: batch 8 x 128 = 1024, AdamW lr 1e-3,
 # 400 epochs, stochastic depth 0.05 (official XCiT setting), LayerScale 1.0 from the arch
 # table, evaluation crop ratio 1.0.
-# Weight decay: official XCiT main.py (timm create_optimizer): 1-D parameters, biases and cls_token
-# exempt (set in xcit-s12-p16_8xb128_in1k.py).
 _base_ = ['../_base_/deit_in1k_400e.py']
 
 model = dict(

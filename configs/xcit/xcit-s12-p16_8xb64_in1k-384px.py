@@ -1,6 +1,5 @@
 # XCiT-S12/16 fine-tuned at 384x384 (↑) from its 224 checkpoint. XCiT has no position table
 # (Fourier features are computed for any grid), so the weights load unchanged.
-# Weight decay: DeiT fine-tuning, 1e-8 (_base_/schedules/deit_finetune_adamw_30e.py).
 _base_ = [
     '../_base_/models/deit_cls_in1k-384px.py',
     '../_base_/datasets/imagenet_bs64_deit_384_crop1.py',
