@@ -11,7 +11,7 @@ XCiT's Fig. 2).
     python -m benchmarks.benchmark --models xcit_small_12_p16_224 vit_small_patch16_224 \\
         --tasks dense --sizes 224 448 896 --batches 1 --attention fused explicit
     python -m benchmarks.benchmark --models vit_small_patch16_224 --modes train --compile
-    nice python -m benchmarks.benchmark --preset floors       # the measurements of issue 6
+    nice python -m benchmarks.benchmark --preset floors       # the cases of docs/benchmarks.md
     python -m benchmarks.benchmark --list                     # model names
 
 Tasks: ``cls`` compares our ``out_type='cls_token'`` with timm's pooled features
@@ -40,7 +40,7 @@ SMALL_MODELS = ['vit_small_patch16_224', 'cait_xxs24_224', 'xcit_small_12_p16_22
                 'convit_small']
 #: named lists of case grids; each grid is expanded as a product of its lists
 PRESETS: dict[str, list[dict]] = {
-    # issue 6: throughput of each family's small model at 224 and 512, batch 1 and 8
+    # throughput of each family's small model at 224 and 512, batch 1 and 8
     'floors': [
         dict(models=SMALL_MODELS, tasks=['cls', 'dense'], sizes=[224], batches=[1, 8]),
         dict(models=SMALL_MODELS, tasks=['dense'], sizes=[512], batches=[1, 8]),

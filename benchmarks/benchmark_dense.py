@@ -13,7 +13,7 @@ every model): preprocessing, forward, losses, backward and an AdamW step.
     python -m benchmarks.benchmark_dense --tasks seg --backbones resnet50 xcit:small_12
 
 Times: median of interleaved iterations after warm-up, all models of a task in one loop.
-Memory: each model alone in a fresh subprocess (see ``benchmarks/benchmark_lib.py``, ``MemoryMeter``).
+Memory: each model alone in a fresh subprocess (``MemoryMeter`` in ``benchmark_lib.py``).
 SyncBN layers stay: in one process without a process group torch normalises them as BN.
 """
 from __future__ import annotations
@@ -36,6 +36,7 @@ TASKS = {
     'seg': ('mmseg', 'upernet/upernet_r50_4xb4-80k_ade20k-512x512.py'),
 }
 RESNET = 'resnet50'
+PROBE = bm.module_command('benchmarks.benchmark_dense', '--probe')
 DEFAULT_BACKBONES = (RESNET, 'vit:small', 'cait:xxs24', 'xcit:small_12', 'convit:small')
 NUM_OBJECTS = 4
 
@@ -219,7 +220,7 @@ def run_task(task: str, args: argparse.Namespace, progress, bar) -> list[dict]:
             progress.update(bar, description=f'{task}: memory of {backbone}')
             spec = dict(task=task, backbone=backbone, img_size=args.img_size,
                         batch=args.batch, device=args.device, threads=args.threads)
-            rows[backbone].update(bm.probe_memory(bm.module_command('benchmarks.benchmark_dense', '--probe'), spec))
+            rows[backbone].update(bm.probe_memory(PROBE, spec))
         progress.advance(bar)
     reference = rows.get(RESNET, {})
     for row in rows.values():

@@ -1,4 +1,4 @@
-"""The dense floors of issue 4: every family against ResNet-18, same heads, data and minutes.
+"""Dense prediction on the demo sets: every family against ResNet-18, same heads, data and minutes.
 
 Each run trains a demo config from scratch for a time budget (``TimeBudgetHook``: the
 learning rate decays linearly in the time spent, so fast and slow backbones both finish

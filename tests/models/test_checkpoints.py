@@ -107,8 +107,9 @@ def test_offline_converter_writes_a_classifier_checkpoint(tmp_path, xcit_referen
 
 
 def test_a_vit_names_its_arch_and_adapt_checkpoint_honours_strict(xcit_reference):
-    """ViT's own options (depth) no longer hide the arch name; another architecture is
-    refused with strict=True and passed on for torch to report with strict=False."""
+    """The error names ViT's arch also where ViT's own options (depth) change it; another
+    architecture is refused with strict=True and passed on for torch to report with
+    strict=False."""
     with pytest.raises(ValueError, match=r'checkpoint does not match ViT\(arch=small, '
                                          r'embed_dims=384, num_layers=6'):
         ViT('small', depth=6).adapt_checkpoint(

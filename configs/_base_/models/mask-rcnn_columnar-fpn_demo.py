@@ -1,9 +1,9 @@
-# Mask R-CNN for the demo COCO set on a CPU: the layers of the full recipe, heads narrowed as
-# in issue 4's ResNet-18 reference (FPN / RoI channels 128, 2 mask convs, 128 sampled RoIs per
-# image) and anchors one octave smaller for 15-70 px objects. Trained from scratch, so the FPN
-# and the mask head get BN as in "Rethinking ImageNet Pre-training" (He et al., 2019): without
-# it the un-normalised transformer features left the mask head at loss ln 2 for 500 iterations.
-# The backbone is a small XCiT unless a leaf says otherwise.
+# Mask R-CNN for the demo COCO set on a CPU: the layers of the full recipe, heads narrowed as for
+# the ResNet-18 reference of docs/benchmarks.md (FPN / RoI channels 128, 2 mask convs, 128
+# sampled RoIs per image) and anchors one octave smaller for 15-70 px objects. Trained from
+# scratch, so the FPN and the mask head get BN as in "Rethinking ImageNet Pre-training" (He et
+# al., 2019): without it the un-normalised transformer features left the mask head at loss ln 2
+# for 500 iterations. The backbone is a small XCiT unless a leaf says otherwise.
 _base_ = './mask-rcnn_columnar-fpn.py'
 model = dict(
     backbone=dict(arch=dict(_delete_=True, embed_dims=128, num_layers=6, num_heads=4), patch_size=8,
