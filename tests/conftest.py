@@ -3,6 +3,8 @@
 - The command-line tools are importable as modules, with ``tools/`` and
   ``tools/analysis_tools/`` on the module path as when a tool runs (``import benchmark as
   tool``, ``import look_inside``). Appended, so a tool's name never shadows an installed module.
+- vitdense's host fixes (``vitdense.compat``: mmcv-lite's ops) are applied, as every
+  vitdense tool applies them, before any test imports mmcv.ops through mmdet or mmseg.
 - mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` config base by parsing
   the package's ~400 metafiles (about a second) and, for ``_base_`` files, raising ValueError;
   the answer is fixed for a session, so it is memoised (config tests resolve hundreds).
@@ -17,10 +19,14 @@ import pytest
 from mmengine.config import config as mmengine_config
 from PIL import Image
 
+from vitdense.compat import apply_host_fixes
+
 TOOLS = Path(__file__).resolve().parents[1] / 'tools'
 for folder in (TOOLS, TOOLS / 'analysis_tools'):
     if str(folder) not in sys.path:
         sys.path.append(str(folder))
+
+apply_host_fixes()
 
 
 def _memoised(lookup):

@@ -7,6 +7,7 @@ config of any downstream library (mmdet, mmseg, mmpretrain) can name our modules
 """
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
+from mmengine.registry import MODEL_WRAPPERS as MMENGINE_MODEL_WRAPPERS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import \
     OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
@@ -23,3 +24,5 @@ DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope=SCOPE,
                     locations=['vitdense.engine'])
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope=SCOPE,
                  locations=['vitdense.engine'])
+MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope=SCOPE,
+                          locations=['vitdense.engine'])

@@ -13,7 +13,7 @@ from mmengine.runner import Runner
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitdense.compat.checkpoint import safe_load
+from vitdense.checkpoint_io import safe_load
 from vitdense.engine.nonfinite import NonFiniteGuardHook, NonFiniteLossError
 
 

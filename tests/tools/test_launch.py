@@ -14,7 +14,7 @@ import torch
 from mmengine.logging import MMLogger
 
 from launch import add_safety_hooks, apply_resume, load_config  # tools/launch.py
-from vitdense.compat.checkpoint import CorruptCheckpointError
+from vitdense.checkpoint_io import CorruptCheckpointError
 
 from common import REPO_ROOT
 

@@ -25,7 +25,7 @@ from mmengine.config import Config
 from mmengine.registry import MODELS
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
-from vitdense.compat.checkpoint import safe_load
+from vitdense.checkpoint_io import safe_load
 from vitdense.models import XCiT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py

@@ -18,7 +18,7 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 
-from vitdense.compat.checkpoint import atomic_write
+from vitdense.checkpoint_io import atomic_write
 from vitdense.registry import HOOKS
 
 
