@@ -24,7 +24,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS
 
-import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.checkpoint_io import safe_load
 from vitdense.models import XCiT
 
