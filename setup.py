@@ -1,21 +1,6 @@
 import os.path as osp
 
 from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
-
-STARTUP_PTH = 'vitdense-startup.pth'
-
-
-class BuildPyWithStartupHook(build_py):
-    """Also puts ``vitdense-startup.pth`` at the top of site-packages (see vitdense_startup)."""
-
-    def run(self) -> None:
-        super().run()
-        self.copy_file(STARTUP_PTH, osp.join(self.build_lib, STARTUP_PTH))
-
-    def get_outputs(self, include_bytecode: bool = True) -> list:
-        return super().get_outputs(include_bytecode) + [osp.join(self.build_lib, STARTUP_PTH)]
-
 
 version: dict = {}
 exec(open('vitdense/version.py').read(), version)
@@ -27,12 +12,13 @@ setup(
     long_description=open('README.md').read() if osp.exists('README.md') else '',
     long_description_content_type='text/markdown',
     packages=find_packages(include=['vitdense', 'vitdense.*']),
-    py_modules=['vitdense_startup'],
-    cmdclass={'build_py': BuildPyWithStartupHook},
     python_requires='>=3.10',
     install_requires=[
-        'torch>=2.6,<2.15', 'torchvision', 'mmengine>=0.10.3,<0.11', 'timm>=1.0',
-        'numpy>=1.24', 'packaging',
+        'torch>=2.6', 'torchvision', 'mmengine>=0.10.3,<0.11', 'timm>=1.0', 'numpy>=1.24',
+        'packaging',
+        # mmengine 0.10 finds the packages behind `mmdet::` / `mmseg::` config bases with
+        # pkg_resources, which setuptools 81 and later no longer ship.
+        'setuptools>=77.0.3,<81',
     ],
     extras_require={
         # mmcv-lite plus vitdense's torch-native ops; the compiled mmcv (tools/install.sh

@@ -28,7 +28,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-import vitdense  # noqa: F401  (host-stack fixes before any config resolves 'mmpretrain::')
+import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine import train_on_time_budget
 
 ROOT = Path(__file__).resolve().parents[1]

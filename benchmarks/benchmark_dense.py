@@ -113,9 +113,11 @@ def model_config(task: str, backbone: str, img_size: int):
 
 def build_model(task: str, backbone: str, img_size: int) -> torch.nn.Module:
     """Build through the host library's registry (its default scope, vitdense imported)."""
-    import vitdense  # noqa: F401  (registers the vitdense scope)
     from mmengine.registry import init_default_scope
 
+    from vitdense.compat import apply_host_fixes  # imports vitdense: its registries
+
+    apply_host_fixes()
     package = TASKS[task][0]
     importlib.import_module(f'{package}.utils').register_all_modules(init_default_scope=False)
     init_default_scope(package)

@@ -37,7 +37,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, PARAM_SCHEDULERS, DefaultScope
 from mmengine.runner import Runner
 
-import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.compat import mmcv_ext as torch_native
 from vitdense.demo_data import make_demo_coco
 from vitdense.engine.launch import load_config, point_at_data_root

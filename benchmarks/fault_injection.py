@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from vitdense.compat.checkpoint import CorruptCheckpointError, safe_load
+from vitdense.checkpoint_io import CorruptCheckpointError, safe_load
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_imagenet
 

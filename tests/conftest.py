@@ -1,5 +1,7 @@
 """Shared by all tests.
 
+- vitdense's host fixes (``vitdense.compat``: mmcv-lite's ops) are applied, as every
+  vitdense tool applies them, before any test imports mmcv.ops through mmdet or mmseg.
 - mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` config base by parsing
   the package's ~400 metafiles (about a second) and, for ``_base_`` files, raising ValueError;
   the answer is fixed for a session, so it is memoised (config tests resolve hundreds).
@@ -12,6 +14,11 @@ import numpy as np
 import pytest
 from mmengine.config import config as mmengine_config
 from PIL import Image
+
+from vitdense.compat import apply_host_fixes
+
+apply_host_fixes()
+
 
 def _memoised(lookup):
     answers: dict = {}

@@ -27,7 +27,7 @@ import numpy as np
 from mmengine.logging import MMLogger
 from mmengine.runner import Runner
 
-import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine import train_on_time_budget
 from vitdense.demo_data import make_demo_coco
 from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,

@@ -133,20 +133,18 @@ fi
 step "mmdet, mmsegmentation, mmpretrain, timm, pycocotools and test tools"
 "${PIP[@]}" --quiet --only-binary=:all: -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
 
-step "vitdense (editable) and its start-up hook"
+step "vitdense (editable)"
 # Already editable from this checkout? (find_spec only locates modules, runs none of them.)
 "$PY" -I -c 'import importlib.util as u, sys; s = u.find_spec("vitdense")
-sys.exit(not (s and s.origin == sys.argv[1] and u.find_spec("vitdense_startup")))' \
-  "$ROOT/vitdense/__init__.py" 2>/dev/null || \
+sys.exit(not (s and s.origin == sys.argv[1]))' "$ROOT/vitdense/__init__.py" 2>/dev/null || \
   "${PIP[@]}" --quiet --no-deps --no-build-isolation -e "$ROOT"
-# A wheel install ships vitdense-startup.pth itself; an editable one does not (setuptools
-# packages no extra top-level files in editable mode), so it is copied here.
-SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-cmp -s "$ROOT/vitdense-startup.pth" "$SITE/vitdense-startup.pth" || \
-  cp "$ROOT/vitdense-startup.pth" "$SITE/vitdense-startup.pth"
+# vitdense runs nothing at interpreter start-up: a start-up hook left by an older install goes.
+rm -f "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vitdense-startup.pth"
 
 "$PY" - <<'PYEOF'
-import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm, vitdense
+import vitdense.compat
+vitdense.compat.apply_host_fixes()  # mmcv-lite: the torch-native mmcv ops
+import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm
 ops = mmcv.ops.get_compiler_version()
 ops = 'torch-native ops' if ops.startswith('none') else 'compiled ops (' + ops + ')'
 print('[vitdense install] ready: torch', torch.__version__, '| mmengine', mmengine.__version__,

@@ -8,7 +8,7 @@ import argparse
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.launch import (HOSTS, add_test_metric, close_process_group, load_config,
                                     parse_tool_args, tool_parser)
 

@@ -13,7 +13,7 @@ import argparse
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.launch import (add_safety_hooks, apply_resume, close_process_group,
                                     load_config, log_to_tensorboard, parse_tool_args,
                                     tool_parser)

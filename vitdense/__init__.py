@@ -1,10 +1,10 @@
 """vitdense: columnar vision transformers (ViT, CaiT, XCiT, ConViT) as OpenMMLab backbones.
 
-Importing the package applies the compatibility fixes for the host stack
-(``vitdense.compat``) and registers the models in the ``vitdense`` scope, so
-``custom_imports=dict(imports=['vitdense'])`` in a config is all a user needs.
+Importing the package registers the models in the ``vitdense`` scope, so
+``custom_imports=dict(imports=['vitdense'])`` in a config is all a user needs; it changes
+nothing in torch, mmengine, mmcv or the OpenMMLab libraries (``vitdense.compat`` lists the
+fixes that are applied on request).
 """
-from . import compat  # noqa: F401  (applies the host-stack fixes first)
 from .registry import MODELS  # noqa: F401
 from .version import __version__
 from . import models  # noqa: F401,E402

@@ -8,6 +8,7 @@ config of any downstream library (mmdet, mmseg, mmpretrain) can name our modules
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import LOG_PROCESSORS as MMENGINE_LOG_PROCESSORS
+from mmengine.registry import MODEL_WRAPPERS as MMENGINE_MODEL_WRAPPERS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import \
     OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
@@ -25,4 +26,6 @@ DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope=SCOPE,
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope=SCOPE,
                  locations=['vitdense.engine'])
 LOG_PROCESSORS = Registry('log_processor', parent=MMENGINE_LOG_PROCESSORS, scope=SCOPE,
+                          locations=['vitdense.engine'])
+MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope=SCOPE,
                           locations=['vitdense.engine'])

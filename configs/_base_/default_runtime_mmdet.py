@@ -1,4 +1,5 @@
-# mmdet runtime (hooks, logging, visualiser) with the vitdense modules imported.
+# mmdet runtime (hooks, logging, visualiser) with the vitdense modules imported; checkpoints are
+# saved atomically and loaded with weights_only=True (vitdense.SafeCheckpointHook).
 _base_ = 'mmdet::_base_/default_runtime.py'
 custom_imports = dict(imports=['vitdense'], allow_failed_imports=False)
-default_hooks = dict(checkpoint=dict(max_keep_ckpts=3))
+default_hooks = dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', max_keep_ckpts=3))

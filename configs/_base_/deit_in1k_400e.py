@@ -5,5 +5,5 @@ _base_ = [
     './models/deit_cls_in1k.py',
     './datasets/imagenet_bs128_deit_224_crop1.py',
     './schedules/deit_adamw_400e.py',
-    'mmpretrain::_base_/default_runtime.py',
+    './default_runtime_mmpretrain.py',
 ]

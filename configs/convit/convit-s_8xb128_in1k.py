@@ -4,7 +4,7 @@ _base_ = [
     '../_base_/models/deit_cls_in1k.py',
     '../_base_/datasets/imagenet_bs128_deit_224.py',
     '../_base_/schedules/deit_adamw_300e.py',
-    'mmpretrain::_base_/default_runtime.py',
+    '../_base_/default_runtime_mmpretrain.py',
 ]
 
 model = dict(

@@ -5,7 +5,7 @@ _base_ = [
     '../_base_/models/a2_cls_in1k.py',
     '../_base_/datasets/demo_in10_bs64_64px.py',
     '../_base_/schedules/demo_in10_lamb_8e.py',
-    'mmpretrain::_base_/default_runtime.py',
+    '../_base_/default_runtime_mmpretrain.py',
 ]
 
 model = dict(

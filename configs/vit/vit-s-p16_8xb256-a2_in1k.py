@@ -4,7 +4,7 @@ _base_ = [
     '../_base_/models/a2_cls_in1k.py',
     '../_base_/datasets/imagenet_bs256_a2_224.py',
     '../_base_/schedules/a2_lamb_300e.py',
-    'mmpretrain::_base_/default_runtime.py',
+    '../_base_/default_runtime_mmpretrain.py',
 ]
 
 model = dict(

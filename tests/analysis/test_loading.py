@@ -5,7 +5,7 @@ import torch
 
 from vitdense.analysis import (build_backbone, image_to_tensor, read_state_dict,
                                timm_random_state_dict)
-from vitdense.compat.checkpoint import UnsafeCheckpointError
+from vitdense.checkpoint_io import UnsafeCheckpointError
 from vitdense.models import ViT
 
 from common import TINY_ARCH

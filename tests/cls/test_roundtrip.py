@@ -14,6 +14,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
+from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_imagenet
 
 from common import CONFIGS, TINY_ARCH
@@ -33,7 +34,7 @@ def trained(request: pytest.FixtureRequest,
     cfg.val_dataloader = cfg.val_evaluator = cfg.val_cfg = None
     cfg.test_dataloader = cfg.test_evaluator = cfg.test_cfg = None
     cfg.train_cfg = dict(by_epoch=True, max_epochs=1)
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1)
+    cfg.default_hooks.checkpoint = dict(type='vitdense.SafeCheckpointHook', interval=1)
     cfg.work_dir = str(work)
     runner = Runner.from_cfg(cfg)
     runner.train()
@@ -41,7 +42,7 @@ def trained(request: pytest.FixtureRequest,
     dense = dict(cfg.model.backbone, out_type='featmap', pyramid=True,
                  init_cfg=dict(type='Pretrained', checkpoint=str(checkpoint),
                                prefix='backbone.'))
-    state = torch.load(checkpoint, map_location='cpu')['state_dict']
+    state = safe_load(checkpoint, map_location='cpu')['state_dict']
     return dense, {k[len('backbone.'):]: v for k, v in state.items()
                    if k.startswith('backbone.')}
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from mmengine.logging import MMLogger
 
-from vitdense.compat.checkpoint import CorruptCheckpointError
+from vitdense.checkpoint_io import CorruptCheckpointError
 from vitdense.engine.launch import add_safety_hooks, apply_resume, load_config
 
 from common import REPO_ROOT

@@ -13,7 +13,7 @@ from mmengine.runner import Runner
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitdense.compat.checkpoint import safe_load
+from vitdense.checkpoint_io import safe_load
 from vitdense.engine.nonfinite import NonFiniteGuardHook, NonFiniteLossError
 
 
@@ -65,7 +65,7 @@ def make_runner(work_dir: Path, bad: set[int],
                               sampler=dict(type='InfiniteSampler', shuffle=False)),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
         train_cfg=dict(by_epoch=False, max_iters=4),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=1,
+        default_hooks=dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', by_epoch=False, interval=1,
                                            max_keep_ckpts=1)),
         custom_hooks=[NonFiniteGuardHook(max_consecutive=max_consecutive), snapshots],
         randomness=dict(seed=0), env_cfg=dict(dist_cfg=dict(backend='gloo')),

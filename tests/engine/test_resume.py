@@ -91,7 +91,8 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
     record = Record(kill_after, kill_in_validation)
     hooks = [ExactResumeHook(), record]
     train_cfg = dict(by_epoch=False, max_iters=9, val_interval=4)
-    checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=3, max_keep_ckpts=1)
+    checkpoint = dict(type='vitdense.SafeCheckpointHook', by_epoch=False, interval=3,
+                      max_keep_ckpts=1)
     schedulers = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=4)]
     if budget_seconds is not None:
         hooks += [IterationClock(), TimeBudgetHook(budget_seconds / 60, warmup_iters=3,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitdense.compat.checkpoint import safe_load
+from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_ade
 
 from common import CHECKOUT_ENV, REPO_ROOT

@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from vitdense.compat.checkpoint import safe_load
+from vitdense.checkpoint_io import safe_load
 from vitdense.models import backbone_families
 
 

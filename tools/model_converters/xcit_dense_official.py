@@ -23,8 +23,8 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS
 
-import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
-from vitdense.compat.checkpoint import safe_load
+import vitdense  # noqa: F401  (vitdense registries)
+from vitdense.checkpoint_io import safe_load
 from vitdense.engine.launch import host_of
 from vitdense.models import XCiT
 

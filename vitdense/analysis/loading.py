@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from vitdense.compat.checkpoint import safe_load
+from vitdense.checkpoint_io import safe_load
 from vitdense.models.backbones import ColumnarBackbone, backbone_families
 from vitdense.registry import MODELS
 

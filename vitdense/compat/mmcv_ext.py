@@ -5,8 +5,8 @@ Symptom: mmcv 2.1.0 has no wheel for torch 2.14 and its source build needs a C++
 and mmdet 3.3 / mmseg 1.2 import ``mmcv.ops``, which loads ``mmcv._ext`` and checks that
 every function each op module names exists, so neither imports.
 
-Fix: this module is loaded *as* ``mmcv._ext`` (by ``vitdense_startup``) when no compiled
-extension is installed.  Of mmcv's compiled functions, the shipped configs reach only
+Fix: this module is loaded *as* ``mmcv._ext`` (after :func:`vitdense.compat.apply_host_fixes`)
+when no compiled extension is installed.  Of mmcv's compiled functions, the shipped configs reach only
 ``nms`` (RPN proposals, ``batched_nms``, ``multiclass_nms``; mmcv's own Python wrappers run
 unchanged on top of it) and ``roi_align_forward`` / ``roi_align_backward`` (box and mask
 RoI extractors, mask targets), as recorded over every shipped dense config's training and
@@ -14,7 +14,7 @@ test step by ``tests/configs/test_dense.py``.  They run on torchvision's CPU and
 kernels, which implement the same formulas; ``tools/benchmark_mmcv_ops.py`` measures them
 against a compiled mmcv.
 Every other name resolves to a function that raises :class:`MissingCompiledOpError`
-(defined in ``vitdense_startup``, so that it is one class however this file was loaded).
+(defined in ``vitdense.compat``, so that it is one class however this file was loaded).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 from torch import Tensor
 
-from vitdense_startup import MissingCompiledOpError
+from vitdense.compat import MissingCompiledOpError
 
 __all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'roi_align_forward',
            'roi_align_backward', 'get_compiler_version', 'get_compiling_cuda_version']

@@ -1,10 +1,13 @@
 """Training machinery shared by the dense and classification recipes."""
+from .checkpoint_hook import SafeCheckpointHook
+from .distributed import CPUDistributedDataParallel
 from .nonfinite import NonFiniteGuardHook, NonFiniteLossError
 from .optim_constructor import LayerDecayOptimWrapperConstructor
 from .preflight import CheckedDataset, DataError, check_data
 from .resume import ExactResumeHook, find_resumable_checkpoint
 from .time_budget import TimeBudgetHook, TimeBudgetLogProcessor, train_on_time_budget
 
-__all__ = ['CheckedDataset', 'DataError', 'ExactResumeHook', 'LayerDecayOptimWrapperConstructor',
-           'NonFiniteGuardHook', 'NonFiniteLossError', 'TimeBudgetHook', 'TimeBudgetLogProcessor',
-           'check_data', 'find_resumable_checkpoint', 'train_on_time_budget']
+__all__ = ['CPUDistributedDataParallel', 'CheckedDataset', 'DataError', 'ExactResumeHook',
+           'LayerDecayOptimWrapperConstructor', 'NonFiniteGuardHook', 'NonFiniteLossError',
+           'SafeCheckpointHook', 'TimeBudgetHook', 'TimeBudgetLogProcessor', 'check_data',
+           'find_resumable_checkpoint', 'train_on_time_budget']

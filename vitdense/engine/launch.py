@@ -27,7 +27,8 @@ from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from vitdense.compat.checkpoint import safe_load
+from vitdense.checkpoint_io import safe_load
+from vitdense.compat import apply_host_fixes
 from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
 
 
@@ -68,11 +69,13 @@ HOSTS = {
 
 
 def host_of(cfg: Config) -> Host:
-    """Import and register the library that ``cfg.default_scope`` names."""
+    """Import and register the library that ``cfg.default_scope`` names, after vitdense's
+    host fixes (``vitdense.compat``)."""
     scope = cfg.get('default_scope')
     if scope not in HOSTS:
         raise ValueError(f'config default_scope={scope!r}: vitdense tools run configs of '
                          f'{sorted(HOSTS)}')
+    apply_host_fixes()
     importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
     return HOSTS[scope]
 
@@ -157,17 +160,21 @@ def _prepare_cpu_distributed(cfg: Config) -> None:
 
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and its default DDP wrapper passes
     ``device_ids=[LOCAL_RANK]``; both assume one GPU per process. The process group is opened
-    here (the Runner skips ``init_dist`` when one exists) and the wrapper gets no device ids.
-    ``SyncBN`` layers stay as configured: on CPU each process normalises with its own batch
-    (``vitdense/compat/syncbn.py``).
+    here (the Runner skips ``init_dist`` when one exists) and the model is wrapped by
+    ``vitdense.CPUDistributedDataParallel``, which also turns SyncBN layers into plain BN:
+    each process normalises with its own batch.
     """
     if not torch.distributed.is_initialized():
         timeout = (cfg.get('env_cfg') or {}).get('dist_cfg', {}).get('timeout')
         torch.distributed.init_process_group(
             backend='gloo',
             timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
-    wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel'))
-    wrapper.setdefault('device_ids', None)
+    wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or {})
+    if wrapper.get('type', 'MMDistributedDataParallel') != 'MMDistributedDataParallel':
+        raise ValueError(f'model_wrapper_cfg.type={wrapper.type!r}: on CPU (no CUDA device) '
+                         'vitdense tools wrap models in vitdense.CPUDistributedDataParallel, '
+                         'a MMDistributedDataParallel')
+    wrapper.type = 'vitdense.CPUDistributedDataParallel'
     cfg.model_wrapper_cfg = wrapper
     print_log(f'no CUDA device: rank {os.environ.get("RANK")} of '
               f'{os.environ.get("WORLD_SIZE")} runs on CPU with the gloo backend; '

@@ -24,7 +24,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner import IterBasedTrainLoop
 
-from vitdense.compat.checkpoint import CorruptCheckpointError, UnsafeCheckpointError, safe_load
+from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
 from vitdense.registry import HOOKS
 
 RNG_KEY = 'rng_state'
@@ -158,7 +158,7 @@ def _candidates(work_dir: str) -> list[str]:
 def remove_interrupted_saves(work_dir: str | os.PathLike) -> list[str]:
     """Delete the temporary files of checkpoint saves that were killed before their rename.
 
-    :func:`~vitdense.compat.checkpoint.atomic_write` names them ``.<checkpoint>.<random>.tmp``;
+    :func:`~vitdense.checkpoint_io.atomic_write` names them ``.<checkpoint>.<random>.tmp``;
     such a file never became a checkpoint, so nothing is lost with it.
     """
     removed = [str(path) for path in Path(work_dir).glob('.*.pth.*.tmp')]

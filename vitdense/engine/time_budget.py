@@ -19,7 +19,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner import LogProcessor
 
-from vitdense.compat.checkpoint import atomic_write
+from vitdense.checkpoint_io import ATOMIC_BACKEND, atomic_write
 from vitdense.registry import HOOKS, LOG_PROCESSORS
 
 
@@ -131,8 +131,8 @@ class TimeBudgetHook(Hook):
         periodic save waits for the next ``1 / checkpoints`` of the budget."""
         self.spent_before, self.start = self.seconds_spent(), self.clock()
         path = Path(runner.work_dir, f'iter_{step}.pth')
-        runner.save_checkpoint(runner.work_dir, path.name, by_epoch=False,
-                               meta=dict(iter=step))
+        runner.save_checkpoint(runner.work_dir, path.name, by_epoch=False, meta=dict(iter=step),
+                               backend_args=dict(backend=ATOMIC_BACKEND))
         if is_main_process():
             atomic_write(Path(runner.work_dir, 'last_checkpoint'), str(path))
             if self.saved is not None and self.saved != path and self.saved.is_file():
@@ -176,7 +176,7 @@ def train_on_time_budget(cfg: Config, minutes: float, clock: str = 'wall') -> No
     cfg.custom_hooks = [hook for hook in cfg.get('custom_hooks') or []
                         if hook.get('type') not in ('TimeBudgetHook', 'vitdense.TimeBudgetHook')]
     cfg.custom_hooks.append(dict(type='vitdense.TimeBudgetHook', minutes=minutes, clock=clock))
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', by_epoch=False,
+    cfg.default_hooks.checkpoint = dict(type='vitdense.SafeCheckpointHook', by_epoch=False,
                                         interval=10 ** 9, save_last=True, max_keep_ckpts=1)
     cfg.log_processor = dict(type='vitdense.TimeBudgetLogProcessor', by_epoch=False,
                              custom_cfg=[dict(data_src='budget_used', method_name='mean',

@@ -16,5 +16,5 @@ optim_wrapper = dict(
     paramwise_cfg=dict(weight_decay_rule='custom_keys',
                        custom_keys={'norm': dict(decay_mult=0.)},
                        layer_decay_rate=1.0))
-default_hooks = dict(checkpoint=dict(max_keep_ckpts=3))
+default_hooks = dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', max_keep_ckpts=3))
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,45 +1,36 @@
-"""Safe loading of mmengine checkpoints on torch >= 2.6.
+"""Checkpoint files: safe loading, atomic writing, and errors that name the file.
 
-Symptom: torch 2.6 made ``torch.load(weights_only=True)`` the default, and mmengine 0.10
-calls ``torch.load`` without the argument, so ``load_from``, ``resume`` and
-``init_cfg=dict(type='Pretrained')`` all fail on mmengine's own checkpoints with
-``Unsupported global: GLOBAL mmengine.logging.history_buffer.HistoryBuffer`` (and numpy
-arrays / scalars in the message hub).  Turning ``weights_only`` off would let any
-checkpoint run code on load.
+Loading: torch >= 2.6 loads with ``weights_only=True`` by default, and mmengine 0.10 calls
+``torch.load`` without the argument, so an mmengine checkpoint (``resume``, ``load_from``,
+``init_cfg=dict(type='Pretrained')``) is refused with ``Unsupported global: GLOBAL
+mmengine.logging.history_buffer.HistoryBuffer`` (and numpy arrays / scalars in the message
+hub). Turning ``weights_only`` off would let any checkpoint run code on load. :func:`safe_load`
+keeps ``weights_only=True`` (passed explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot
+turn it off) and allows, for that one call, exactly what ``Runner.save_checkpoint`` writes
+besides tensors and builtins (:data:`ALLOWED_GLOBALS`, found by saving a real checkpoint and
+listing ``torch.serialization.get_unsafe_globals_in_checkpoint``): numpy arrays, dtypes and
+scalars, mmengine's ``HistoryBuffer``, the ``getattr(HistoryBuffer, 'min')``-style references
+that ``HistoryBuffer.__getstate__`` pickles (served by a ``getattr`` that resolves nothing but
+HistoryBuffer's own statistics methods), and ``bytes()``, as the data of an empty array
+pickles (``bytes(n)`` would let a file allocate any amount of memory). Nothing is added to
+torch's process-wide allow-list. :func:`use_safe_loading` makes mmengine's local-file scheme
+(``CheckpointLoader``) load through :func:`safe_load`; :class:`vitdense.SafeCheckpointHook`
+calls it, so a config naming that hook gets it.
 
-Fix: keep ``weights_only=True`` and allow-list exactly what ``Runner.save_checkpoint``
-writes besides tensors and builtins (found by saving a real checkpoint and listing
-``torch.serialization.get_unsafe_globals_in_checkpoint``): numpy arrays, dtypes and
-scalars, mmengine's ``HistoryBuffer``, and the ``getattr(HistoryBuffer, 'min')``-style
-references that ``HistoryBuffer.__getstate__`` pickles, which are served by a restricted
-``getattr`` that resolves nothing but HistoryBuffer's own statistics methods.
-mmengine's local-file loader is replaced by one that passes ``weights_only=True``
-explicitly (so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off), and every
-scheme of ``CheckpointLoader`` reports a refused file as :class:`UnsafeCheckpointError`
-naming the file and the global it asked for.
+Errors: a file asking for a global outside the allow-list raises
+:class:`UnsafeCheckpointError` naming the file and the global, without torch's advice to
+turn ``weights_only`` off; an empty, truncated or garbled file raises
+:class:`CorruptCheckpointError` naming the file and what is wrong with it (torch says
+``PytorchStreamReader failed reading zip archive``, a bare ``EOFError`` or ``Unsupported
+operand``, without the file's name).
 
-Symptom: an mmengine checkpoint whose message hub holds an empty ``HistoryBuffer`` (a scalar
-logged by no iteration yet) is refused with ``Unsupported global: GLOBAL bytes``: the empty
-array's data pickles as the call ``bytes()``.  Fix: ``builtins.bytes`` resolves to a
-function that builds the empty bytes object and nothing else (``bytes(n)`` would let a file
-allocate any amount of memory).
-
-Symptom: a truncated, empty or garbled checkpoint fails deep in torch (``PytorchStreamReader
-failed reading zip archive``, a bare ``EOFError``, ``Unsupported operand``) without the file's
-name, and the refusal text repeated torch's advice to turn ``weights_only`` off.  Fix: such
-files raise :class:`CorruptCheckpointError` naming the file and what is wrong with it, and
-refusals keep only the unpickler's reason.
-
-Symptom: mmengine writes checkpoints in place and, with ``max_keep_ckpts``, deletes the old
-one before writing the new one, so a run killed while saving is left with a half-written
-file, no older one, and a ``last_checkpoint`` naming a missing file.  Fix: local checkpoints
-are written by :func:`atomic_write` (temporary file in the same folder, fsync, rename, fsync
-of the folder), ``CheckpointHook`` saves first, then points ``last_checkpoint`` at the new
-file (also atomically) and only then removes checkpoints beyond ``max_keep_ckpts``.
+Writing: :func:`atomic_write` (temporary file in the same folder, fsync, rename, fsync of the
+folder) leaves a path with either its old or its new content, never a half-written file;
+:class:`AtomicLocalBackend` is mmengine's local file backend writing that way, registered as
+``vitdense_atomic_local`` for ``backend_args=dict(backend='vitdense_atomic_local')``.
 """
 from __future__ import annotations
 
-import io
 import os
 import os.path as osp
 import pickle
@@ -50,16 +41,13 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from mmengine.dist import is_main_process
-from mmengine.hooks import CheckpointHook
+from mmengine.fileio import LocalBackend, register_backend
 from mmengine.logging.history_buffer import HistoryBuffer
-from mmengine.runner import checkpoint as mme_checkpoint
-from mmengine.runner import runner as mme_runner
+from mmengine.runner.checkpoint import CheckpointLoader
 
-__all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'safe_load', 'atomic_write',
-           'ALLOWED_GLOBALS', 'apply']
-
-_PATCHED_ATTR = '_vitdense_safe_loading'
+__all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
+           'load_from_local', 'use_safe_loading', 'atomic_write', 'AtomicLocalBackend',
+           'ATOMIC_BACKEND']
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -206,7 +194,8 @@ def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
     is_path = isinstance(f, (str, bytes)) or hasattr(f, '__fspath__')
     name = os.fsdecode(f) if is_path else repr(f)
     try:
-        return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap)
+        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
+            return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, zipfile.BadZipFile,
             ValueError) as err:
         if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
@@ -245,81 +234,34 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
         os.close(dir_fd)
 
 
-_MMENGINE_SAVE = mme_checkpoint.save_checkpoint
-
-
-def save_checkpoint_atomically(checkpoint: dict, filename: str, file_client_args: Any = None,
-                               backend_args: Any = None) -> None:
-    """mmengine's ``save_checkpoint``, writing local files with :func:`atomic_write`."""
-    if '://' in str(filename) or file_client_args is not None or backend_args is not None:
-        return _MMENGINE_SAVE(checkpoint, filename, file_client_args=file_client_args,
-                              backend_args=backend_args)
-    os.makedirs(osp.dirname(osp.abspath(filename)), exist_ok=True)
-    with io.BytesIO() as buffer:
-        torch.save(checkpoint, buffer)
-        atomic_write(filename, buffer.getvalue())
-
-
-def _save_then_prune(self: CheckpointHook, runner: Any, step: int, meta: dict) -> None:
-    """``CheckpointHook._save_checkpoint_with_step`` in a safe order.
-
-    Save the new checkpoint, point ``last_checkpoint`` at it, and only then remove the
-    checkpoints beyond ``max_keep_ckpts``: a kill at any moment leaves a loadable checkpoint
-    named by ``last_checkpoint``.
-    """
-    ckpt_filename = self.filename_tmpl.format(step)
-    self.last_ckpt = self.file_backend.join_path(self.out_dir, ckpt_filename)
-    runner.message_hub.update_info('last_ckpt', self.last_ckpt)
-    runner.save_checkpoint(self.out_dir, ckpt_filename, self.file_client_args,
-                           save_optimizer=self.save_optimizer,
-                           save_param_scheduler=self.save_param_scheduler, meta=meta,
-                           by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
-    if is_main_process():
-        atomic_write(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
-    if self.max_keep_ckpts <= 0 or (self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step):
-        return
-    while len(self.keep_ckpt_ids) >= self.max_keep_ckpts:  # a deque of max_keep_ckpts
-        old = self.file_backend.join_path(self.out_dir,
-                                          self.filename_tmpl.format(self.keep_ckpt_ids.popleft()))
-        if is_main_process() and self.file_backend.isfile(old):
-            self.file_backend.remove(old)
-        elif is_main_process() and self.file_backend.isdir(old):
-            self.file_backend.rmtree(old)
-    self.keep_ckpt_ids.append(step)
-    runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
-
-
 def load_from_local(filename: str, map_location: Any = None) -> Any:
-    """mmengine's local scheme, loading with ``weights_only=True`` explicitly."""
+    """mmengine's local-file checkpoint scheme, loading through :func:`safe_load`."""
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'{filename} can not be found.')
     return safe_load(filename, map_location)
 
 
-def _naming_refusals(load_checkpoint: Callable) -> classmethod:
-    """Wrap ``CheckpointLoader.load_checkpoint`` so refusals by any scheme name the file."""
-    def wrapped(cls: type, filename: str, map_location: Any = None,
-                logger: Any = 'current') -> Any:
-        try:
-            return load_checkpoint(filename, map_location, logger)
-        except pickle.UnpicklingError as err:
-            if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
-                raise
-            raise UnsafeCheckpointError(filename, _offending(str(err)),
-                                        _detail(str(err))) from None
-    wrapped.__doc__ = load_checkpoint.__doc__
-    setattr(wrapped, _PATCHED_ATTR, True)
-    return classmethod(wrapped)
+def use_safe_loading() -> None:
+    """Have mmengine load local checkpoint files with :func:`load_from_local` (idempotent).
+
+    ``CheckpointLoader.register_scheme`` is mmengine's own extension point for loaders; the
+    local scheme (prefix ``''``) is what ``load_from``, ``resume`` and ``Pretrained`` use for
+    paths. Called by :class:`vitdense.SafeCheckpointHook`, i.e. by a config that names it.
+    """
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
 
 
-def apply() -> None:
-    """Register the allow-list, patch mmengine's checkpoint loader and writer (idempotent)."""
-    torch.serialization.add_safe_globals(ALLOWED_GLOBALS)
-    mme_checkpoint.save_checkpoint = save_checkpoint_atomically
-    mme_runner.save_checkpoint = save_checkpoint_atomically
-    CheckpointHook._save_checkpoint_with_step = _save_then_prune
-    loader = mme_checkpoint.CheckpointLoader
-    loader.register_scheme(prefixes='', loader=load_from_local, force=True)
-    if not getattr(loader.load_checkpoint, _PATCHED_ATTR, False):
-        loader.load_checkpoint = _naming_refusals(loader.load_checkpoint)
+ATOMIC_BACKEND = 'vitdense_atomic_local'
+
+
+@register_backend(ATOMIC_BACKEND)
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend whose writes are atomic (:func:`atomic_write`)."""
+
+    def put(self, obj: bytes, filepath: str | os.PathLike) -> None:
+        os.makedirs(osp.dirname(osp.abspath(filepath)), exist_ok=True)
+        atomic_write(filepath, obj)
+
+    def put_text(self, obj: str, filepath: str | os.PathLike, encoding: str = 'utf-8') -> None:
+        self.put(obj.encode(encoding), filepath)

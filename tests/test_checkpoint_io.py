@@ -1,4 +1,6 @@
-"""mmengine checkpoints load with weights_only=True; code-running pickles are refused."""
+"""Checkpoint I/O (``vitdense.checkpoint_io``) and ``vitdense.SafeCheckpointHook``: mmengine
+checkpoints load with weights_only=True, code-running pickles are refused, damaged files are
+named, and saves are atomic, without touching torch's own allow-list."""
 from __future__ import annotations
 
 import builtins
@@ -11,12 +13,13 @@ import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.hooks import Hook
 from mmengine.runner import Runner, load_checkpoint
+from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitdense.compat.checkpoint import (CorruptCheckpointError, UnsafeCheckpointError,
-                                       atomic_write, safe_load)
+from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError,
+                                   atomic_write, load_from_local, safe_load, use_safe_loading)
 
 from common import RegressToOne
 
@@ -45,7 +48,7 @@ def make_runner(work_dir: Path, max_epochs: int, max_keep_ckpts: int = -1, **kwa
         param_scheduler=[dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=2),
                          dict(type='MultiStepLR', milestones=[1], by_epoch=True)],
         train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1,
+        default_hooks=dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', interval=1,
                                            max_keep_ckpts=max_keep_ckpts),
                            logger=dict(type='LoggerHook', interval=1)),
         randomness=dict(seed=0),
@@ -62,16 +65,31 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     return work_dir / 'epoch_1.pth', weights
 
 
-def test_plain_weights_only_load_refuses_mmengine_checkpoints(trained):
-    # The premise of the fix: without vitdense's allow-list torch refuses the file.
+def test_safe_load_allows_mmengine_globals_for_its_own_call_only(trained):
+    # The premise: torch refuses mmengine checkpoints with weights_only=True; safe_load
+    # reads them and leaves torch's process-wide allow-list as it was.
     allowed = torch.serialization.get_safe_globals()
-    torch.serialization.clear_safe_globals()
-    try:
-        with pytest.raises(Exception, match='numpy|HistoryBuffer'):
-            torch.load(trained[0], weights_only=True)
-    finally:
-        torch.serialization.add_safe_globals(allowed)
-    torch.load(trained[0], weights_only=True)
+    with pytest.raises(Exception, match='numpy|HistoryBuffer'):
+        torch.load(trained[0], weights_only=True)
+    assert safe_load(trained[0])['meta']['epoch'] == 1
+    assert torch.serialization.get_safe_globals() == allowed
+    with pytest.raises(Exception, match='numpy|HistoryBuffer'):
+        torch.load(trained[0], weights_only=True)
+
+
+@pytest.fixture
+def mmengine_local_loader():
+    """mmengine's own local scheme, restored to what it was after the test."""
+    before = CheckpointLoader._schemes['']
+    CheckpointLoader.register_scheme('', mmengine_checkpoint.load_from_local, force=True)
+    yield
+    CheckpointLoader.register_scheme('', before, force=True)
+
+
+def test_config_naming_the_hook_gets_safe_loading(mmengine_local_loader, tmp_path):
+    assert CheckpointLoader._get_checkpoint_loader('a.pth') is mmengine_checkpoint.load_from_local
+    make_runner(tmp_path, max_epochs=1)
+    assert CheckpointLoader._get_checkpoint_loader('a.pth') is load_from_local
 
 
 def test_safe_load_restores_message_hub(trained):
@@ -111,6 +129,7 @@ def test_runner_resume_round_trips(trained, tmp_path):
 
 def test_load_checkpoint_and_pretrained_init(trained):
     ckpt, weights = trained
+    use_safe_loading()
     model = linear_regression()
     load_checkpoint(model, str(ckpt), map_location='cpu')
     torch.testing.assert_close(model.net.weight, weights['net.weight'])
@@ -145,6 +164,8 @@ def test_malicious_checkpoint_is_refused(how, tmp_path, marker, monkeypatch):
     evil = _write(tmp_path / 'evil.pth', _RunsCode(os.system, f'touch {marker}'))
     if how == 'env_override':  # a user environment asking torch to trust every file
         monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    if how != 'load_from':  # a Runner's config names the hook, which does this
+        use_safe_loading()
     with pytest.raises(UnsafeCheckpointError) as info:
         if how == 'load_from':
             runner = make_runner(tmp_path / 'wd', max_epochs=1, load_from=evil)
@@ -160,6 +181,7 @@ def test_malicious_checkpoint_is_refused(how, tmp_path, marker, monkeypatch):
 
 
 def test_refusal_names_builtin_exec(tmp_path, marker):
+    use_safe_loading()
     evil = _write(tmp_path / 'exec.pth',
                   _RunsCode(builtins.exec, f"open({str(marker)!r}, 'w').write('x')"))
     with pytest.raises(UnsafeCheckpointError, match=r'`builtins\.exec`|`exec`'):
@@ -169,6 +191,7 @@ def test_refusal_names_builtin_exec(tmp_path, marker):
 
 @pytest.mark.parametrize('target', [(HistoryBuffer, '__init__'), (np.ndarray, 'tofile')])
 def test_getattr_only_resolves_history_buffer_statistics(target, tmp_path, marker):
+    use_safe_loading()
     # HistoryBuffer pickles getattr(HistoryBuffer, 'mean'); nothing else may go through it.
     evil = _write(tmp_path / 'getattr.pth', _RunsCode(getattr, *target))
     with pytest.raises(UnsafeCheckpointError, match=target[1]):
@@ -195,6 +218,7 @@ def test_bytes_with_arguments_is_refused(tmp_path):
     (lambda data: b'not a checkpoint at all', 'not a torch checkpoint'),
 ])
 def test_corrupt_checkpoint_names_file_and_problem(trained, tmp_path, damage, problem):
+    use_safe_loading()
     bad = tmp_path / 'bad.pth'
     bad.write_bytes(damage(trained[0].read_bytes()))
     for load in (lambda: safe_load(str(bad)), lambda: safe_load(str(bad), mmap=True),
@@ -231,6 +255,30 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path):
         ['epoch_1.pth']
     assert (tmp_path / 'last_checkpoint').read_text() == str(tmp_path / 'epoch_1.pth')
     assert safe_load(str(tmp_path / 'epoch_1.pth'))['meta']['epoch'] == 1
+
+
+class FailWrite(Hook):
+    """Makes the disk fail (fsync) while the second checkpoint is written."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.monkeypatch = monkeypatch
+
+    def before_save_checkpoint(self, runner, checkpoint) -> None:
+        if runner.epoch >= 1:
+            self.monkeypatch.setattr(os, 'fsync', self.fail)
+
+    @staticmethod
+    def fail(fd: int) -> None:
+        raise OSError('disk full')
+
+
+def test_failed_save_leaves_no_partial_checkpoint(tmp_path, monkeypatch):
+    runner = make_runner(tmp_path, max_epochs=2, custom_hooks=[FailWrite(monkeypatch)])
+    with pytest.raises(OSError, match='disk full'):
+        runner.train()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in ('.pth', '.tmp')) == \
+        ['epoch_1.pth']
+    assert (tmp_path / 'last_checkpoint').read_text() == str(tmp_path / 'epoch_1.pth')
 
 
 def test_atomic_write_leaves_old_content_on_failure(tmp_path, monkeypatch):

@@ -1,0 +1,98 @@
+"""The host fixes (``vitdense.compat``): applied on request only, host libraries import and
+resolve package config bases without vitdense, mmdet's and mmseg's own ``tools/train.py``
+train our configs through ``python -m vitdense.compat``, and a fix meets a library version it
+was not written for by turning itself off with a warning naming it."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vitdense.demo_data import make_demo_ade, make_demo_coco
+
+from common import CHECKOUT_ENV, REPO_ROOT
+
+MMCV_LITE = importlib.util.find_spec('mmcv._ext') is None or \
+    importlib.util.find_spec('mmcv._ext').origin.endswith('vitdense/compat/mmcv_ext.py')
+
+
+def _python(code: str, *args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter of this environment with this checkout's vitdense."""
+    return subprocess.run([sys.executable, '-c', code, *args], cwd=cwd, capture_output=True,
+                          text=True, env=CHECKOUT_ENV)
+
+
+def test_host_libraries_load_our_configs_without_vitdense(tmp_path):
+    result = _python(
+        'import sys\n'
+        'from mmengine.config import Config\n'
+        "cfg = Config.fromfile(sys.argv[1], import_custom_modules=False)\n"
+        "assert 'vitdense' not in sys.modules, 'imported vitdense'\n"
+        'print(cfg.model.type, cfg.default_hooks.checkpoint.type)\n',
+        str(REPO_ROOT / 'configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py'), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ['MaskRCNN', 'vitdense.SafeCheckpointHook']
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason='a compiled mmcv._ext is installed')
+def test_mmcv_ops_are_served_only_after_apply_host_fixes():
+    result = _python('import sys, vitdense\n'
+                     'try:\n'
+                     '    import mmcv.ops\n'
+                     'except ImportError as error:\n'
+                     '    print(type(error).__name__, error.name)\n'
+                     'from vitdense.compat import apply_host_fixes\n'
+                     'apply_host_fixes()\n'
+                     "for name in [n for n in sys.modules if n.startswith('mmcv.ops')]:\n"
+                     '    del sys.modules[name]\n'
+                     'import mmcv.ops, mmdet.models, mmseg.models\n'
+                     "print(sys.modules['mmcv._ext'].__file__)\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    refused, served = result.stdout.splitlines()
+    assert refused == 'ModuleNotFoundError mmcv._ext'  # import vitdense installed nothing
+    assert served.endswith('/vitdense/compat/mmcv_ext.py')
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason='a compiled mmcv._ext is installed')
+def test_fix_for_another_mmcv_version_is_off_with_a_warning():
+    result = _python("import mmcv; mmcv.__version__ = '2.2.0'\n"
+                     'from vitdense.compat import apply_host_fixes\n'
+                     'apply_host_fixes()\n'
+                     'import mmcv.ops\n')
+    assert result.returncode != 0 and "No module named 'mmcv._ext'" in result.stderr
+    assert ('vitdense host fix "torch-native mmcv ops" is off: it was written for '
+            'mmcv>=2.0.0,<2.2.0 and mmcv 2.2.0 is installed') in result.stderr
+
+
+def _host_train(package: str, config: str, data_root: Path, work: Path,
+                options: list[str]) -> str:
+    """Train ``config`` for one iteration with the host library's own tools/train.py."""
+    tool = Path(importlib.util.find_spec(package).origin).parent / '.mim/tools/train.py'
+    loaders = [f'{split}_dataloader.dataset.data_root={data_root}'
+               for split in ('train', 'val', 'test')]
+    workers = [f'{split}_dataloader.{key}' for split in ('train', 'val', 'test')
+               for key in ('num_workers=0', 'persistent_workers=False')]
+    result = subprocess.run(
+        [sys.executable, '-m', 'vitdense.compat', str(tool), str(REPO_ROOT / config),
+         '--work-dir', str(work), '--cfg-options', *loaders, *workers, 'train_cfg.max_iters=1',
+         'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1',
+         'train_dataloader.batch_size=2', *options],
+        cwd=work.parent, capture_output=True, text=True, env=CHECKOUT_ENV)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (work / 'iter_1.pth').exists()
+    assert (work / 'last_checkpoint').read_text() == str(work / 'iter_1.pth')
+    return result.stdout + result.stderr
+
+
+def test_mmdet_and_mmseg_train_tools_run_our_configs(tmp_path):
+    coco = make_demo_coco(tmp_path / 'coco', num_train=2, num_val=1, size=64)
+    annotations = coco / 'annotations/instances_val.json'
+    _host_train('mmdet', 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py', coco,
+                tmp_path / 'det', [f'val_evaluator.ann_file={annotations}',
+                                   f'test_evaluator.ann_file={annotations}'])
+    ade = make_demo_ade(tmp_path / 'ade', num_train=2, num_val=1, size=64)
+    _host_train('mmseg', 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py', ade, tmp_path / 'seg',
+                ['model.data_preprocessor.size=(64,64)'])
