@@ -103,12 +103,15 @@ class HalfPrecisionPolicy(TorchFunctionMode):
 
 
 class _FusedAttention(torch.autograd.Function):
-    """``scaled_dot_product_attention`` as a fused GPU kernel keeps it for backward: q, k, v,
-    the output and a float32 log-sum-exp per query row. Shapes only (meta device)."""
+    """``scaled_dot_product_attention`` as a fused GPU kernel (and torch's CPU one) keeps it
+    for backward: q, k, v, the output and a float32 log-sum-exp per query row. Shapes only
+    (meta device)."""
 
     @staticmethod
     def forward(ctx, query, key, value):
-        out = query.new_empty(*query.shape[:-1], value.shape[-1])
+        # laid out (..., N, heads, d) as the fused kernels write it: merging heads is a view
+        *lead, heads, num_queries, _ = query.shape
+        out = query.new_empty(*lead, num_queries, heads, value.shape[-1]).transpose(-3, -2)
         ctx.save_for_backward(query, key, value, out,
                               query.new_empty(query.shape[:-1], dtype=torch.float32))
         return out
