@@ -303,10 +303,26 @@ def count_activations(model: torch.nn.Module, cfg: Config, batch: int,
                                                     objects)
 
 
+#: the heads' count by (heads' config, feature shapes, batch, input, precision, objects):
+#: the same for every backbone whose neck gives the same shapes
+_HEADS_COUNTS: dict[str, int] = {}
+
+
 def _count_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
                           shape: tuple[int, int], amp: bool, objects: int) -> int:
     """The RPN and RoI heads' saved bytes, run for real on the CPU on random features of
     the neck's output shapes (these features are counted here, as the heads save them)."""
+    key = json.dumps([cfg.model.rpn_head.to_dict(), cfg.model.roi_head.to_dict(),
+                      cfg.model.train_cfg.to_dict(), [list(f.shape) for f in features],
+                      batch, list(shape), amp, objects], sort_keys=True, default=str)
+    if key not in _HEADS_COUNTS:
+        _HEADS_COUNTS[key] = _run_detector_heads(model, cfg, features, batch, shape, amp,
+                                                 objects)
+    return _HEADS_COUNTS[key]
+
+
+def _run_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
+                        shape: tuple[int, int], amp: bool, objects: int) -> int:
     heads = copy.copy(model)
     if any(p.is_meta for p in model.parameters()):
         heads = build_model(cfg, device='cpu').train()
@@ -388,7 +404,7 @@ def _gib(value: float) -> str:
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config')
+    parser.add_argument('configs', nargs='+', metavar='CONFIG')
     parser.add_argument('--batch', type=int, help='images per GPU (default: the config\'s)')
     parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
                         help='input size (default: the largest training input)')
@@ -397,30 +413,34 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument('--objects', type=int, default=8, help='boxes per image (detection)')
     parser.add_argument('--time', action='store_true',
                         help='also time one real float32 step on this CPU (slow)')
-    parser.add_argument('--json', action='store_true', help='print one JSON line')
+    parser.add_argument('--json', action='store_true', help='print one JSON line per config')
     args = parser.parse_args(argv)
     if args.amp and args.fp32:
         parser.error('--amp and --fp32 exclude each other')
     amp = True if args.amp else False if args.fp32 else None
-    result = account(args.config, args.batch, args.shape, amp, args.objects)
-    if args.time:
-        result['step_s'] = time_step(args.config, result['batch'], tuple(result['shape']),
-                                     objects=args.objects)
-    if args.json:
-        print(json.dumps(result))
-        return
+    for config in args.configs:
+        result = account(config, args.batch, args.shape, amp, args.objects)
+        if args.time:
+            result['step_s'] = time_step(config, result['batch'], tuple(result['shape']),
+                                         objects=args.objects)
+        print(json.dumps(result) if args.json else report(result), flush=True)
+
+
+def report(result: dict) -> str:
+    """The account as lines of text."""
     height, width = result['shape']
-    print(f'{args.config}\ninput: {result["batch"]} x 3 x {height} x {width}, '
-          f'with_cp={result["with_cp"]}, config AMP: {result["config_amp"]}\n'
-          f'parameters {_gib(result["params"])}, gradients {_gib(result["grads"])}, '
-          f'optimizer state {_gib(result["optimizer"])}')
+    lines = [f'{result["config"]}\ninput: {result["batch"]} x 3 x {height} x {width}, '
+             f'with_cp={result["with_cp"]}, config AMP: {result["config_amp"]}\n'
+             f'parameters {_gib(result["params"])}, gradients {_gib(result["grads"])}, '
+             f'optimizer state {_gib(result["optimizer"])}']
     for precision in ('fp32', 'amp'):
         if precision in result:
             entry = result[precision]
-            print(f'{precision}: activations {_gib(entry["activations"])}, '
-                  f'peak {_gib(entry["peak"])}')
+            lines.append(f'{precision}: activations {_gib(entry["activations"])}, '
+                         f'peak {_gib(entry["peak"])}')
     if 'step_s' in result:
-        print(f'step time (float32, this CPU): {result["step_s"]:.1f} s')
+        lines.append(f'step time (float32, this CPU): {result["step_s"]:.1f} s')
+    return '\n'.join(lines)
 
 
 if __name__ == '__main__':
