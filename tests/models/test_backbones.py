@@ -147,11 +147,13 @@ def test_norm_eval_keeps_batch_norms_in_eval_mode():
     assert model.blocks[0].training
 
 
+@pytest.mark.parametrize('with_cp', [True, 2])
 @pytest.mark.parametrize('cls', FAMILIES)
-def test_activation_checkpointing_gives_the_same_output_and_gradients(cls):
+def test_activation_checkpointing_gives_the_same_output_and_gradients(cls, with_cp):
     torch.manual_seed(0)
     plain = tiny(cls, pyramid_norm_cfg=dict(type='GN', num_groups=4)).train()
-    checkpointed = tiny(cls, pyramid_norm_cfg=dict(type='GN', num_groups=4), with_cp=True)
+    checkpointed = tiny(cls, pyramid_norm_cfg=dict(type='GN', num_groups=4), with_cp=with_cp)
+    assert checkpointed.checkpointed_blocks == set(range(4 if with_cp is True else with_cp))
     checkpointed.load_state_dict(plain.state_dict())
     checkpointed.train()
     # BatchNorm statistics change in train mode; compare with BN layers in eval mode
@@ -209,6 +211,8 @@ def test_bad_arguments_name_the_problem():
         ViT('tiny', patch_size=14)
     with pytest.raises(ValueError, match=r'num_local_layers must be in \[0, num_layers\)'):
         ConViT(dict(TINY[ConViT], num_local_layers=4))
+    with pytest.raises(ValueError, match='with_cp must be True, False or a number of blocks'):
+        tiny(ViT, with_cp=-1)
     model = tiny(ConViT)
     with pytest.raises(ValueError, match=r'images of shape \(B, 3, H, W\), got \(1, 1, 32, 32\)'):
         model(torch.randn(1, 1, 32, 32))

@@ -64,7 +64,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
         frozen_stages: freeze the embeddings (>= 0) and the first ``frozen_stages`` blocks.
         norm_eval: keep BatchNorm layers in eval mode while training.
-        with_cp: activation checkpointing of every block while training.
+        with_cp: activation checkpointing while training (a block's activations are
+            recomputed in backward instead of kept: about a third more compute for those
+            blocks): True for every block, an int K for the first K blocks only (memory
+            and compute traded block by block), False for none.
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
             through :meth:`adapt_checkpoint` (official, timm or our layout).
         arch_overrides: settings that replace those of ``arch``: how a family passes its
@@ -94,7 +97,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  drop_path_rate: float = 0.,
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
-                 with_cp: bool = False,
+                 with_cp: Union[bool, int] = False,
                  init_cfg: Optional[Union[dict, list]] = None,
                  arch_overrides: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
@@ -114,6 +117,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.out_indices = self._check_out_indices(out_indices, pyramid and self.dense)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        if not isinstance(with_cp, int) or with_cp < 0:
+            raise ValueError(f'with_cp must be True, False or a number of blocks >= 0, got '
+                             f'{with_cp!r}')
         self.with_cp = with_cp
         self.drop_rate = drop_rate
 
@@ -137,6 +143,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             rates = torch.linspace(0, drop_path_rate, self.num_layers, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             self.build_block(i, rates[i]) for i in range(self.num_layers))
+        #: blocks that recompute their activations in backward (``with_cp``)
+        self.checkpointed_blocks = frozenset(
+            range(self.num_layers if with_cp is True else min(int(with_cp), self.num_layers)))
 
         self.cls_blocks = None
         if self.out_type == 'cls_token' and not self.trunk_has_class_token:
@@ -248,9 +257,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             raise ValueError(f'{type(self).__name__} expects images of shape (B, '
                              f'{self.in_channels}, H, W), got {tuple(x.shape)}')
 
-    def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw: tuple[int, int],
-                   **kwargs) -> torch.Tensor:
-        if self.with_cp and self.training and tokens.requires_grad:
+    def _run_block(self, index: int, block: nn.Module, tokens: torch.Tensor,
+                   hw: tuple[int, int], **kwargs) -> torch.Tensor:
+        if index in self.checkpointed_blocks and self.training and tokens.requires_grad:
             return checkpoint(block, tokens, hw, use_reentrant=False, **kwargs)
         return block(tokens, hw, **kwargs)
 
@@ -280,7 +289,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             if index and index == self.class_token_layer:
                 tokens = self._prepend_cls_token(tokens)
             extra = dict(num_queries=1) if reads_trunk_class_token and index == last else {}
-            tokens = self._run_block(block, tokens, hw, **extra)
+            tokens = self._run_block(index, block, tokens, hw, **extra)
             if self.dense and index in self.out_indices:
                 features.append(self._to_map(tokens, hw))
         if not self.dense:

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .blockwise_attention import (mix_heads, positional_attention_values, relative_offsets,
+                                  talking_heads_attention, use_blockwise)
 from .branched import make_linear
 
 Grid = tuple[int, int]
@@ -67,7 +69,10 @@ class MultiheadSelfAttention(nn.Module):
         if num_queries is not None:
             q = q[..., :num_queries, :]
         drop = self.attn_drop if self.training else 0.
-        if self.talking_heads:
+        if self.talking_heads and not drop and use_blockwise(k.shape[-2], q, k, v):
+            out = talking_heads_attention(q, k, v, self.mix_logits, self.mix_weights,
+                                          self.scale)
+        elif self.talking_heads:
             logits = _mix_heads((q * self.scale) @ k.transpose(-2, -1), self.mix_logits)
             weights = _mix_heads(logits.softmax(dim=-1), self.mix_weights)
             out = F.dropout(weights, drop, self.training) @ v
@@ -94,15 +99,9 @@ class MultiheadSelfAttention(nn.Module):
 
 
 def _mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
-    """A linear map across the heads of (B, heads, N, M) attention maps (talking heads).
-
-    Done as one batched matmul on the head-major layout: every map stays contiguous, so
-    the softmax runs over contiguous rows and no (B, N, M, heads) copies are made.
-    """
-    batch, heads = maps.shape[:2]
-    mixed = torch.baddbmm(mix.bias.view(1, heads, 1), mix.weight.expand(batch, -1, -1),
-                          maps.reshape(batch, heads, -1))
-    return mixed.view(maps.shape)
+    """``mix`` across the heads of (B, heads, N, M) attention maps (talking heads), on the
+    head-major layout: the softmax runs over contiguous rows, no (B, N, M, heads) copies."""
+    return mix_heads(maps, mix.weight, mix.bias)
 
 
 class ClassAttention(nn.Module):
@@ -159,8 +158,14 @@ class CrossCovarianceAttention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 4, 1).contiguous()
         # F.normalize(q) · F.normalize(k): the same norms (clamped alike), applied to q kᵀ
         q_norm = q.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
-        k_norm = k.norm(dim=-1).clamp_min(NORMALIZE_EPS).unsqueeze(-2)
-        attn = (q @ k.transpose(-2, -1)) / (q_norm * k_norm) * self.temperature
+        k_norm = k.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
+        if torch.finfo(q.dtype).bits < 32:
+            # half precision: q kᵀ sums over all tokens and overflows float16 at high
+            # resolution, so normalise first (two copies), as the official code does
+            attn = (q / q_norm) @ (k / k_norm).transpose(-2, -1)
+        else:
+            attn = (q @ k.transpose(-2, -1)) / (q_norm * k_norm.transpose(-2, -1))
+        attn = attn * self.temperature
         attn = F.dropout(attn.softmax(dim=-1), self.attn_drop, self.training)
         out = (attn @ v).reshape(batch, dim, num_tokens).transpose(1, 2).contiguous()
         return self.proj_drop(self.proj(out))
@@ -177,13 +182,7 @@ class CrossCovarianceAttention(nn.Module):
 
 def relative_positions(hw: Grid, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(N, N, 3) offsets (dx, dy, dx²+dy²) from query patch to key patch on a rows×cols grid."""
-    rows, cols = hw
-    ys, xs = torch.meshgrid(torch.arange(rows, device=device, dtype=dtype),
-                            torch.arange(cols, device=device, dtype=dtype), indexing='ij')
-    xs, ys = xs.flatten(), ys.flatten()
-    dx = xs[None, :] - xs[:, None]
-    dy = ys[None, :] - ys[:, None]
-    return torch.stack([dx, dy, dx ** 2 + dy ** 2], dim=-1)
+    return relative_offsets(hw, 0, hw[0] * hw[1], device, dtype)
 
 
 class GatedPositionalSelfAttention(nn.Module):
@@ -192,7 +191,10 @@ class GatedPositionalSelfAttention(nn.Module):
     neighbour of a k×k kernel. Offsets are built for any rectangular grid.
 
     Both attentions are normalised, so their gated sum is applied to the values term by
-    term: the content term then runs fused and no (B, heads, N, N) map is stored.
+    term: the content term then runs fused and no (B, heads, N, N) map is stored. The
+    offsets are built from the grid at every call and nothing is stored on the module, so
+    a forward changes no state (export with a dynamic grid); while training at high token
+    counts the positional term runs over query blocks (``blockwise_attention``).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False,
@@ -206,7 +208,6 @@ class GatedPositionalSelfAttention(nn.Module):
         self.gating = nn.Parameter(torch.ones(num_heads))
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        self._offsets: Optional[tuple[tuple, torch.Tensor]] = None
 
     def convolutional_init(self) -> None:
         """Identity values and one kernel offset per head (ConViT §3, locality strength α)."""
@@ -221,17 +222,11 @@ class GatedPositionalSelfAttention(nn.Module):
                     weight[head] = torch.tensor([2 * (col - center), 2 * (row - center), -1.])
             self.pos_proj.weight.copy_(weight * self.locality_strength)
 
-    def _relative_offsets(self, hw: Grid, like: torch.Tensor) -> torch.Tensor:
-        key = (hw, like.device, like.dtype)
-        if self._offsets is None or self._offsets[0] != key:
-            self._offsets = (key, relative_positions(hw, like.device, like.dtype))
-        return self._offsets[1]
-
     def positional_attention(self, hw: Grid, like: torch.Tensor) -> torch.Tensor:
         """(heads, N, N) positional attention, computed head-major so that the softmax
         runs over contiguous rows; it is the same for every image of a batch."""
         num_tokens = hw[0] * hw[1]
-        offsets = self._relative_offsets(hw, like).view(-1, 3)
+        offsets = relative_positions(hw, like.device, like.dtype).view(-1, 3)
         logits = torch.addmm(self.pos_proj.bias[:, None], self.pos_proj.weight, offsets.t())
         return logits.view(-1, num_tokens, num_tokens).softmax(dim=-1)
 
@@ -242,11 +237,16 @@ class GatedPositionalSelfAttention(nn.Module):
         (v,) = _split_heads(values, 1, self.num_heads)
         content = F.scaled_dot_product_attention(q, k, v)
         # one (heads, N, N) map for the whole batch: images become value columns
-        columns = values.view(batch, num_tokens, self.num_heads, -1).permute(2, 1, 0, 3)
-        positional = self.positional_attention(hw, x) @ columns.reshape(
+        columns = values.view(batch, num_tokens, self.num_heads, -1).permute(2, 1, 0, 3).reshape(
             self.num_heads, num_tokens, -1)
+        if use_blockwise(num_tokens, columns, self.pos_proj.weight):
+            positional = positional_attention_values(columns, self.pos_proj, hw)
+        else:
+            positional = self.positional_attention(hw, x).to(columns.dtype) @ columns
         positional = positional.view(self.num_heads, num_tokens, batch, -1).permute(2, 0, 1, 3)
-        out = torch.lerp(content, positional, torch.sigmoid(self.gating).view(-1, 1, 1))
+        # under autocast the two terms are half precision and the gate a float32 parameter
+        gate = torch.sigmoid(self.gating).view(-1, 1, 1).to(content.dtype)
+        out = torch.lerp(content, positional.to(content.dtype), gate)
         return self.proj_drop(self.proj(_merge_heads(out)))
 
     def attention_weights(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:

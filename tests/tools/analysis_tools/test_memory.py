@@ -1,0 +1,103 @@
+"""tools/analysis_tools/memory.py: what it counts on the meta device is what a real step on
+this CPU saves, and what freeing that step's graph gives back to the system."""
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from mmengine.registry import MODELS
+
+import memory  # tools/analysis_tools/memory.py (tests/conftest.py)
+from vitdense.models.layers import blockwise_attention
+
+from common import CHECKOUT_ENV, REPO_ROOT, TINY_BACKBONES
+
+DET = 'configs/cait/mask-rcnn_cait-d6-p8_fpn_demo-coco.py'
+SEG = 'configs/convit/upernet_convit-d6-p8_demo-ade.py'
+
+
+def tiny(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return MODELS.build(TINY_BACKBONES[family])
+
+
+@pytest.mark.parametrize('blockwise', [False, True])
+@pytest.mark.parametrize('amp', [False, True])
+@pytest.mark.parametrize('family', list(TINY_BACKBONES))
+def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, blockwise, monkeypatch):
+    """Same storages on both devices: the fused-attention stand-in keeps what torch's CPU
+    kernel keeps, and the half-precision policy casts alike (float16 on meta, bfloat16 on
+    the CPU: the same sizes)."""
+    monkeypatch.setattr(blockwise_attention, 'MIN_BLOCKWISE_TOKENS', 0 if blockwise else 10 ** 9)
+    model = tiny(family)
+    images = torch.randn(2, 3, 64, 96)
+    real = memory.count_backbone(model, images, amp)
+    assert real > 0
+    assert memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'), amp) == real
+
+
+def test_half_precision_policy_follows_cuda_autocast():
+    x, weight = torch.randn(2, 4), torch.randn(3, 4)
+    with memory.HalfPrecisionPolicy(torch.bfloat16):
+        hidden = torch.nn.functional.linear(x, weight)
+        normed = torch.nn.functional.layer_norm(hidden, (3,))
+        mixed = hidden + normed
+    assert (hidden.dtype, normed.dtype, mixed.dtype) == (torch.bfloat16, torch.float32,
+                                                         torch.float32)
+
+
+RSS_PROBE = """
+import gc, json, sys, torch
+sys.path[:0] = [sys.argv[1] + '/tools/analysis_tools', sys.argv[1] + '/tests']
+import memory
+from mmengine.registry import MODELS
+from common import TINY_BACKBONES
+def rss():
+    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status')
+                if l.startswith('VmRSS'))
+torch.manual_seed(0)
+model = MODELS.build(dict(TINY_BACKBONES[sys.argv[2]], out_indices=[0, 1, 2, 3])).train()
+images = torch.randn(2, 3, 256, 384)
+count = memory.count_backbone(model, images)
+gc.collect()
+outs = model(images)
+held = rss()
+out_bytes = sum(o.untyped_storage().nbytes() for o in outs)
+del outs
+gc.collect()
+print(json.dumps(dict(count=count, released=held - rss(), outputs=out_bytes)))
+"""
+
+
+@pytest.mark.parametrize('family', ['cait', 'convit'])
+def test_count_matches_the_memory_a_real_graph_holds(family):
+    """Freeing a real step's graph gives back the counted bytes plus the outputs (glibc
+    made to map every allocation of 16 KiB or more, and to give freed memory back)."""
+    env = dict(CHECKOUT_ENV, MALLOC_MMAP_THRESHOLD_='16384', MALLOC_TRIM_THRESHOLD_='0')
+    result = json.loads(subprocess.run(
+        [sys.executable, '-c', RSS_PROBE, str(REPO_ROOT), family], env=env, check=True,
+        capture_output=True, text=True).stdout.splitlines()[-1])
+    count, released = result['count'], result['released']
+    assert count > 1 << 20
+    assert 0.97 * count <= released <= count + result['outputs'] + (1 << 20)
+
+
+def test_largest_training_inputs_of_the_shipped_recipes():
+    det = memory.load_config(str(REPO_ROOT / 'configs/cait/mask-rcnn_cait-s24-p16_fpn_3x_coco.py'))
+    seg = memory.load_config(str(
+        REPO_ROOT / 'configs/cait/upernet_cait-s24-p16_8xb2-160k_ade20k-512x512.py'))
+    assert memory.largest_training_input(det) == (800, 1344)
+    assert memory.largest_training_input(seg) == (512, 512)
+
+
+@pytest.mark.parametrize('config', [DET, SEG])
+def test_account_of_a_whole_model(config):
+    result = memory.account(str(REPO_ROOT / config), batch=2, shape=(96, 128))
+    assert result['grads'] == result['params'] and result['optimizer'] == 2 * result['params']
+    for precision in ('fp32', 'amp'):
+        entry = result[precision]
+        assert entry['peak'] == (result['params'] + result['grads'] + result['optimizer']
+                                 + entry['activations'])
+    assert 0 < result['amp']['activations'] < result['fp32']['activations']
