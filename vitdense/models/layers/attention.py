@@ -174,7 +174,6 @@ class GatedPositionalSelfAttention(nn.Module):
         self.gating = nn.Parameter(torch.ones(num_heads))
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        self._offsets: Optional[tuple[tuple, torch.Tensor]] = None
 
     def convolutional_init(self) -> None:
         """Identity values and one kernel offset per head (ConViT §3, locality strength α)."""
@@ -189,17 +188,11 @@ class GatedPositionalSelfAttention(nn.Module):
                     weight[head] = torch.tensor([2 * (col - center), 2 * (row - center), -1.])
             self.pos_proj.weight.copy_(weight * self.locality_strength)
 
-    def _relative_offsets(self, hw: Grid, like: torch.Tensor) -> torch.Tensor:
-        key = (hw, like.device, like.dtype)
-        if self._offsets is None or self._offsets[0] != key:
-            self._offsets = (key, relative_positions(hw, like.device, like.dtype))
-        return self._offsets[1]
-
     def positional_attention(self, hw: Grid, like: torch.Tensor) -> torch.Tensor:
         """(heads, N, N) positional attention, computed head-major so that the softmax
         runs over contiguous rows; it is the same for every image of a batch."""
         num_tokens = hw[0] * hw[1]
-        offsets = self._relative_offsets(hw, like).view(-1, 3)
+        offsets = relative_positions(hw, like.device, like.dtype).view(-1, 3)
         logits = torch.addmm(self.pos_proj.bias[:, None], self.pos_proj.weight, offsets.t())
         return logits.view(-1, num_tokens, num_tokens).softmax(dim=-1)
 
