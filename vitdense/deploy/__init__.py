@@ -17,7 +17,7 @@ from .graphs import MaskRCNNGraph, Normalize, SegmentorGraph, paste_masks
 PARTS = ('model', 'backbone')
 
 __all__ = ['PARTS', 'FORMATS', 'MIN_SIDE', 'SUFFIXES', 'ExportedModel', 'MaskRCNNGraph',
-           'Normalize', 'SegmentorGraph', 'deployable', 'dynamic_image_shapes',
+           'Normalize', 'SegmentorGraph', 'build_model', 'deployable', 'dynamic_image_shapes',
            'export_module', 'max_abs_differences', 'paste_masks']
 
 
@@ -46,3 +46,24 @@ def deployable(model: nn.Module, part: str = 'model') -> tuple[nn.Module, str]:
         return MaskRCNNGraph(model).eval(), 'mask-rcnn'
     raise ValueError(f'{type(model).__name__}: exported models are mmseg encoder-decoders '
                      f'(UperNet, Semantic FPN) and mmdet Mask R-CNN, or part=backbone')
+
+
+def build_model(cfg, checkpoint: str | None = None) -> nn.Module:
+    """The model of an mmdet / mmseg config (an mmengine ``Config``) in eval mode on the
+    CPU, with the weights of ``checkpoint`` (all of them: a strict load), or initialised
+    as for training when ``checkpoint`` is None."""
+    import importlib
+
+    from mmengine.runner import load_checkpoint
+
+    scope = cfg.get('default_scope')
+    if scope not in ('mmdet', 'mmseg'):
+        raise ValueError(f'config default_scope={scope!r}: exported models come from mmdet '
+                         f'or mmseg configs')
+    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=True)
+    model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
+    if checkpoint is None:
+        model.init_weights()
+    else:
+        load_checkpoint(model, checkpoint, map_location='cpu', strict=True, logger='silent')
+    return model.eval()

@@ -113,8 +113,9 @@ def _pad_to_multiple(image: torch.Tensor, divisor: int) -> torch.Tensor:
 def _batched_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor,
                  iou_threshold: float) -> torch.Tensor:
     """NMS within each group (mmcv's ``batched_nms``: boxes of different groups moved apart
-    by ``group * (max coordinate + 1)``), kept indices by descending score."""
-    offsets = groups.to(boxes) * (boxes.max() + 1)
+    by ``group * (max coordinate + 1)``), kept indices by descending score. Boxes lie in
+    the image (coordinates >= 0), so a 0 joins the maximum to make it defined with no box."""
+    offsets = groups.to(boxes) * (torch.cat([boxes.flatten(), boxes.new_zeros(1)]).max() + 1)
     return nms(boxes + offsets[:, None], scores, iou_threshold)
 
 
