@@ -270,9 +270,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self._check_input(x)
         image_hw = (x.shape[2], x.shape[3])
         if self.padding == 'image':
-            pad_h, pad_w = (-image_hw[0]) % self.patch_size, (-image_hw[1]) % self.patch_size
-            if pad_h or pad_w:
-                x = F.pad(x, (0, pad_w, 0, pad_h))
+            # no branch on the size and no modulo of a negative size: an exported graph
+            # pads any input (by zero pixels where none are needed)
+            pad_h, pad_w = ((self.patch_size - size % self.patch_size) % self.patch_size
+                            for size in image_hw)
+            x = F.pad(x, (0, pad_w, 0, pad_h))
         tokens, hw = self.patch_embed(x)
         if self.class_token_layer == 0:
             tokens = self._prepend_cls_token(tokens)

@@ -1,8 +1,6 @@
 """Patch embeddings (linear, XCiT's conv stem, the hMLP stem) and position encodings
 (learned absolute tables resampled to any grid, XCiT's Fourier features)."""
 import math
-from typing import Optional
-
 import torch
 import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
@@ -85,7 +83,8 @@ class HMLPPatchEmbed(nn.Module):
 
 class LearnedPositionEmbedding(nn.Module):
     """Learned absolute position table (ViT §3.1) for ``num_prefix_tokens`` + a grid of
-    patches. It is resampled (bicubic) to the token grid of each input, and a table of
+    patches. It is resampled (bicubic) to the token grid of each input (always while
+    ``torch.export`` traces it: a graph for any size cannot skip that for one), and a table of
     another square grid is resampled to this one when loaded: in a ``load_state_dict``
     pre-hook as mmpretrain does, so that whole-model loads (a classifier fine-tuned at
     another resolution) get it too. A table that is no square grid raises, as torch
@@ -117,7 +116,7 @@ class LearnedPositionEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
         table = self.weight
-        if tuple(hw) != self.grid:
+        if torch.compiler.is_exporting() or tuple(hw) != self.grid:
             table = resample_abs_pos_embed(table, hw, self.grid,
                                            num_prefix_tokens=self.num_prefix_tokens)
         return tokens + table
@@ -133,30 +132,26 @@ class FourierPositionEncoding(nn.Module):
         self.hidden_dim = hidden_dim
         self.temperature = temperature
         self.token_projection = nn.Conv2d(hidden_dim * 2, embed_dims, kernel_size=1)
-        self._features: Optional[tuple[tuple, torch.Tensor]] = None
 
     def _sinusoids(self, hw: Grid, device: torch.device) -> torch.Tensor:
-        key = (tuple(hw), device)
-        if self._features is None or self._features[0] != key:
-            eps, scale = 1e-6, 2 * math.pi
-            rows = torch.arange(1, hw[0] + 1, device=device, dtype=torch.float32)
-            cols = torch.arange(1, hw[1] + 1, device=device, dtype=torch.float32)
-            rows = rows / (rows[-1] + eps) * scale
-            cols = cols / (cols[-1] + eps) * scale
-            steps = torch.arange(self.hidden_dim, device=device, dtype=torch.float32)
-            freqs = self.temperature ** (2 * torch.div(steps, 2, rounding_mode='floor')
-                                         / self.hidden_dim)
+        """(1, 2·hidden_dim, rows, cols) features, built from the grid in every forward: a
+        few thousand sines, and the same graph serves any input size once exported."""
+        eps, scale = 1e-6, 2 * math.pi
+        rows = torch.arange(1, hw[0] + 1, device=device, dtype=torch.float32)
+        cols = torch.arange(1, hw[1] + 1, device=device, dtype=torch.float32)
+        rows = rows / (rows[-1:] + eps) * scale
+        cols = cols / (cols[-1:] + eps) * scale
+        steps = torch.arange(self.hidden_dim, device=device, dtype=torch.float32)
+        freqs = self.temperature ** (2 * torch.div(steps, 2, rounding_mode='floor')
+                                     / self.hidden_dim)
 
-            def encode(coords: torch.Tensor) -> torch.Tensor:
-                angles = coords[:, None] / freqs
-                return torch.stack([angles[:, 0::2].sin(), angles[:, 1::2].cos()],
-                                   dim=2).flatten(1)
+        def encode(coords: torch.Tensor) -> torch.Tensor:
+            angles = coords[:, None] / freqs
+            return torch.stack([angles[:, 0::2].sin(), angles[:, 1::2].cos()], dim=2).flatten(1)
 
-            pos_y = encode(rows)[:, None, :].expand(-1, hw[1], -1)
-            pos_x = encode(cols)[None, :, :].expand(hw[0], -1, -1)
-            features = torch.cat([pos_y, pos_x], dim=2).permute(2, 0, 1)[None]
-            self._features = (key, features.contiguous())
-        return self._features[1]
+        pos_y = encode(rows)[:, None, :].expand(-1, hw[1], -1)
+        pos_x = encode(cols)[None, :, :].expand(hw[0], -1, -1)
+        return torch.cat([pos_y, pos_x], dim=2).permute(2, 0, 1)[None].contiguous()
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
         features = self._sinusoids(hw, tokens.device).to(self.token_projection.weight.dtype)

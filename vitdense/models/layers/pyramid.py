@@ -53,6 +53,7 @@ class MultiLevelPyramid(nn.Module):
         for level, (feature, stride) in enumerate(zip(features, PYRAMID_STRIDES), start=1):
             out = getattr(self, f'fpn{level}')(feature)
             if self.crop:
-                out = out[..., :-(-image_hw[0] // stride), :-(-image_hw[1] // stride)]
+                out = out[..., :(image_hw[0] + stride - 1) // stride,
+                          :(image_hw[1] + stride - 1) // stride]
             outs.append(out)
         return tuple(outs)
