@@ -1,5 +1,5 @@
-# The A2 schedule compressed for the demo set on 2 CPU cores: LAMB with weight decay 0.02,
-# 1 warm-up epoch and a cosine decay over 8 epochs, lr 4e-3 as for ViT-Ti/S.
+# The A2 schedule compressed for the demo set on 2 CPU cores: its LAMB, 1 warm-up epoch and a
+# cosine decay over 8 epochs, lr 4e-3 as for ViT-Ti/S.
 _base_ = ['./a2_lamb_300e.py']
 
 max_epochs = 8
