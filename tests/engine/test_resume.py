@@ -16,6 +16,7 @@ from mmengine.runner import Runner
 from torch import nn
 from torch.utils.data import Dataset
 
+from vitdense.checkpoint_io import safe_load
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
 from vitdense.engine.resume import remove_interrupted_saves
 
@@ -162,7 +163,7 @@ def test_without_random_state_resume_differs(tmp_path, full_run):
     full = full_run
     run(tmp_path / 'killed', kill_after=5)
     checkpoint = tmp_path / 'killed' / 'iter_3.pth'
-    state = torch.load(checkpoint, weights_only=True)
+    state = safe_load(checkpoint)
     del state['rng_state']
     torch.save(state, checkpoint)
     resumed = run(tmp_path / 'killed', resume=True)

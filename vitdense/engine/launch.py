@@ -27,7 +27,7 @@ from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from vitdense.checkpoint_io import safe_load
+from vitdense.checkpoint_io import safe_load, use_safe_loading
 from vitdense.compat import apply_host_fixes
 from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
 
@@ -70,12 +70,14 @@ HOSTS = {
 
 def host_of(cfg: Config) -> Host:
     """Import and register the library that ``cfg.default_scope`` names, after vitdense's
-    host fixes (``vitdense.compat``)."""
+    host fixes (``vitdense.compat``); mmengine loads local checkpoints with weights_only=True
+    (``use_safe_loading``), also where no Runner builds a ``SafeCheckpointHook`` (inference)."""
     scope = cfg.get('default_scope')
     if scope not in HOSTS:
         raise ValueError(f'config default_scope={scope!r}: vitdense tools run configs of '
                          f'{sorted(HOSTS)}')
     apply_host_fixes()
+    use_safe_loading()
     importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
     return HOSTS[scope]
 

@@ -1,0 +1,14 @@
+"""Every shipped config saves and loads its checkpoints through vitdense.SafeCheckpointHook
+(atomic saves, weights_only=True loads), set once in the runtime pieces it inherits."""
+import pytest
+from mmengine.config import Config
+
+from common import CONFIGS
+
+LEAF_CONFIGS = sorted(p for p in CONFIGS.glob('*/*.py') if p.parent.name != '_base_')
+
+
+@pytest.mark.parametrize('config', LEAF_CONFIGS, ids=lambda p: p.name)
+def test_config_names_the_safe_checkpoint_hook(config):
+    cfg = Config.fromfile(str(config), import_custom_modules=False)
+    assert cfg.default_hooks.checkpoint.type == 'vitdense.SafeCheckpointHook'
