@@ -27,7 +27,6 @@ import contextlib
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -121,18 +120,14 @@ def speed(repeats: int, dense_blocks: int, dense: bool) -> list[dict]:
     return rows
 
 
-def matmul_peak(size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a float32 (size × size) @ (size × size) product, the best of ``repeats``."""
+MATMUL_SIZE = 2048
+
+
+def matmul_step(size: int = MATMUL_SIZE) -> bm.Step:
+    """A float32 (size × size) @ (size × size) product: 2·size³ FLOPs, the machine's peak
+    rate for this work (timed beside each step: the machine is shared)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
-    return 2 * size ** 3 / best
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return lambda: a @ b
 
 
 def operator_shares(step: bm.Step) -> dict[str, float]:
@@ -151,21 +146,24 @@ def operator_shares(step: bm.Step) -> dict[str, float]:
 
 def peak(repeats: int) -> list[dict]:
     rows = []
-    peak_flops = matmul_peak()
-    print(json.dumps(dict(matmul_gflops=peak_flops / 1e9, threads=torch.get_num_threads())),
-          flush=True)
+    matmul = matmul_step()
     for batch, shape in ((8, (224, 224)), (2, (512, 512))):
         for family, arch in PEAK_BACKBONES:
             model = backbone(family, arch)
             step = bm.make_step(model, torch.randn(batch, 3, *shape), 'train')
             with attention_path('written-out'):  # the model's FLOPs, without recomputation
                 flops = bm.count_flops(step)
-            seconds = statistics.median(bm.time_interleaved({'s': step}, warmup=1,
-                                                            repeats=repeats)['s'])
+            samples = bm.time_interleaved({'step': step, 'matmul': matmul}, warmup=1,
+                                          repeats=repeats)
+            seconds = statistics.median(samples['step'])
+            peak_flops = 2 * MATMUL_SIZE ** 3 / statistics.median(samples['matmul'])
             row = dict(model=f'{family}-{arch}', batch=batch, shape=list(shape),
                        gflop=flops / 1e9, step_s=seconds,
                        achieved_gflops=flops / seconds / 1e9,
-                       share_of_peak=flops / seconds / peak_flops,
+                       matmul_gflops=peak_flops / 1e9,
+                       share_of_peak=bm.paired_ratio(
+                           [2 * MATMUL_SIZE ** 3 / t for t in samples['matmul']],
+                           [flops / t for t in samples['step']]) ** -1,
                        time_shares=operator_shares(step))
             rows.append(row)
             print(json.dumps(row), flush=True)
