@@ -12,8 +12,10 @@ with the maps written out, as the library chooses (blockwise while training from
 
 speed: training steps (forward, a loss over every output, backward) of CaiT-XXS24 and
 ConViT-Ti at 224² batch 8 with the maps written out, as chosen, and blockwise throughout;
-then at 800 × 1344 batch 2 (CaiT truncated to ``--dense-blocks`` blocks, whose written-out
-maps fit this machine's memory). One interleaved run (``benchmark_lib.time_interleaved``).
+then at 800 × 1344 batch 2, written-out against blockwise (the chosen path there; CaiT
+truncated to ``--dense-blocks`` blocks, whose written-out maps fit this machine's memory).
+Each size's paths in one interleaved run (``benchmark_lib.time_interleaved``); the ratio is
+the median of paired samples, written-out time / other time (above 1: faster).
 
 peak: FLOPs of a backbone training step (``benchmark_lib.count_flops``, 2 per multiply-add)
 per second, as a fraction of a float32 matrix product's FLOP/s on the same threads, per
@@ -27,7 +29,6 @@ import contextlib
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -99,40 +100,40 @@ def _train_step(model: torch.nn.Module, images: torch.Tensor, path: str) -> bm.S
     return run
 
 
-def speed(repeats: int, dense_blocks: int, dense: bool) -> list[dict]:
-    cases = [('CaiT', 'xxs24', {}, 8, (224, 224)), ('ConViT', 'tiny', {}, 8, (224, 224))]
-    if dense:
+def speed(repeats: int, dense_blocks: int, sizes: tuple[str, ...]) -> list[dict]:
+    cases = []
+    if '224' in sizes:
+        cases += [('CaiT', 'xxs24', {}, 8, (224, 224)), ('ConViT', 'tiny', {}, 8, (224, 224))]
+    if 'coco' in sizes:
         cases += [('CaiT', 'xxs24', dict(arch_overrides=dict(num_layers=dense_blocks)), 2,
                    COCO), ('ConViT', 'tiny', {}, 2, COCO)]
     rows = []
     for family, arch, kwargs, batch, shape in cases:
         model = backbone(family, arch, **kwargs)
         images = torch.randn(batch, 3, *shape)
-        paths = ('written-out', 'chosen', 'blockwise')
+        # at 800 x 1344 (4,200 tokens) the chosen path is the blockwise one
+        paths = ('written-out', 'chosen', 'blockwise') if shape != COCO else (
+            'written-out', 'blockwise')
         samples = bm.time_interleaved({p: _train_step(model, images, p) for p in paths},
-                                      warmup=1, repeats=repeats if shape != COCO else 3)
+                                      warmup=1, repeats=repeats)
         row = dict(model=f'{family}-{arch}' + (f' ({dense_blocks} blocks)' if kwargs else ''),
                    batch=batch, shape=list(shape),
                    **{f'{p}_s': statistics.median(samples[p]) for p in paths},
                    **{f'{p}_vs_written_out': bm.paired_ratio(samples['written-out'], samples[p])
-                      for p in ('chosen', 'blockwise')})
+                      for p in paths[1:]})
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
 
 
-def matmul_peak(size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a float32 (size × size) @ (size × size) product, the best of ``repeats``."""
+MATMUL_SIZE = 2048
+
+
+def matmul_step(size: int = MATMUL_SIZE) -> bm.Step:
+    """A float32 (size × size) @ (size × size) product: 2·size³ FLOPs, the machine's peak
+    rate for this work (timed beside each step: the machine is shared)."""
     a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
-    return 2 * size ** 3 / best
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return lambda: a @ b
 
 
 def operator_shares(step: bm.Step) -> dict[str, float]:
@@ -151,21 +152,24 @@ def operator_shares(step: bm.Step) -> dict[str, float]:
 
 def peak(repeats: int) -> list[dict]:
     rows = []
-    peak_flops = matmul_peak()
-    print(json.dumps(dict(matmul_gflops=peak_flops / 1e9, threads=torch.get_num_threads())),
-          flush=True)
+    matmul = matmul_step()
     for batch, shape in ((8, (224, 224)), (2, (512, 512))):
         for family, arch in PEAK_BACKBONES:
             model = backbone(family, arch)
             step = bm.make_step(model, torch.randn(batch, 3, *shape), 'train')
             with attention_path('written-out'):  # the model's FLOPs, without recomputation
                 flops = bm.count_flops(step)
-            seconds = statistics.median(bm.time_interleaved({'s': step}, warmup=1,
-                                                            repeats=repeats)['s'])
+            samples = bm.time_interleaved({'step': step, 'matmul': matmul}, warmup=1,
+                                          repeats=repeats)
+            seconds = statistics.median(samples['step'])
+            peak_flops = 2 * MATMUL_SIZE ** 3 / statistics.median(samples['matmul'])
             row = dict(model=f'{family}-{arch}', batch=batch, shape=list(shape),
                        gflop=flops / 1e9, step_s=seconds,
                        achieved_gflops=flops / seconds / 1e9,
-                       share_of_peak=flops / seconds / peak_flops,
+                       matmul_gflops=peak_flops / 1e9,
+                       share_of_peak=bm.paired_ratio(
+                           [2 * MATMUL_SIZE ** 3 / t for t in samples['matmul']],
+                           [flops / t for t in samples['step']]) ** -1,
                        time_shares=operator_shares(step))
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -179,14 +183,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--dense-blocks', type=int, default=2,
                         help='CaiT blocks at 800 x 1344 (speed)')
-    parser.add_argument('--no-dense', action='store_true', help='speed: 224² only')
+    parser.add_argument('--sizes', nargs='+', choices=('224', 'coco'), default=('224', 'coco'),
+                        help='speed: 224² batch 8 and / or 800 x 1344 batch 2')
     parser.add_argument('--threads', type=int, default=bm.default_threads())
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.what == 'memory':
         memory_table()
     elif args.what == 'speed':
-        speed(args.repeats, args.dense_blocks, not args.no_dense)
+        speed(args.repeats, args.dense_blocks, tuple(args.sizes))
     else:
         peak(args.repeats)
 

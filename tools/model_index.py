@@ -3,16 +3,22 @@ config, the root ``model-index.yml`` and the README's model-zoo tables.
 
 Parameters and FLOPs are measured by ``vitdense.analysis.complexity`` (classifiers at
 the test crop, detectors at the padded test resize, 800 × 1344 on COCO, segmentors at the
-512 × 512 training crop); the papers' metrics and the
+512 × 512 training crop); the training memory of the dense configs (peak per GPU at the
+config's batch and largest training input, float32 and mixed precision) by
+``tools/analysis_tools/memory.py``; the papers' metrics and the
 official weights are the facts below (paper tables, official repositories' READMEs).
 
     python tools/model_index.py --measure      # measure every config, write all three
     python tools/model_index.py --measure --configs configs/xcit/xcit-t12-p16_8xb128_in1k.py
+    python tools/model_index.py --memory       # training memory of every dense config
+    python tools/analysis_tools/memory.py CONFIG... --json > memory.jsonl
+    python tools/model_index.py --memory-from memory.jsonl   # the same, from its output
     python tools/model_index.py                # README tables from the metafiles only
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -139,6 +145,29 @@ def measure(config: Path) -> dict:
     return analyse(str(config))
 
 
+def is_dense(config: Path) -> bool:
+    """A full dense config (Mask R-CNN, UperNet, Semantic FPN), not a demo."""
+    name = config.stem
+    return name.startswith(('mask-rcnn_', 'upernet_', 'fpn_')) and '_demo' not in name
+
+
+def measure_memory(config: Path) -> dict:
+    from memory import account
+    return account(str(config))
+
+
+def memory_entry(config: Path, result: dict) -> dict:
+    """The index's training-memory metadata from a ``memory.py`` account of ``config``."""
+    from memory import load_config, uses_amp
+
+    height, width = result['shape']
+    return {'Batch per GPU': result['batch'], 'Input': f'{height}x{width}',
+            'Peak FP32 (GiB)': round(result['fp32']['peak'] / 2 ** 30, 1),
+            'Peak AMP (GiB)': round(result['amp']['peak'] / 2 ** 30, 1),
+            'Precision': 'AMP float16' if uses_amp(load_config(str(config))) else 'float32',
+            'with_cp': result['with_cp']}
+
+
 def model_entry(config: Path, measured: dict) -> dict:
     family, name = config.parent.name, config.stem
     results, weights = results_and_weights(family, name)
@@ -165,14 +194,24 @@ def load_metafile(family: str) -> dict:
     return yaml.safe_load(path.read_text())
 
 
-def write_metafiles(measured: dict[Path, dict]) -> None:
-    """Update (or add) the measured configs' entries; entries of configs that no longer
-    exist are dropped, the others kept as they are."""
+def write_metafiles(measured: dict[Path, dict], memory: dict[Path, dict]) -> None:
+    """Update (or add) the measured configs' entries (``measured``: parameters and FLOPs,
+    ``memory``: training memory); entries of configs that no longer exist are dropped, the
+    others kept as they are."""
     for family, collection in COLLECTIONS.items():
         existing = {m['Name']: m for m in load_metafile(family)['Models']}
         for config, result in measured.items():
             if config.parent.name == family:
+                kept = existing.get(config.stem, {}).get('Metadata', {}).get('Training Memory')
                 existing[config.stem] = model_entry(config, result)
+                if kept:
+                    existing[config.stem]['Metadata']['Training Memory'] = kept
+        for config, result in memory.items():
+            if config.parent.name == family:
+                if config.stem not in existing:
+                    raise KeyError(f'{config}: not in the index yet; run --measure first')
+                existing[config.stem]['Metadata']['Training Memory'] = memory_entry(config,
+                                                                                    result)
         shipped = [p.stem for p in shipped_configs() if p.parent.name == family]
         models = [existing[name] for name in shipped if name in existing]
         paper = {'Title': collection['Title'], 'URL': collection['URL']}
@@ -191,13 +230,24 @@ def _metric_text(results: list) -> str:
     return ', '.join(parts) if parts else '—'
 
 
+def _memory_text(memory: dict | None) -> str:
+    """Peak per GPU in float32 / mixed precision, the configured one in bold."""
+    if not memory:
+        return '—'
+    fp32, amp = memory['Peak FP32 (GiB)'], memory['Peak AMP (GiB)']
+    text = f'{fp32} / **{amp}**' if memory['Precision'].startswith('AMP') \
+        else f'**{fp32}** / {amp}'
+    return text + (' (with_cp)' if memory['with_cp'] else '')
+
+
 def readme_tables() -> str:
     """One table per family, in the order of COLLECTIONS, from the metafiles."""
     lines = [README_BEGIN]
     for family, collection in COLLECTIONS.items():
         lines += ['', f'### {collection["Name"]} ([paper]({collection["URL"]}))', '',
-                  '| config | task | data | input | params (M) | FLOPs (G) | paper | '
-                  'official weights |', '|---|---|---|---|---|---|---|---|']
+                  '| config | task | data | input | params (M) | FLOPs (G) | '
+                  'training GiB/GPU fp32 / AMP | paper | official weights |',
+                  '|---|---|---|---|---|---|---|---|---|']
         for model in load_metafile(family)['Models']:
             meta = model['Metadata']
             weights = f'[download]({model["Weights"]})' if model.get('Weights') else '—'
@@ -205,6 +255,7 @@ def readme_tables() -> str:
                 f'| [{model["Name"]}]({model["Config"]}) | {task_of(model["Name"])} | '
                 f'{meta["Training Data"]} | {meta["Input Size"]} | '
                 f'{meta["Parameters"] / 1e6:.1f} | {meta["FLOPs"] / 1e9:.1f} | '
+                f'{_memory_text(meta.get("Training Memory"))} | '
                 f'{_metric_text(model["Results"])} | {weights} |')
     lines += ['', README_END]
     return '\n'.join(lines)
@@ -227,17 +278,31 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--measure', action='store_true',
                         help='measure parameters and FLOPs and rewrite the metafiles')
+    parser.add_argument('--memory', action='store_true',
+                        help='measure the training memory of the dense configs')
+    parser.add_argument('--memory-from', type=Path, metavar='JSONL',
+                        help='training memory from `memory.py --json` output instead')
     parser.add_argument('--configs', nargs='*', type=Path,
                         help='only these configs (default: every shipped config)')
     args = parser.parse_args()
+    configs = [p.resolve() for p in args.configs] if args.configs else shipped_configs()
+    measured, memory = {}, {}
     if args.measure:
-        configs = [p.resolve() for p in args.configs] if args.configs else shipped_configs()
-        measured = {}
         for config in configs:
             measured[config] = measure(config)
             print(f'{config.relative_to(ROOT)}: {measured[config]["params"] / 1e6:.2f} M, '
                   f'{measured[config]["flops"] / 1e9:.2f} G', flush=True)
-        write_metafiles(measured)
+    if args.memory:
+        for config in filter(is_dense, configs):
+            memory[config] = measure_memory(config)
+            print(f'{config.relative_to(ROOT)}: {memory_entry(config, memory[config])}',
+                  flush=True)
+    if args.memory_from:
+        for line in args.memory_from.read_text().splitlines():
+            result = json.loads(line)
+            memory[(ROOT / result['config']).resolve()] = result
+    if measured or memory:
+        write_metafiles(measured, memory)
     write_readme()
 
 

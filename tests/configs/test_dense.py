@@ -88,8 +88,10 @@ def test_full_config_follows_the_recipe(config):
     assert cfg.train_dataloader.batch_size == batch
     assert cfg.train_cfg[length_key] == length
     assert set(_head_widths(cfg)) == {_embed_dims(cfg)}
-    if task == 'mask-rcnn':  # DETR-style multi-scale augmentation
+    if task == 'mask-rcnn':  # DETR-style multi-scale augmentation, float16 mixed precision
         assert any(t.type == 'RandomChoice' for t in cfg.train_dataloader.dataset.pipeline)
+        assert (cfg.optim_wrapper.type, cfg.optim_wrapper.dtype) == ('AmpOptimWrapper',
+                                                                     'float16')
     else:
         assert cfg.param_scheduler[1].type == 'PolyLR' and cfg.param_scheduler[1].end == length
 
@@ -202,14 +204,33 @@ def mmcv_ext_calls(monkeypatch) -> Counter:
 MMCV_OPS = {'mmdet': {'nms', 'roi_align_forward', 'roi_align_backward'}, 'mmseg': set()}
 
 
+def _cpu_optim_wrapper(model, optim_cfg: Config, monkeypatch):
+    """The config's optimizer wrapper; a mixed-precision one (the detection recipe), which
+    needs a GPU, is built as configured (CUDA's presence faked), then its optimizer (our
+    constructor's parameter groups) is stepped by a plain wrapper: the torch-native RoIAlign
+    has no half-precision CPU kernel, and mmengine's CPU autocast only bfloat16."""
+    if optim_cfg.get('type') != 'AmpOptimWrapper':
+        return build_optim_wrapper(model, optim_cfg)
+    from mmengine.optim import AmpOptimWrapper, OptimWrapper
+    from mmengine.optim.optimizer import amp_optimizer_wrapper
+    monkeypatch.setattr(amp_optimizer_wrapper, 'is_cuda_available', lambda: True)
+    amp = build_optim_wrapper(model, optim_cfg)
+    plain = build_optim_wrapper(model, {k: v for k, v in optim_cfg.items()
+                                        if k not in ('type', 'dtype', 'loss_scale')})
+    assert isinstance(amp, AmpOptimWrapper) and amp.cast_dtype == torch.float16
+    assert [(len(g['params']), g['lr'], g['weight_decay']) for g in amp.param_groups] == \
+        [(len(g['params']), g['lr'], g['weight_decay']) for g in plain.param_groups]
+    return OptimWrapper(amp.optimizer)
+
+
 @pytest.mark.parametrize('config', sorted(_UNIQUE.values()))
-def test_train_step_and_inference(config, mmcv_ext_calls):
+def test_train_step_and_inference(config, mmcv_ext_calls, monkeypatch):
     cfg = _downsized(config)
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         model = MODELS.build(cfg.model)
         model.init_weights()
-        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+        optim_wrapper = _cpu_optim_wrapper(model, cfg.optim_wrapper, monkeypatch)
         is_det = cfg.default_scope == 'mmdet'
         num_classes = (cfg.model.roi_head.bbox_head.num_classes if is_det
                        else cfg.model.decode_head.num_classes)

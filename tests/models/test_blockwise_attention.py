@@ -88,6 +88,17 @@ def test_blockwise_only_while_autograd_records_above_the_threshold():
         assert not use_blockwise(big, leaf)
 
 
+def test_export_never_reads_the_token_count(monkeypatch):
+    """Exporting with gradients enabled takes the written-out path without comparing the
+    (symbolic) token count: a dynamic H × W gets no guard from it."""
+    class Symbolic(int):
+        def __ge__(self, other):
+            raise AssertionError('the token count was compared')
+
+    monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)
+    assert not use_blockwise(Symbolic(10 ** 6), torch.zeros(1, requires_grad=True))
+
+
 def test_gpsa_forward_changes_no_module_state():
     """Offsets come from the grid at each call: nothing is cached (export, dynamic grids)."""
     mixer = make_mixer('gpsa').eval()

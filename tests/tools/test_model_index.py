@@ -109,3 +109,25 @@ def test_readme_tables_are_generated_from_the_index():
     assert model_index.readme_tables() in readme
     using, zoo = readme.index('\n## Using it'), readme.index('\n## Model zoo')
     assert using < zoo and '\n## ' not in readme[using + 1:zoo]
+
+
+DENSE = [c for c in CONFIGS if model_index.is_dense(REPO_ROOT / c)]
+
+
+def test_every_dense_config_fits_32_gib_per_gpu():
+    """The index's training memory (tools/analysis_tools/memory.py) in the precision each
+    config trains in: 32 GB GPUs, as the official XCiT dense recipes."""
+    for config in DENSE:
+        memory = _entries()[config]['Metadata']['Training Memory']
+        cfg = get_flops.load_config(str(REPO_ROOT / config))
+        amp = cfg.optim_wrapper.get('type') == 'AmpOptimWrapper'
+        assert memory['Precision'] == ('AMP float16' if amp else 'float32'), config
+        assert memory['Peak AMP (GiB)' if amp else 'Peak FP32 (GiB)'] <= 32, config
+
+
+def test_index_memory_is_what_the_tool_measures():
+    import memory  # tools/analysis_tools/memory.py
+    config = 'configs/xcit/fpn_xcit-t12-p16_8xb2-80k_ade20k-512x512.py'
+    entry = _entries()[config]['Metadata']['Training Memory']
+    assert model_index.memory_entry(REPO_ROOT / config,
+                                    memory.account(str(REPO_ROOT / config))) == entry

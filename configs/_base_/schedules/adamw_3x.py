@@ -10,7 +10,12 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
     dict(type='MultiStepLR', by_epoch=True, begin=0, end=36, milestones=[27, 33], gamma=0.1),
 ]
+# Mixed precision, float16 with a dynamic loss scale, as the official detection recipe
+# (EpochBasedRunnerAmp, use_fp16=True): at 2 x 800 x 1344 per GPU XCiT-M24/8 needs 40.7 GiB
+# in float32 and 28.3 GiB so, the other backbones 2-13 GiB (tools/analysis_tools/memory.py,
+# docs/memory.md). AmpOptimWrapper needs a GPU.
 optim_wrapper = dict(
+    type='AmpOptimWrapper', dtype='float16', loss_scale='dynamic',
     constructor='vitdense.LayerDecayOptimWrapperConstructor',
     optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999),
                    weight_decay=0.05),

@@ -12,8 +12,9 @@ talking heads, every head's logits of that row: blocks split queries, never keys
 Outputs and gradients are those of the written-out path up to float rounding.
 
 The written-out path stays faster where maps are small; :func:`use_blockwise` chooses, and
-it is asked only while autograd records a graph (the memory at stake is what backward
-keeps), so inference and ``torch.export`` never branch on a symbolic token count.
+it is asked only while autograd records a graph outside ``torch.export`` (the memory at
+stake is what backward keeps), so inference and export never branch on a symbolic token
+count.
 """
 from typing import Iterator, Optional
 
@@ -32,9 +33,10 @@ MIN_BLOCKWISE_TOKENS = 2048
 
 def use_blockwise(num_tokens: int, *tensors: torch.Tensor) -> bool:
     """Whether to take the blockwise path: autograd records a graph through ``tensors``
-    and the token count is at least :data:`MIN_BLOCKWISE_TOKENS`. The token count is read
-    only when a graph is recorded."""
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+    outside ``torch.export`` and the token count is at least :data:`MIN_BLOCKWISE_TOKENS`.
+    The token count is read only then, so an exported graph never guards on it."""
+    if torch.compiler.is_exporting() or not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         return False
     return num_tokens >= MIN_BLOCKWISE_TOKENS
 
