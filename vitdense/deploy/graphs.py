@@ -27,11 +27,13 @@ from torchvision.ops import nms, roi_align
 
 class Normalize(nn.Module):
     """The data preprocessor's image step in the graph: channel flip (``bgr_to_rgb``),
-    then ``(x - mean) / std``, as mmengine's ``ImgDataPreprocessor`` does it."""
+    then ``(x - mean) / std``, as mmengine's ``ImgDataPreprocessor`` (mmdet) and mmseg's
+    ``SegDataPreProcessor`` do it."""
 
     def __init__(self, preprocessor: nn.Module) -> None:
         super().__init__()
-        self.flip = bool(getattr(preprocessor, '_channel_conversion', False))
+        self.flip = bool(getattr(preprocessor, '_channel_conversion', False) or
+                         getattr(preprocessor, 'channel_conversion', False))
         normalize = getattr(preprocessor, '_enable_normalize', False)
         self.register_buffer('mean', preprocessor.mean.clone() if normalize else None)
         self.register_buffer('std', preprocessor.std.clone() if normalize else None)
