@@ -38,6 +38,7 @@ import mmcv  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.evaluator import Evaluator  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 from mmengine.structures import InstanceData, PixelData  # noqa: E402
 
@@ -73,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--min-agreement', type=float, default=0.999,
                         help='smallest fraction of equal labels / mask pixels')
     parser.add_argument('--overwrite', action='store_true', help='replace an existing --out')
+    parser.add_argument('--check-existing', action='store_true',
+                        help='check the file already at --out instead of exporting')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, key=value')
     args = parser.parse_args(argv)
@@ -198,7 +201,7 @@ def evaluate(cfg: Config, kind: str, model: torch.nn.Module, run: ExportedModel)
     loader = validation_loader(cfg, batch_size=1)
     evaluators = {}
     for name in ('pytorch', 'exported'):
-        evaluators[name] = Runner.build_evaluator(cfg.val_evaluator)
+        evaluators[name] = Evaluator(copy.deepcopy(cfg.val_evaluator))
         evaluators[name].dataset_meta = loader.dataset.metainfo
     same = total = 0
     for data in loader:
@@ -242,12 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         example = F.interpolate(images[0], size=tuple(args.shape), mode='bilinear')
     else:
         example = images[0]
-    start = time.perf_counter()
-    out = export_module(graph, graph_input(kind, model, example), args.out, args.format,
-                        dynamic=args.dynamic, overwrite=args.overwrite)
-    size = 'dynamic H×W' if args.dynamic else f'{example.shape[2]}×{example.shape[3]}'
-    print(f'exported {kind} ({size}) to {out} ({out.stat().st_size / 2 ** 20:.1f} MiB) in '
-          f'{time.perf_counter() - start:.0f} s')
+    if args.check_existing:
+        out = Path(args.out)
+    else:
+        start = time.perf_counter()
+        out = export_module(graph, graph_input(kind, model, example), args.out, args.format,
+                            dynamic=args.dynamic, overwrite=args.overwrite)
+        size = 'dynamic H×W' if args.dynamic else f'{example.shape[2]}×{example.shape[3]}'
+        print(f'exported {kind} ({size}) to {out} ({out.stat().st_size / 2 ** 20:.1f} MiB) '
+              f'in {time.perf_counter() - start:.0f} s')
     run = ExportedModel(out)
     ok = True
     for index, image in enumerate(images):
