@@ -34,17 +34,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
 
-import mmcv  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.evaluator import Evaluator  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
 from mmengine.structures import InstanceData, PixelData  # noqa: E402
 
 import vitdense  # noqa: F401,E402  (host-stack fixes, vitdense registries)
-from vitdense.deploy import (FORMATS, PARTS, SUFFIXES, ExportedModel, Normalize,  # noqa: E402
+from vitdense.deploy import (FORMATS, PARTS, SUFFIXES, ExportedModel,  # noqa: E402
                              build_model, deployable, export_module, max_abs_differences)
+from vitdense.deploy.inputs import (graph_input, image_tensor, sample_images,  # noqa: E402
+                                    validation_loader)
 
 #: the floors the exported model is held to on a validation set (--evaluate)
 METRIC_TOLERANCES = {'mIoU': 0.1, 'coco/bbox_mAP': 0.005, 'coco/segm_mAP': 0.005}
@@ -85,50 +85,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.checkpoint != 'none' and not Path(args.checkpoint).is_file():
         parser.error(f'checkpoint not found: {args.checkpoint}')
     return args
-
-
-def image_tensor(image) -> torch.Tensor:
-    """(1, 3, H, W) float from an (H, W, 3) array or a (3, H, W) tensor, channels as loaded."""
-    tensor = torch.as_tensor(image)
-    if tensor.shape[-1] == 3 and tensor.dim() == 3 and tensor.shape[0] != 3:
-        tensor = tensor.permute(2, 0, 1)
-    return tensor[None].float().contiguous()
-
-
-def validation_loader(cfg: Config, batch_size: int | None = None):
-    loader_cfg = copy.deepcopy(cfg.val_dataloader)
-    loader_cfg.num_workers, loader_cfg.persistent_workers = 0, False
-    if batch_size:
-        loader_cfg.batch_size = batch_size
-    return Runner.build_dataloader(loader_cfg)
-
-
-def check_images(cfg: Config, paths: list[str], count: int) -> list[torch.Tensor]:
-    """The images to check the export on: files read as the loader reads them (BGR), or the
-    first ``count`` validation images through the config's test pipeline."""
-    if paths:
-        images = []
-        for path in paths:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f'image not found: {path}')
-            images.append(image_tensor(mmcv.imread(path)))
-        return images
-    try:
-        dataset = validation_loader(cfg).dataset
-    except (FileNotFoundError, OSError) as error:
-        raise FileNotFoundError(
-            f'no --image given and the validation set of the config cannot be read ({error}); '
-            f'write the demo sets with python tools/data/make_demo_data.py {{ade,coco}} or '
-            f'pass --image') from error
-    return [image_tensor(dataset[i]['inputs']) for i in range(min(count, len(dataset)))]
-
-
-def graph_input(kind: str, model: torch.nn.Module, image: torch.Tensor) -> torch.Tensor:
-    """What the exported graph takes: the image, or for a backbone the normalised image."""
-    if kind != 'backbone' or not hasattr(model, 'data_preprocessor'):
-        return image
-    with torch.no_grad():
-        return Normalize(model.data_preprocessor)(image)
 
 
 def reference_outputs(kind: str, model: torch.nn.Module, graph: torch.nn.Module,
@@ -240,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     model = build_model(cfg, None if args.checkpoint == 'none' else args.checkpoint)
     graph, kind = deployable(model, args.part)
-    images = check_images(cfg, args.image, args.num_images)
+    images = sample_images(cfg, args.image, args.num_images)
     if args.shape:
         example = F.interpolate(images[0], size=tuple(args.shape), mode='bilinear')
     else:
