@@ -82,6 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     suffix = SUFFIXES[args.format]
     if Path(args.out).suffix != suffix:
         parser.error(f'--format {args.format} writes a {suffix} file; --out is {args.out}')
+    if Path(args.out).exists() and not (args.overwrite or args.check_existing):
+        parser.error(f'{args.out} exists; pass --overwrite to replace it')
+    if args.check_existing and not Path(args.out).is_file():
+        parser.error(f'--check-existing: no file at {args.out}')
     if args.checkpoint != 'none' and not Path(args.checkpoint).is_file():
         parser.error(f'checkpoint not found: {args.checkpoint}')
     return args
