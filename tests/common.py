@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from mmengine.model import BaseModel
 from torch import nn
@@ -32,6 +33,13 @@ TINY_BACKBONES = {
     'xcit': dict(type='vitdense.XCiT', arch=TINY_ARCH),
     'convit': dict(type='vitdense.ConViT', arch=dict(TINY_ARCH, num_local_layers=1)),
 }
+
+
+def require_onnx() -> None:
+    """Skip the calling test unless the deployment packages are installed."""
+    for name in ('onnx', 'onnxscript', 'onnxruntime'):
+        pytest.importorskip(name, reason=f'{name} is not installed (bash tools/install.sh '
+                                         f'--deploy installs it)')
 
 
 class RegressToOne(BaseModel):

@@ -4,6 +4,8 @@
 #
 #   bash tools/install.sh               # mmcv-lite 2.1.0 + vitdense's torch-native mmcv ops
 #   bash tools/install.sh --full-mmcv   # mmcv 2.1.0 with its compiled ops instead
+#   bash tools/install.sh --deploy      # also onnx, onnxscript, onnxruntime (~120 MB installed)
+#                                       # for exporting models (tools/deployment/)
 #
 # Default: mmcv-lite is mmcv without its compiled extension; vitdense serves the ops our
 # configs call (nms, RoIAlign) on torchvision's CPU / CUDA kernels (vitdense/compat/mmcv_ext.py)
@@ -30,9 +32,11 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3 || echo python3.
 CONSTRAINTS="$ROOT/requirements/constraints.txt"
 MMCV_VERSION=2.1.0
 FULL_MMCV=0
+DEPLOY=0
 for arg in "$@"; do
   case "$arg" in
     --full-mmcv) FULL_MMCV=1 ;;
+    --deploy) DEPLOY=1 ;;
     -h|--help) sed -n '2,/^set /{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) printf '[vitdense install] error: unknown option %s (see --help)\n' "$arg" >&2; exit 2 ;;
   esac
@@ -132,6 +136,13 @@ fi
 
 step "mmdet, mmsegmentation, mmpretrain, timm, pycocotools and test tools"
 "${PIP[@]}" --quiet --only-binary=:all: -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
+
+if [ "$DEPLOY" = 1 ]; then
+  step "onnx, onnxscript, onnxruntime (model export)"
+  have "onnx==$(pinned onnx)" "onnxscript==$(pinned onnxscript)" \
+       "onnxruntime==$(pinned onnxruntime)" || \
+    "${PIP[@]}" --quiet --only-binary=:all: -r "$ROOT/requirements/deploy.txt"
+fi
 
 step "vitdense (editable)"
 # Already editable from this checkout? (find_spec only locates modules, runs none of them.)

@@ -34,16 +34,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
 
-import mmcv  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+from mmengine.evaluator import Evaluator  # noqa: E402
 from mmengine.structures import InstanceData, PixelData  # noqa: E402
 
 import vitdense  # noqa: F401,E402  (host-stack fixes, vitdense registries)
-from vitdense.deploy import (FORMATS, PARTS, SUFFIXES, ExportedModel, Normalize,  # noqa: E402
+from vitdense.deploy import (FORMATS, PARTS, SUFFIXES, ExportedModel,  # noqa: E402
                              build_model, deployable, export_module, max_abs_differences)
+from vitdense.deploy.inputs import (graph_input, image_tensor, sample_images,  # noqa: E402
+                                    validation_loader)
 
 #: the floors the exported model is held to on a validation set (--evaluate)
 METRIC_TOLERANCES = {'mIoU': 0.1, 'coco/bbox_mAP': 0.005, 'coco/segm_mAP': 0.005}
@@ -73,59 +74,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--min-agreement', type=float, default=0.999,
                         help='smallest fraction of equal labels / mask pixels')
     parser.add_argument('--overwrite', action='store_true', help='replace an existing --out')
+    parser.add_argument('--check-existing', action='store_true',
+                        help='check the file already at --out instead of exporting')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, key=value')
     args = parser.parse_args(argv)
     suffix = SUFFIXES[args.format]
     if Path(args.out).suffix != suffix:
         parser.error(f'--format {args.format} writes a {suffix} file; --out is {args.out}')
+    if Path(args.out).exists() and not (args.overwrite or args.check_existing):
+        parser.error(f'{args.out} exists; pass --overwrite to replace it')
+    if args.check_existing and not Path(args.out).is_file():
+        parser.error(f'--check-existing: no file at {args.out}')
     if args.checkpoint != 'none' and not Path(args.checkpoint).is_file():
         parser.error(f'checkpoint not found: {args.checkpoint}')
     return args
-
-
-def image_tensor(image) -> torch.Tensor:
-    """(1, 3, H, W) float from an (H, W, 3) array or a (3, H, W) tensor, channels as loaded."""
-    tensor = torch.as_tensor(image)
-    if tensor.shape[-1] == 3 and tensor.dim() == 3 and tensor.shape[0] != 3:
-        tensor = tensor.permute(2, 0, 1)
-    return tensor[None].float().contiguous()
-
-
-def validation_loader(cfg: Config, batch_size: int | None = None):
-    loader_cfg = copy.deepcopy(cfg.val_dataloader)
-    loader_cfg.num_workers, loader_cfg.persistent_workers = 0, False
-    if batch_size:
-        loader_cfg.batch_size = batch_size
-    return Runner.build_dataloader(loader_cfg)
-
-
-def check_images(cfg: Config, paths: list[str], count: int) -> list[torch.Tensor]:
-    """The images to check the export on: files read as the loader reads them (BGR), or the
-    first ``count`` validation images through the config's test pipeline."""
-    if paths:
-        images = []
-        for path in paths:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f'image not found: {path}')
-            images.append(image_tensor(mmcv.imread(path)))
-        return images
-    try:
-        dataset = validation_loader(cfg).dataset
-    except (FileNotFoundError, OSError) as error:
-        raise FileNotFoundError(
-            f'no --image given and the validation set of the config cannot be read ({error}); '
-            f'write the demo sets with python tools/data/make_demo_data.py {{ade,coco}} or '
-            f'pass --image') from error
-    return [image_tensor(dataset[i]['inputs']) for i in range(min(count, len(dataset)))]
-
-
-def graph_input(kind: str, model: torch.nn.Module, image: torch.Tensor) -> torch.Tensor:
-    """What the exported graph takes: the image, or for a backbone the normalised image."""
-    if kind != 'backbone' or not hasattr(model, 'data_preprocessor'):
-        return image
-    with torch.no_grad():
-        return Normalize(model.data_preprocessor)(image)
 
 
 def reference_outputs(kind: str, model: torch.nn.Module, graph: torch.nn.Module,
@@ -198,7 +161,7 @@ def evaluate(cfg: Config, kind: str, model: torch.nn.Module, run: ExportedModel)
     loader = validation_loader(cfg, batch_size=1)
     evaluators = {}
     for name in ('pytorch', 'exported'):
-        evaluators[name] = Runner.build_evaluator(cfg.val_evaluator)
+        evaluators[name] = Evaluator(copy.deepcopy(cfg.val_evaluator))
         evaluators[name].dataset_meta = loader.dataset.metainfo
     same = total = 0
     for data in loader:
@@ -237,17 +200,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     model = build_model(cfg, None if args.checkpoint == 'none' else args.checkpoint)
     graph, kind = deployable(model, args.part)
-    images = check_images(cfg, args.image, args.num_images)
+    images = sample_images(cfg, args.image, args.num_images)
     if args.shape:
         example = F.interpolate(images[0], size=tuple(args.shape), mode='bilinear')
     else:
         example = images[0]
-    start = time.perf_counter()
-    out = export_module(graph, graph_input(kind, model, example), args.out, args.format,
-                        dynamic=args.dynamic, overwrite=args.overwrite)
-    size = 'dynamic H×W' if args.dynamic else f'{example.shape[2]}×{example.shape[3]}'
-    print(f'exported {kind} ({size}) to {out} ({out.stat().st_size / 2 ** 20:.1f} MiB) in '
-          f'{time.perf_counter() - start:.0f} s')
+    if args.check_existing:
+        out = Path(args.out)
+    else:
+        start = time.perf_counter()
+        out = export_module(graph, graph_input(kind, model, example), args.out, args.format,
+                            dynamic=args.dynamic, overwrite=args.overwrite)
+        size = 'dynamic H×W' if args.dynamic else f'{example.shape[2]}×{example.shape[3]}'
+        print(f'exported {kind} ({size}) to {out} ({out.stat().st_size / 2 ** 20:.1f} MiB) '
+              f'in {time.perf_counter() - start:.0f} s')
     run = ExportedModel(out)
     ok = True
     for index, image in enumerate(images):

@@ -60,7 +60,8 @@ def export_module(module: nn.Module, example: torch.Tensor, out: str | os.PathLi
             program = torch.export.export(module, (example,), dynamic_shapes=shapes,
                                           strict=False)
             if fmt == 'onnx':
-                torch.onnx.export(program, (example,), dynamo=True, verbose=False).save(tmp)
+                torch.onnx.export(program, (example,), dynamo=True,
+                                  verbose=False).save(tmp, external_data=False)
             else:
                 torch.export.save(program, tmp)
         os.replace(tmp, out)

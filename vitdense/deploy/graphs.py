@@ -27,11 +27,13 @@ from torchvision.ops import nms, roi_align
 
 class Normalize(nn.Module):
     """The data preprocessor's image step in the graph: channel flip (``bgr_to_rgb``),
-    then ``(x - mean) / std``, as mmengine's ``ImgDataPreprocessor`` does it."""
+    then ``(x - mean) / std``, as mmengine's ``ImgDataPreprocessor`` (mmdet) and mmseg's
+    ``SegDataPreProcessor`` do it."""
 
     def __init__(self, preprocessor: nn.Module) -> None:
         super().__init__()
-        self.flip = bool(getattr(preprocessor, '_channel_conversion', False))
+        self.flip = bool(getattr(preprocessor, '_channel_conversion', False) or
+                         getattr(preprocessor, 'channel_conversion', False))
         normalize = getattr(preprocessor, '_enable_normalize', False)
         self.register_buffer('mean', preprocessor.mean.clone() if normalize else None)
         self.register_buffer('std', preprocessor.std.clone() if normalize else None)
@@ -74,12 +76,39 @@ class AdaptiveAvgPool2d(nn.Module):
         return rows @ x @ cols.t()
 
 
+class IntegerUpsample(nn.Module):
+    """mmseg's ``Upsample`` by a whole factor: the output size as ``size * factor`` in
+    integers, where mmseg's ``int(size * float(factor))`` would fix the traced size into the
+    graph. The same sizes, hence the same interpolation."""
+
+    def __init__(self, factor: int, mode: str, align_corners: bool | None) -> None:
+        super().__init__()
+        self.factor, self.mode, self.align_corners = factor, mode, align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = (x.shape[-2] * self.factor, x.shape[-1] * self.factor)
+        return F.interpolate(x, size, mode=self.mode, align_corners=self.align_corners)
+
+
+def _exportable(module: nn.Module) -> nn.Module | None:
+    """The export-friendly stand-in of a layer that would fix the traced size, or None."""
+    if isinstance(module, nn.AdaptiveAvgPool2d):
+        return AdaptiveAvgPool2d(module.output_size)
+    factor = getattr(module, 'scale_factor', None)
+    if (type(module).__name__ == 'Upsample' and not getattr(module, 'size', None)
+            and isinstance(factor, float) and factor.is_integer()):
+        return IntegerUpsample(int(factor), module.mode, module.align_corners)
+    return None
+
+
 class SegmentorGraph(nn.Module):
     """An mmseg ``EncoderDecoder`` on whole images: ``(logits, labels)`` for images of any
     size, the logits bilinearly resized to the input as ``decode_head.predict`` does.
 
-    Works on a copy of the segmentor whose ``nn.AdaptiveAvgPool2d`` layers (UperNet's
-    pyramid pooling) are :class:`AdaptiveAvgPool2d`."""
+    Works on a copy of the segmentor whose layers that would fix the traced size into the
+    graph are replaced: ``nn.AdaptiveAvgPool2d`` (UperNet's pyramid pooling) by
+    :class:`AdaptiveAvgPool2d`, mmseg's ``Upsample`` (Semantic FPN's head) by
+    :class:`IntegerUpsample`."""
 
     def __init__(self, segmentor: nn.Module) -> None:
         super().__init__()
@@ -89,12 +118,11 @@ class SegmentorGraph(nn.Module):
                              f"test_cfg.mode is {mode!r} (set it to 'whole')")
         self.normalize = Normalize(segmentor.data_preprocessor)
         self.segmentor = copy.deepcopy(segmentor)
-        pools = [(name, module) for name, module in self.segmentor.named_modules()
-                 if isinstance(module, nn.AdaptiveAvgPool2d)]
-        for name, module in pools:
-            parent, _, child = name.rpartition('.')
-            setattr(self.segmentor.get_submodule(parent), child,
-                    AdaptiveAvgPool2d(module.output_size))
+        swaps = [(name, _exportable(module)) for name, module in self.segmentor.named_modules()]
+        for name, stand_in in swaps:
+            if stand_in is not None:
+                parent, _, child = name.rpartition('.')
+                setattr(self.segmentor.get_submodule(parent), child, stand_in)
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.segmentor.extract_feat(self.normalize(image))

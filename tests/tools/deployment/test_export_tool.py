@@ -1,0 +1,58 @@
+"""tools/deployment/export.py as a user runs it: a backbone exported with dynamic size and
+checked on images of two sizes; wrong arguments and an existing file refused before any
+export."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from common import CHECKOUT_ENV, CONFIGS, REPO_ROOT, require_onnx
+from PIL import Image
+
+TOOL = REPO_ROOT / 'tools/deployment/export.py'
+CONFIG = CONFIGS / 'xcit/upernet_xcit-d6-p8_demo-ade.py'
+TINY = ['--cfg-options', 'model.backbone.arch.embed_dims=32', 'model.backbone.arch.num_layers=4',
+        'model.backbone.arch.num_heads=2']
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *args], env=CHECKOUT_ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_backbone_export_is_checked_on_every_image(tmp_path):
+    require_onnx()
+    rng = np.random.default_rng(0)
+    images = []
+    for height, width in ((96, 128), (80, 150)):
+        images.append(tmp_path / f'{height}x{width}.png')
+        Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(images[-1])
+    out = tmp_path / 'backbone.onnx'
+    result = _run(str(CONFIG), 'none', '--part', 'backbone', '--dynamic', '--out', str(out),
+                  '--image', *map(str, images), *TINY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert out.is_file()
+    lines = result.stdout.splitlines()
+    assert any(line.startswith('exported backbone (dynamic H×W)') for line in lines)
+    checks = [line for line in lines if line.startswith('image ')]
+    assert [line.split(':')[0] for line in checks] == ['image 0 (96×128)', 'image 1 (80×150)']
+    assert lines[-1] == 'exported model matches PyTorch'
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--format', 'torch-export', '--out', 'model.onnx'], 'writes a .pt2 file'),
+    (['--out', 'model.onnx', '--part', 'head'], "invalid choice: 'head'"),
+])
+def test_wrong_arguments_are_refused(tmp_path, args, message):
+    result = _run(str(CONFIG), 'none', *args)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_an_existing_file_is_not_overwritten(tmp_path):
+    out = tmp_path / 'model.onnx'
+    out.write_text('keep me')
+    result = _run(str(CONFIG), 'none', '--out', str(out))
+    assert result.returncode == 2 and 'exists; pass --overwrite' in result.stderr
+    assert out.read_text() == 'keep me'
