@@ -87,10 +87,10 @@ RUN_IDS = itertools.count()  # a logger of its own per run, even within one seco
 
 def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         budget_seconds: float | None = None,
-        kill_in_validation: int | None = None) -> tuple[Record, Runner]:
+        kill_in_validation: int | None = None, val_interval: int = 4) -> tuple[Record, Runner]:
     record = Record(kill_after, kill_in_validation)
     hooks = [ExactResumeHook(), record]
-    train_cfg = dict(by_epoch=False, max_iters=9, val_interval=4)
+    train_cfg = dict(by_epoch=False, max_iters=9, val_interval=val_interval)
     checkpoint = dict(type='CheckpointHook', by_epoch=False, interval=3, max_keep_ckpts=1)
     schedulers = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=4)]
     if budget_seconds is not None:
@@ -154,6 +154,15 @@ def test_resume_after_a_kill_during_validation(tmp_path, full_run):
     run(tmp_path, kill_in_validation=4)
     assert [p.name for p in tmp_path.glob('*.pth')] == ['iter_3.pth']
     _assert_same_run(full_run, run(tmp_path, resume=True), first_resumed=4)
+
+
+def test_resume_skips_the_evaluation_the_checkpoint_was_followed_by(tmp_path):
+    # Validation every 3 iterations, right after each checkpoint: the resumed run starts
+    # after the validation of iteration 3 and must not lack the numbers it drew.
+    full = run(tmp_path / 'full', val_interval=3)
+    run(tmp_path / 'killed', kill_after=5, val_interval=3)
+    resumed = run(tmp_path / 'killed', resume=True, val_interval=3)
+    _assert_same_run(full, resumed, first_resumed=4)
 
 
 def test_without_random_state_resume_differs(tmp_path, full_run):
