@@ -218,11 +218,10 @@ def _kill_when(run: Run, work: Path, fault: str, rng: random.Random, deadline: f
     return True, pointer
 
 
-# What a trial may do to a file of each kind. JPEG decoders accept a truncated file (the
-# missing rows come out grey), so images are emptied or overwritten, not truncated.
+# What a trial may do to a file of each kind.
 DAMAGE = {'.pth': ('empty', 'truncated', 'garbage'), '.json': ('empty', 'truncated', 'garbage'),
-          '.png': ('empty', 'truncated'), '.jpg': ('empty', 'garbage'),
-          '.jpeg': ('empty', 'garbage')}
+          '.png': ('empty', 'truncated'), '.jpg': ('empty', 'truncated', 'garbage'),
+          '.jpeg': ('empty', 'truncated', 'garbage')}
 
 
 def _damage(path: Path, rng: random.Random) -> str:
@@ -330,6 +329,13 @@ def main() -> None:
 
     plan = [(t, f) for f in args.faults for t in args.targets]
     rng.shuffle(plan)
+    # every fault once before any twice: the first len(faults) trials cover every fault
+    times_seen: dict[str, int] = {}
+    ranked = []
+    for target_name, fault in plan:
+        times_seen[fault] = times_seen.get(fault, 0) + 1
+        ranked.append((times_seen[fault], target_name, fault))
+    plan = [(t, f) for _, t, f in sorted(ranked, key=lambda r: r[0])]
     trials = []
     for index in range(args.trials):
         name, fault = plan[index % len(plan)]
