@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
 from vitdense.engine.resume import remove_interrupted_saves
 
-from common import RegressToOne
+from common import IterationClock, RegressToOne
 
 
 def noisy_net() -> RegressToOne:
@@ -72,19 +72,6 @@ class Record(Hook):
             raise KeyboardInterrupt(f'killed after iteration {self.kill_after}')
 
 
-class IterationClock(Hook):
-    """A clock that reads one second per finished iteration: a reproducible time budget."""
-
-    priority = 'HIGHEST'
-    now = [0.0]
-
-    def before_train(self, runner) -> None:
-        self.now[0] = float(runner.iter)
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        self.now[0] = float(runner.iter + 1)
-
-
 RUN_IDS = itertools.count()  # a logger of its own per run, even within one second
 
 
@@ -128,11 +115,6 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
     except KeyboardInterrupt:
         pass
     return record, runner
-
-
-@pytest.fixture
-def iteration_clock(monkeypatch):
-    monkeypatch.setitem(TimeBudgetHook.CLOCKS, 'iterations', lambda: IterationClock.now[0])
 
 
 def _assert_same_run(full: tuple[Record, Runner], resumed: tuple[Record, Runner],
