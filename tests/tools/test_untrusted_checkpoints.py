@@ -99,3 +99,21 @@ def test_a_checkpoint_that_runs_code_is_refused(tool, where, tmp_path, data_root
     assert isinstance(error, UnsafeCheckpointError), f'{tool} ended with {error!r}'
     assert str(evil) in str(error) and '`posix.system`' in str(error)
     assert not (tmp_path / 'converted.pth').exists()
+
+
+def test_other_loading_schemes_are_weights_only_too(tmp_path, monkeypatch):
+    # mmengine's remote schemes (http, ceph, pavi, ...) call torch.load without weights_only;
+    # a scheme that does the same, with the user's environment asking torch to trust files
+    from mmengine.runner.checkpoint import CheckpointLoader
+    marker = tmp_path / 'payload-ran'
+    evil = tmp_path / 'remote.pth'
+    torch.save(dict(meta=_RunsCode(os.system, f'touch {marker}')), evil)
+    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
+    CheckpointLoader.register_scheme(
+        'fake-remote://', lambda name, map_location=None: torch.load(
+            str(tmp_path / name[len('fake-remote://'):]), map_location))
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    with pytest.raises(UnsafeCheckpointError, match='fake-remote://remote.pth'):
+        CheckpointLoader.load_checkpoint('fake-remote://remote.pth')
+    assert not marker.exists()
+    assert os.environ['TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'] == '1'  # the user's setting is back

@@ -14,9 +14,9 @@ scalars, mmengine's ``HistoryBuffer``, and the ``getattr(HistoryBuffer, 'min')``
 references that ``HistoryBuffer.__getstate__`` pickles, which are served by a restricted
 ``getattr`` that resolves nothing but HistoryBuffer's own statistics methods.
 mmengine's local-file loader is replaced by one that passes ``weights_only=True``
-explicitly (so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off), and every
-scheme of ``CheckpointLoader`` reports a refused file as :class:`UnsafeCheckpointError`
-naming the file and the global it asked for.
+explicitly (so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off), every other scheme
+of ``CheckpointLoader`` loads with ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` set, and each reports a
+refused file as :class:`UnsafeCheckpointError` naming the file and the global it asked for.
 
 Symptom: an mmengine checkpoint whose message hub holds an empty ``HistoryBuffer`` (a scalar
 logged by no iteration yet) is refused with ``Unsupported global: GLOBAL bytes``: the empty
@@ -39,6 +39,7 @@ file (also atomically) and only then removes checkpoints beyond ``max_keep_ckpts
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import os.path as osp
@@ -46,7 +47,7 @@ import pickle
 import re
 import tempfile
 import zipfile
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -297,12 +298,36 @@ def load_from_local(filename: str, map_location: Any = None) -> Any:
     return safe_load(filename, map_location)
 
 
+_FORCE_ENV = ('TORCH_FORCE_WEIGHTS_ONLY_LOAD', 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD')
+
+
+@contextlib.contextmanager
+def _weights_only_everywhere() -> Iterator[None]:
+    """Every ``torch.load`` inside is weights-only, whatever its caller passes.
+
+    mmengine's other schemes (http, open-mmlab, ceph, pavi, ...) call ``torch.load`` without
+    ``weights_only``, which ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` in the user's environment
+    would turn off; torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` overrides every call site.
+    """
+    saved = {name: os.environ.pop(name, None) for name in _FORCE_ENV}
+    os.environ['TORCH_FORCE_WEIGHTS_ONLY_LOAD'] = '1'
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
 def _naming_refusals(load_checkpoint: Callable) -> classmethod:
-    """Wrap ``CheckpointLoader.load_checkpoint`` so refusals by any scheme name the file."""
+    """Wrap ``CheckpointLoader.load_checkpoint`` so that every scheme loads weights-only and
+    its refusals name the file."""
     def wrapped(cls: type, filename: str, map_location: Any = None,
                 logger: Any = 'current') -> Any:
         try:
-            return load_checkpoint(filename, map_location, logger)
+            with _weights_only_everywhere():
+                return load_checkpoint(filename, map_location, logger)
         except pickle.UnpicklingError as err:
             if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
                 raise
