@@ -15,8 +15,8 @@ outcome against an uninterrupted reference run of the same model:
 - ``corrupt-data``: a zero-byte image, an annotation file that is not JSON or a truncated
   label map: the run must stop with an error naming the file;
 - ``kill-rank``: two processes (gloo, ``--dist-timeout 30``); SIGKILL one worker or the
-  launcher, or SIGSTOP one worker: every process must be gone, the peer of a stopped worker
-  by the process-group timeout at the latest.
+  launcher, or SIGSTOP one worker: every process must be gone within ``EXIT_MARGIN`` (15 s)
+  of the kill, or of the process-group timeout for a stopped worker (30 s + 15 s).
 
 After a kill, a "lost file" is a checkpoint that ``last_checkpoint`` named before the kill
 and that is missing or unreadable after it.
@@ -43,10 +43,13 @@ import torch
 from vitdense.checkpoint_io import CorruptCheckpointError, safe_load
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_imagenet
+from vitdense.engine.launch import children_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHON': sys.executable,
        'OMP_NUM_THREADS': '1'}
+DIST_TIMEOUT = 30  # --dist-timeout of the kill-rank trials, seconds
+EXIT_MARGIN = 15  # seconds for the processes to act on a kill or a timeout and exit, under load
 FAULTS = ('kill-train', 'kill-save', 'kill-eval', 'corrupt-checkpoint', 'corrupt-data',
           'kill-rank')
 
@@ -120,6 +123,7 @@ class Trial:
     files_lost: int = 0
     named_file: bool | None = None  # corrupt-data: the error names the damaged file
     all_exited_s: float | None = None  # kill-rank: seconds until every process was gone
+    exit_bound_s: float | None = None  # kill-rank: when every process must be gone by
     note: str = ''
     log: list[str] = field(default_factory=list)
 
@@ -214,11 +218,10 @@ def _kill_when(run: Run, work: Path, fault: str, rng: random.Random, deadline: f
     return True, pointer
 
 
-# What a trial may do to a file of each kind. JPEG decoders accept a truncated file (the
-# missing rows come out grey), so images are emptied or overwritten, not truncated.
+# What a trial may do to a file of each kind.
 DAMAGE = {'.pth': ('empty', 'truncated', 'garbage'), '.json': ('empty', 'truncated', 'garbage'),
-          '.png': ('empty', 'truncated'), '.jpg': ('empty', 'garbage'),
-          '.jpeg': ('empty', 'garbage')}
+          '.png': ('empty', 'truncated'), '.jpg': ('empty', 'truncated', 'garbage'),
+          '.jpeg': ('empty', 'truncated', 'garbage')}
 
 
 def _damage(path: Path, rng: random.Random) -> str:
@@ -263,33 +266,23 @@ def corrupt_data(trial: Trial, target: Target, data: Path, work: Path,
     trial.log = [line for line in run.lines if victim.name in line][-1:]
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path('/proc').iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / 'stat').read_text().split(') ')[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
-
-
 def kill_rank(trial: Trial, target: Target, data: Path, work: Path, rng: random.Random,
               port: int) -> None:
     launcher = ['bash', 'tools/dist_train.sh']
-    command = [*launcher, target.config, '2', '--work-dir', str(work), '--dist-timeout', '30',
+    command = [*launcher, target.config, '2', '--work-dir', str(work),
+               '--dist-timeout', str(DIST_TIMEOUT),
                '--cfg-options', *target.options(data), *COMMON]
     run = Run(command, work.parent / f'{work.name}.log', env=dict(PORT=str(port)))
     deadline = time.monotonic() + 600
     while run.proc.poll() is None and not run.saw('(train)') and time.monotonic() < deadline:
         time.sleep(0.01)
-    workers = _children(run.proc.pid)
+    workers = children_of(run.proc.pid)
     if run.proc.poll() is not None or not workers:
         trial.note = 'finished before the fault could be injected'
         return
     victim = rng.choice(['worker', 'launcher', 'stopped worker'])
     trial.note = 'SIGSTOP to a worker' if victim == 'stopped worker' else f'SIGKILL to the {victim}'
+    trial.exit_bound_s = EXIT_MARGIN + (DIST_TIMEOUT if victim == 'stopped worker' else 0)
     killed = time.monotonic()
     if victim == 'stopped worker':  # alive but silent: its peer must give up at the timeout
         stopped = rng.choice(workers)
@@ -336,6 +329,13 @@ def main() -> None:
 
     plan = [(t, f) for f in args.faults for t in args.targets]
     rng.shuffle(plan)
+    # every fault once before any twice: the first len(faults) trials cover every fault
+    times_seen: dict[str, int] = {}
+    ranked = []
+    for target_name, fault in plan:
+        times_seen[fault] = times_seen.get(fault, 0) + 1
+        ranked.append((times_seen[fault], target_name, fault))
+    plan = [(t, f) for _, t, f in sorted(ranked, key=lambda r: r[0])]
     trials = []
     for index in range(args.trials):
         name, fault = plan[index % len(plan)]
@@ -364,6 +364,9 @@ def main() -> None:
         data_faults=sum(t.fault == 'corrupt-data' for t in trials),
         rank_kills_all_exited=sum(t.all_exited_s is not None for t in trials
                                   if t.fault == 'kill-rank' and t.injected),
+        rank_kills_all_exited_in_bound=sum(
+            t.all_exited_s is not None and t.all_exited_s <= t.exit_bound_s for t in trials
+            if t.fault == 'kill-rank' and t.injected),
         rank_kills=sum(t.fault == 'kill-rank' and t.injected for t in trials))
     (out / 'report.json').write_text(json.dumps(dict(summary=summary,
                                                      trials=[asdict(t) for t in trials]),

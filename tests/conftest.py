@@ -50,3 +50,12 @@ def image_folder(tmp_path: Path) -> Path:
         Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
             folder / f'{name}.jpg')
     return folder
+
+
+@pytest.fixture
+def iteration_clock(monkeypatch):
+    """``TimeBudgetHook(clock='iterations')`` reads :class:`common.IterationClock`: one
+    second per finished iteration, a reproducible time budget."""
+    from common import IterationClock
+    from vitdense.engine import TimeBudgetHook
+    monkeypatch.setitem(TimeBudgetHook.CLOCKS, 'iterations', lambda: IterationClock.now[0])

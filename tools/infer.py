@@ -28,6 +28,7 @@ from mmengine.registry import init_default_scope
 from mmengine.utils import ProgressBar
 
 import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+from vitdense.checkpoint_io import safe_load
 from vitdense.engine.launch import host_of
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
@@ -109,7 +110,8 @@ class Predictor:
         self.scope = cfg.default_scope
         self.out_dir = out_dir
         self.score_thr = score_thr
-        meta = torch.load(checkpoint, map_location='cpu', weights_only=False).get('meta', {})
+        # the one safe loader (weights_only, allow-list), mapped: only the pickle is read here
+        meta = safe_load(checkpoint, map_location='cpu', mmap=True).get('meta') or {}
         self.classes = self._classes(cfg, meta)
         if self.scope == 'mmdet':
             from mmdet.apis import DetInferencer

@@ -23,6 +23,9 @@ turn ``weights_only`` off; an empty, truncated or garbled file raises
 :class:`CorruptCheckpointError` naming the file and what is wrong with it (torch says
 ``PytorchStreamReader failed reading zip archive``, a bare ``EOFError`` or ``Unsupported
 operand``, without the file's name).
+The other schemes of ``CheckpointLoader`` (http, open-mmlab, ceph, ...) call ``torch.load``
+without ``weights_only``; :func:`use_safe_loading` re-registers each so that it loads with
+``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` set and reports a refusal the same way.
 
 Writing: :func:`atomic_write` (temporary file in the same folder, fsync, rename, fsync of the
 folder) leaves a path with either its old or its new content, never a half-written file;
@@ -31,13 +34,15 @@ folder) leaves a path with either its old or its new content, never a half-writt
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import os.path as osp
 import pickle
 import re
 import tempfile
 import zipfile
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -242,14 +247,58 @@ def load_from_local(filename: str, map_location: Any = None) -> Any:
     return safe_load(filename, map_location)
 
 
-def use_safe_loading() -> None:
-    """Have mmengine load local checkpoint files with :func:`load_from_local` (idempotent).
+_FORCE_ENV = ('TORCH_FORCE_WEIGHTS_ONLY_LOAD', 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD')
+_SAFE_SCHEME_ATTR = '_vitdense_weights_only'
 
-    ``CheckpointLoader.register_scheme`` is mmengine's own extension point for loaders; the
-    local scheme (prefix ``''``) is what ``load_from``, ``resume`` and ``Pretrained`` use for
-    paths. Called by :class:`vitdense.SafeCheckpointHook`, i.e. by a config that names it.
+
+@contextlib.contextmanager
+def _weights_only_everywhere() -> Iterator[None]:
+    """Every ``torch.load`` inside is weights-only, whatever its caller passes.
+
+    mmengine's remote schemes call ``torch.load`` without ``weights_only``, which
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` in the user's environment would turn off; torch's
+    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` overrides every call site.
+    """
+    saved = {name: os.environ.pop(name, None) for name in _FORCE_ENV}
+    os.environ['TORCH_FORCE_WEIGHTS_ONLY_LOAD'] = '1'
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
+def _weights_only_scheme(loader: Callable) -> Callable:
+    """One of mmengine's checkpoint schemes, loading weights-only and naming refused files."""
+    @functools.wraps(loader)
+    def load(filename: str, map_location: Any = None) -> Any:
+        try:
+            with _weights_only_everywhere():
+                return loader(filename, map_location)
+        except pickle.UnpicklingError as err:
+            if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
+                raise
+            raise UnsafeCheckpointError(filename, _offending(str(err)),
+                                        _detail(str(err))) from None
+    setattr(load, _SAFE_SCHEME_ATTR, True)
+    return load
+
+
+def use_safe_loading() -> None:
+    """Have mmengine load every checkpoint safely (idempotent).
+
+    ``CheckpointLoader.register_scheme`` is mmengine's own extension point for loaders: local
+    paths (prefix ``''``, what ``load_from``, ``resume`` and ``Pretrained`` use) load with
+    :func:`load_from_local`; every other scheme registered by then is re-registered through
+    :func:`_weights_only_scheme`. Called by :class:`vitdense.SafeCheckpointHook`, i.e. by a
+    config that names it, and by the tools.
     """
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
+    for prefix, loader in list(CheckpointLoader._schemes.items()):
+        if prefix and not getattr(loader, _SAFE_SCHEME_ATTR, False):
+            CheckpointLoader.register_scheme(prefix, _weights_only_scheme(loader), force=True)
 
 
 ATOMIC_BACKEND = 'vitdense_atomic_local'

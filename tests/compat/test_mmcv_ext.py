@@ -30,8 +30,9 @@ def _random_boxes(n: int, seed: int, size: float = 100.0) -> tuple[torch.Tensor,
 
 def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float,
                 offset: int = 0) -> list[int]:
-    """Textbook greedy NMS, one pair at a time (visiting order: ``scores.sort``, as mmcv)."""
-    order = scores.sort(0, descending=True)[1].tolist()
+    """Textbook greedy NMS, one pair at a time, visiting boxes by descending score and ties
+    by ascending index (python's ``sorted`` is stable; torch's sort is not used here)."""
+    order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))
     b = boxes.tolist()
     area = [(x2 - x1 + offset) * (y2 - y1 + offset) for x1, y1, x2, y2 in b]
     kept: list[int] = []
@@ -66,6 +67,14 @@ def test_nms_ties_overlap_and_empty_input():
     assert mmcv_ext.nms(halves, torch.tensor([0.9, 0.8]), 0.5, 0).tolist() == [0, 1]
     empty = mmcv_ext.nms(torch.zeros(0, 4), torch.zeros(0), 0.5, 0)
     assert empty.dtype == torch.long and empty.shape == (0,)
+
+
+def test_nms_visits_equal_scores_by_index():
+    # Many boxes sharing a few scores: which of two overlapping equal-score boxes survives
+    # depends on the visiting order of ties (an unstable sort reorders them past ~100).
+    boxes, _ = _random_boxes(400, seed=4)
+    scores = torch.randint(0, 4, (400,), generator=torch.Generator().manual_seed(4)) / 4
+    assert mmcv_ext.nms(boxes, scores, 0.3, 0).tolist() == _greedy_nms(boxes, scores, 0.3)
 
 
 def test_nms_score_threshold_and_max_num():

@@ -49,6 +49,36 @@ def test_weight_decay_is_the_official_codes(config):
     assert exempt == official
 
 
+A2_CONFIGS = sorted(str(p.relative_to(REPO_ROOT)) for p in REPO_ROOT.glob('configs/vit/*-a2*.py'))
+
+
+@pytest.mark.parametrize('config', A2_CONFIGS)
+def test_a2_recipes_spare_flat_params_position_and_class_token(config):
+    """The "Three things" A2 recipes decay as timm's create_optimizer does in the DeiT code:
+    no decay on 1-D parameters (norms, biases, LayerScale), the position embedding and the
+    class token; every other parameter decays at the optimizer's rate. Parallel blocks
+    stack their branches' parameters: a (branches, ...) tensor is 1-D per branch when one
+    branch's slice has at most one dimension longer than 1."""
+    model, optim_wrapper = _built(config)
+    branches = model.backbone.arch['num_parallel']
+
+    def flat(name: str, param) -> bool:
+        if branches > 1 and name.startswith('backbone.blocks.'):
+            param = param[0].squeeze()
+        return param.ndim <= 1
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    rate = optim_wrapper.optimizer.defaults['weight_decay']
+    decay = {names[id(p)]: g.get('weight_decay', rate)
+             for g in optim_wrapper.optimizer.param_groups for p in g['params']}
+    assert sorted(decay) == sorted(names.values())
+    spared = {name for name, param in model.named_parameters()
+              if flat(name, param) or name in ('backbone.pos_embed.weight', 'backbone.cls_token')}
+    assert {'backbone.pos_embed.weight', 'backbone.cls_token'} <= set(names.values())
+    assert {name for name, value in decay.items() if value == 0} == spared
+    assert rate > 0 and all(value == rate for name, value in decay.items() if name not in spared)
+
+
 CONFIG_FILES = sorted(REPO_ROOT.glob('configs/**/*.py'))
 SETS_WEIGHT_DECAY = re.compile(r'paramwise_cfg|weight_decay\s*=')
 

@@ -1,6 +1,5 @@
 """LayerDecayOptimWrapperConstructor and TimeBudgetHook on real backbones and a real Runner."""
 import re
-import time
 
 import pytest
 import torch
@@ -9,10 +8,11 @@ from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.runner import Runner
 from torch import nn
 
+from vitdense.checkpoint_io import safe_load
 from vitdense.models import XCiT
 from vitdense.registry import HOOKS
 
-from common import TINY_ARCH
+from common import TINY_ARCH, IterationClock
 
 
 class Detector(BaseModel):
@@ -105,8 +105,9 @@ class _Images(torch.utils.data.Dataset):
         return dict(inputs=torch.randn(3, 32, 32))
 
 
-def _budgeted_runner(tmp_path, minutes: float, log_interval: int, **runner_args) -> Runner:
-    """A tiny XCiT detector trained for ``minutes`` by TimeBudgetHook (stand-in max_iters)."""
+def _budgeted_runner(tmp_path, log_interval: int = 1000, **runner_args) -> Runner:
+    """A tiny XCiT detector trained for 6 s of budget on a clock that reads one second per
+    iteration (stand-in max_iters): 6 iterations."""
     return Runner(
         model=Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN'))),
         work_dir=str(tmp_path),
@@ -116,35 +117,38 @@ def _budgeted_runner(tmp_path, minutes: float, log_interval: int, **runner_args)
         train_cfg=dict(by_epoch=False, max_iters=100000),
         optim_wrapper=dict(constructor='vitdense.LayerDecayOptimWrapperConstructor',
                            optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05)),
-        custom_hooks=[dict(type='vitdense.TimeBudgetHook', minutes=minutes, warmup_iters=2)],
+        custom_hooks=[IterationClock(),
+                      dict(type='vitdense.TimeBudgetHook', minutes=0.1, warmup_iters=2,
+                           clock='iterations')],
         default_hooks=dict(checkpoint=None,
                            logger=dict(type='LoggerHook', interval=log_interval)),
         **runner_args)
 
 
-def test_time_budget_stops_training_and_anneals_lr(tmp_path):
-    runner = _budgeted_runner(tmp_path, minutes=0.05, log_interval=1000)
+def test_time_budget_stops_training_and_anneals_lr(tmp_path, iteration_clock):
+    # the last of the 6 iterations at 1/6 of the lr (2 warmup iterations, then linear decay
+    # in the budget spent)
+    runner = _budgeted_runner(tmp_path)
     model = runner.model
-    start = time.monotonic()
     runner.train()
-    assert 3 <= time.monotonic() - start < 10
-    assert 2 < runner.iter < 100000
-    assert all(g['lr'] < 0.2 * g['initial_lr'] for g in runner.optim_wrapper.param_groups)
+    assert runner.iter == 6
+    assert all(g['lr'] == pytest.approx(g['initial_lr'] / 6)
+               for g in runner.optim_wrapper.param_groups)
     assert HOOKS.get('TimeBudgetHook') is not None
     saved = tmp_path / f'iter_{runner.iter}.pth'
     assert (tmp_path / 'last_checkpoint').read_text() == str(saved)
-    state = torch.load(saved, map_location='cpu', weights_only=False)['state_dict']
+    state = safe_load(str(saved), map_location='cpu')['state_dict']
     assert all(torch.equal(state[key], value) for key, value in model.state_dict().items())
 
 
-def test_time_budget_log_shows_the_budget_not_the_stand_in_total(tmp_path):
-    runner = _budgeted_runner(tmp_path, minutes=0.02, log_interval=1,
+def test_time_budget_log_shows_the_budget_not_the_stand_in_total(tmp_path, iteration_clock):
+    runner = _budgeted_runner(tmp_path, log_interval=1,
                               log_processor=dict(type='vitdense.TimeBudgetLogProcessor',
                                                  by_epoch=False))
     runner.train()
     log = next(tmp_path.glob('*/*.log')).read_text()
-    headers = re.findall(r'Iter\(train\) \[(\d+) \| (\d+\.\d\d)/0\.02 min\]', log)
-    assert len(headers) == runner.iter
+    headers = re.findall(r'Iter\(train\) \[(\d+) \| (\d+\.\d\d)/0\.10 min\]', log)
+    assert len(headers) == runner.iter == 6
     assert [int(step) for step, _ in headers] == list(range(1, runner.iter + 1))
     assert [float(spent) for _, spent in headers] == sorted(float(s) for _, s in headers)
     assert '/100000]' not in log

@@ -1,12 +1,15 @@
 """The data check before training names the broken file: an annotation file that is not
-JSON, an empty data set, a zero-byte image, a truncated label map; during training a
+JSON, an empty data set, a zero-byte image, a truncated label map, a truncated JPEG that
+still decodes; during training a
 failing sample is named, or skipped and counted when asked."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import mmcv
 import pytest
 from mmengine.registry import DefaultScope
+from PIL import ImageFile
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco
 from vitdense.engine.launch import load_config, point_at_data_root
@@ -75,3 +78,26 @@ def test_bad_sample_during_training_is_skipped_and_counted(ade, tmp_path):
     assert sample['data_samples'].img_path.endswith(sorted(
         (ade / 'images' / 'training').iterdir())[0].name)
     assert len(dataset.skipped) == 1 and broken.name in dataset.skipped[0]
+
+
+def test_truncated_jpeg_that_decodes_is_named(ade, tmp_path, monkeypatch):
+    # Pillow told to accept truncated files (as many training scripts do) decodes the first
+    # rows and fills the rest: the loader raises nothing, the check must.
+    monkeypatch.setattr(ImageFile, 'LOAD_TRUNCATED_IMAGES', True)
+    cfg = _config(ADE, ade, tmp_path)
+    for step in cfg.train_dataloader.dataset.pipeline:
+        if step.type == 'LoadImageFromFile':
+            step.imdecode_backend = 'pillow'
+    broken = sorted((ade / 'images' / 'training').iterdir())[1]
+    assert broken.suffix == '.jpg'
+    broken.write_bytes(broken.read_bytes()[:broken.stat().st_size * 2 // 3])
+    assert mmcv.imread(str(broken), backend='pillow').shape == (64, 64, 3)  # the premise
+    with pytest.raises(DataError, match=rf'sample 1 \(.*{broken.name}.*\) failed to load.*'
+                                        'truncated or damaged'):
+        check_data(cfg)
+
+
+def test_jpeg_with_bytes_after_its_end_passes(ade, tmp_path):
+    image = sorted((ade / 'images' / 'training').iterdir())[1]
+    image.write_bytes(image.read_bytes() + b'appended by a camera' * 10)
+    check_data(_config(ADE, ade, tmp_path))

@@ -4,12 +4,15 @@ between, and a time budget whose spent part travels in the checkpoint."""
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
@@ -20,7 +23,7 @@ from vitdense.checkpoint_io import safe_load
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
 from vitdense.engine.resume import remove_interrupted_saves
 
-from common import RegressToOne
+from common import IterationClock, RegressToOne
 
 
 def noisy_net() -> RegressToOne:
@@ -70,28 +73,18 @@ class Record(Hook):
             raise KeyboardInterrupt(f'killed after iteration {self.kill_after}')
 
 
-class IterationClock(Hook):
-    """A clock that reads one second per finished iteration: a reproducible time budget."""
-
-    priority = 'HIGHEST'
-    now = [0.0]
-
-    def before_train(self, runner) -> None:
-        self.now[0] = float(runner.iter)
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        self.now[0] = float(runner.iter + 1)
-
-
 RUN_IDS = itertools.count()  # a logger of its own per run, even within one second
 
 
 def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         budget_seconds: float | None = None,
-        kill_in_validation: int | None = None) -> tuple[Record, Runner]:
+        kill_in_validation: int | None = None, val_interval: int = 4,
+        distributed: bool = False) -> tuple[Record, Runner]:
+    """9 iterations, checkpoint every 3; ``distributed``: one of the processes of a gloo
+    group, seeded differently per process (``diff_rank_seed``)."""
     record = Record(kill_after, kill_in_validation)
     hooks = [ExactResumeHook(), record]
-    train_cfg = dict(by_epoch=False, max_iters=9, val_interval=4)
+    train_cfg = dict(by_epoch=False, max_iters=9, val_interval=val_interval)
     checkpoint = dict(type='vitdense.SafeCheckpointHook', by_epoch=False, interval=3,
                       max_keep_ckpts=1)
     schedulers = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=4)]
@@ -102,6 +95,8 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         checkpoint.update(interval=10 ** 9)
         schedulers = []
     torch.manual_seed(0)  # the model is built before the Runner seeds the generators
+    multi_process = dict(launcher='pytorch', cfg=dict(model_wrapper_cfg=dict(
+        type='MMDistributedDataParallel', device_ids=None))) if distributed else {}
     runner = Runner(
         model=noisy_net(), work_dir=str(work_dir),
         train_dataloader=dict(dataset=AugmentedData(), batch_size=2,
@@ -115,18 +110,13 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         param_scheduler=schedulers, train_cfg=train_cfg,
         default_hooks=dict(checkpoint=checkpoint, logger=dict(type='LoggerHook', interval=1)),
         custom_hooks=hooks, resume=resume, experiment_name=f'run{next(RUN_IDS)}',
-        randomness=dict(seed=0, deterministic=True),
-        env_cfg=dict(dist_cfg=dict(backend='gloo')))
+        randomness=dict(seed=0, deterministic=True, diff_rank_seed=distributed),
+        env_cfg=dict(dist_cfg=dict(backend='gloo')), **multi_process)
     try:
         runner.train()
     except KeyboardInterrupt:
         pass
     return record, runner
-
-
-@pytest.fixture
-def iteration_clock(monkeypatch):
-    monkeypatch.setitem(TimeBudgetHook.CLOCKS, 'iterations', lambda: IterationClock.now[0])
 
 
 def _assert_same_run(full: tuple[Record, Runner], resumed: tuple[Record, Runner],
@@ -156,6 +146,53 @@ def test_resume_after_a_kill_during_validation(tmp_path, full_run):
     run(tmp_path, kill_in_validation=4)
     assert [p.name for p in tmp_path.glob('*.pth')] == ['iter_3.pth']
     _assert_same_run(full_run, run(tmp_path, resume=True), first_resumed=4)
+
+
+def test_resume_skips_the_evaluation_the_checkpoint_was_followed_by(tmp_path):
+    # Validation every 3 iterations, right after each checkpoint: the resumed run starts
+    # after the validation of iteration 3 and must not lack the numbers it drew.
+    full = run(tmp_path / 'full', val_interval=3)
+    run(tmp_path / 'killed', kill_after=5, val_interval=3)
+    resumed = run(tmp_path / 'killed', resume=True, val_interval=3)
+    _assert_same_run(full, resumed, first_resumed=4)
+
+
+def _rank_of_two(rank: int, port: int, work_dir: str, out: str, kill_after: int | None,
+                 resume: bool) -> None:
+    """One process of a two-process run (forked: it inherits the imports); writes its
+    losses and final weights to ``out/rank<rank>.pth``."""
+    torch.set_num_threads(1)  # a forked child must not enter its parent's OpenMP pool
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE='2')
+    dist.init_process_group('gloo')  # mmengine's init_dist wants a GPU per process
+    record, runner = run(Path(work_dir), kill_after=kill_after, resume=resume, distributed=True)
+    torch.save(dict(losses=record.losses, weights=runner.model.module.state_dict()),
+               Path(out) / f'rank{rank}.pth')
+    dist.destroy_process_group()
+
+
+def _two_processes(work_dir: Path, out: Path, kill_after: int | None = None,
+                   resume: bool = False) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    port = 29500 + (os.getpid() + len(str(out))) % 1000
+    mp.start_processes(_rank_of_two, args=(port, str(work_dir), str(out), kill_after, resume),
+                       nprocs=2, start_method='fork')  # spawn re-imports torch: 5x slower
+    return [torch.load(out / f'rank{rank}.pth', weights_only=True) for rank in (0, 1)]
+
+
+def test_every_process_resumes_its_own_random_stream(tmp_path):
+    # diff_rank_seed: the processes draw different dropout masks and augmentations; each
+    # must continue its own stream, not that of process 0.
+    full = _two_processes(tmp_path / 'full', tmp_path / 'full_out')
+    assert not torch.equal(full[0]['losses'][1], full[1]['losses'][1])  # the premise
+    _two_processes(tmp_path / 'killed', tmp_path / 'killed_out', kill_after=5)
+    resumed = _two_processes(tmp_path / 'killed', tmp_path / 'resumed_out', resume=True)
+    for rank in (0, 1):
+        assert sorted(resumed[rank]['losses']) == [4, 5, 6, 7, 8, 9]
+        for i, loss in resumed[rank]['losses'].items():
+            assert torch.equal(loss, full[rank]['losses'][i]), f'rank {rank}, iteration {i}'
+    for key, value in full[0]['weights'].items():
+        assert torch.equal(value, resumed[0]['weights'][key]), key
 
 
 def test_without_random_state_resume_differs(tmp_path, full_run):

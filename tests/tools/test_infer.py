@@ -58,14 +58,27 @@ def test_a_folder_gives_a_picture_and_a_prediction_per_image(task, image_folder,
         np.testing.assert_allclose(scores, np.sort(direct['pred_scores'])[::-1][:5], atol=1e-5)
     elif task == 'mmdet':
         assert len(prediction['bboxes']) == len(prediction['scores']) == len(
-            prediction['labels']) == len(prediction['masks'])
+            prediction['labels']) == len(prediction['masks']) > 0
         for x1, y1, x2, y2 in prediction['bboxes']:
             assert 0 <= x1 <= x2 <= 64 and 0 <= y1 <= y2 <= 48
+        # mmdet's own API on the same model and image: the same detections
+        from mmdet.apis import inference_detector, init_detector
+        direct = inference_detector(init_detector(str(CONFIGS[task]), str(checkpoint),
+                                                  device='cpu'),
+                                    str(image_folder / 'one.jpg')).pred_instances
+        np.testing.assert_allclose(prediction['bboxes'], direct.bboxes.numpy(), atol=1e-3)
+        np.testing.assert_allclose(prediction['scores'], direct.scores.numpy(), atol=1e-5)
+        assert prediction['labels'] == direct.labels.tolist()
     else:
         assert prediction['shape'] == [48, 64]
         assert sum(prediction['class_fractions'].values()) == pytest.approx(1, abs=1e-4)
         label_map = np.asarray(Image.open(out / prediction['label_map']))
         assert label_map.shape == (48, 64)
+        # mmseg's own API on the same model and image: the same label map
+        from mmseg.apis import inference_model, init_model
+        direct = inference_model(init_model(str(CONFIGS[task]), str(checkpoint), device='cpu'),
+                                 str(image_folder / 'one.jpg')).pred_sem_seg.data[0].numpy()
+        assert np.array_equal(label_map, direct)
         fractions = np.bincount(label_map.ravel()) / label_map.size
         for index, name in enumerate(saved['classes']):
             assert prediction['class_fractions'].get(name, 0) == pytest.approx(

@@ -39,15 +39,17 @@ _POOL_AVG = 1
 def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Tensor:
     """Indices of the boxes kept by greedy NMS, in descending score order (mmcv ``nms``).
 
-    Boxes are visited in the order of ``scores.sort(descending=True)``, as in mmcv's kernels;
-    torchvision's kernel is handed that order as strictly decreasing ranks, so that ties keep
-    mmcv's order and the kept positions come back ascending.  ``offset=1`` (the legacy pixel
+    Boxes are visited by descending score, as in mmcv's kernels, and boxes of equal score by
+    ascending index (a stable sort: mmcv's kernels sort unstably, which leaves the order of
+    ties, and so which of two overlapping equal-score boxes survives, unspecified);
+    torchvision's kernel is handed that order as strictly decreasing ranks, so that it
+    keeps this order and the kept positions come back ascending.  ``offset=1`` (the legacy pixel
     convention, width ``x2 - x1 + 1``) is the same as moving every box's far corner by one
     pixel.
     """
     if boxes.numel() == 0:
         return boxes.new_empty(0, dtype=torch.long)
-    order = scores.sort(0, descending=True)[1]
+    order = scores.sort(stable=True, dim=0, descending=True)[1]
     ordered = boxes.index_select(0, order)
     if offset:
         ordered = torch.cat([ordered[:, :2], ordered[:, 2:4] + offset], dim=1)

@@ -148,6 +148,7 @@ def load_config(path: str, cfg_options: dict | None, launcher: str,
         cfg.env_cfg.dist_cfg.timeout = dist_timeout
     if launcher != 'none':
         exit_with_launcher()
+        wake_siblings_on_failure()
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
@@ -196,6 +197,44 @@ def exit_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
     if os.getppid() != parent:  # the launcher died before the request took effect
         raise SystemExit(f'launcher (pid {parent}) is gone; worker {os.getpid()} exits')
+
+
+def children_of(pid: int) -> list[int]:
+    """The ids of the processes whose parent is ``pid`` (from ``/proc``; Linux)."""
+    found = []
+    for entry in os.scandir('/proc'):
+        if entry.name.isdigit():
+            try:
+                with open(osp.join(entry.path, 'stat')) as f:
+                    if int(f.read().rsplit(') ', 1)[1].split()[1]) == pid:
+                        found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def wake_siblings_on_failure() -> None:
+    """When this worker dies of an error, send SIGCONT to the launcher's other workers.
+
+    A stopped worker (SIGSTOP, a suspended job) makes its peers fail at the process-group
+    timeout; the launcher then sends every worker SIGTERM, which a stopped process does not
+    act on until it is continued, so torchrun would wait its 30 s grace period and SIGKILL
+    it. Continued at once, the worker acts on the SIGTERM (or finds its peer gone in its
+    next collective) and exits, so every process is gone shortly after the timeout.
+    """
+    if not sys.platform.startswith('linux'):
+        return
+    launcher, previous = os.getppid(), sys.excepthook
+
+    def wake_then_report(kind: type, value: BaseException, traceback) -> None:
+        for pid in children_of(launcher):
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        previous(kind, value, traceback)
+    sys.excepthook = wake_then_report
 
 
 def close_process_group() -> None:

@@ -6,6 +6,11 @@ concatenate", a zero-byte image or truncated label map at whatever iteration fir
 none of them naming the file. :func:`check_data` runs before the Runner is built and
 :class:`CheckedDataset` wraps the training set so that a sample which fails later names its
 files, or is skipped and counted when the user asked for that.
+
+A truncated JPEG decodes without an error (libjpeg fills the missing rows with grey), so
+:class:`CheckedDataset` first checks that a JPEG ends with its end-of-image marker, and
+decodes one that does not with Pillow's strict decoder (trailing bytes after a complete
+image are allowed, a missing end is an error naming the file).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import DefaultScope
+from PIL import Image, ImageFile
 from torch.utils.data import Dataset
 
 from vitdense.registry import DATASETS
@@ -28,15 +34,50 @@ class DataError(ValueError):
     """A data set, annotation file or sample that cannot be used, named with its files."""
 
 
-def _sample_files(dataset: Any, index: int) -> str:
+JPEG_SUFFIXES = ('.jpg', '.jpeg')
+_JPEG_END = b'\xff\xd9'  # the end-of-image marker (JPEG, ITU T.81 B.2.1)
+
+
+def _sample_files(dataset: Any, index: int) -> list[str]:
     """The files of sample ``index`` (image, label map) as far as the data set lists them."""
     try:
         info = dataset.get_data_info(index)
     except Exception:  # noqa: BLE001  (a data set without file records; name the index only)
-        return f'sample {index}'
-    files = [str(info[key]) for key in ('img_path', 'seg_map_path', 'img_path_list')
-             if info.get(key)]
+        return []
+    files = []
+    for key in ('img_path', 'seg_map_path', 'img_path_list'):
+        value = info.get(key)
+        files += [str(v) for v in value] if isinstance(value, (list, tuple)) else (
+            [str(value)] if value else [])
+    return files
+
+
+def _describe(index: int, files: list[str]) -> str:
     return f'sample {index} ({", ".join(files)})' if files else f'sample {index}'
+
+
+def check_jpeg_complete(path: str) -> None:
+    """Raise :class:`DataError` if the JPEG file ``path`` is truncated.
+
+    A file that ends with the end-of-image marker (zero padding allowed) passes on reading
+    its last bytes; any other is decoded strictly by Pillow, which accepts trailing data
+    after a complete image and refuses a missing end.
+    """
+    size = osp.getsize(path)
+    with open(path, 'rb') as f:
+        f.seek(max(0, size - 64))
+        if f.read().rstrip(b'\0').endswith(_JPEG_END):
+            return
+    strict = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError) as err:
+        raise DataError(f'image {path} is truncated or damaged ({size} bytes, no JPEG '
+                        f'end-of-image marker; Pillow: {err})') from None
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = strict
 
 
 @DATASETS.register_module()
@@ -64,10 +105,14 @@ class CheckedDataset(Dataset):
     def __getitem__(self, index: int) -> Any:
         for attempt in range(len(self)):
             current = (index + attempt) % len(self)
+            files = _sample_files(self.dataset, current)
             try:
+                for path in files:
+                    if path.lower().endswith(JPEG_SUFFIXES) and osp.isfile(path):
+                        check_jpeg_complete(path)
                 return self.dataset[current]
             except Exception as err:  # noqa: BLE001  (any loader error is named, not hidden)
-                where = _sample_files(self.dataset, current)
+                where = _describe(current, files)
                 if not self.skip_bad:
                     raise DataError(f'{where} failed to load: {type(err).__name__}: {err} '
                                     '(use --skip-bad-samples to skip and count such '

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+from mmengine.dist import all_gather_object, get_rank, get_world_size
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner import IterBasedTrainLoop
@@ -28,6 +29,7 @@ from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError
 from vitdense.registry import HOOKS
 
 RNG_KEY = 'rng_state'
+PER_RANK_KEY = 'rng_state_per_rank'  # multi-process runs: every process's state, by rank
 
 
 def rng_state() -> dict:
@@ -85,8 +87,10 @@ class ExactResumeHook(Hook):
     Evaluation between training iterations draws from the same generators (e.g. the data
     loader's base seed), so validation and testing run on a copy of the state and leave the
     training stream as it was: a run that resumes past an evaluation it did not repeat still
-    draws the same numbers. In a multi-process run every process restores the state of
-    process 0 (mmengine seeds all processes alike unless ``diff_rank_seed`` is set).
+    draws the same numbers. In a multi-process run the state of every process is gathered
+    when a checkpoint is saved (process 0 alone writes it, so the gathering happens as
+    ``runner.save_checkpoint`` is entered, where every process is) and each process restores
+    its own: with ``randomness.diff_rank_seed=True`` the processes draw different numbers.
     """
 
     priority = 'VERY_LOW'
@@ -94,12 +98,33 @@ class ExactResumeHook(Hook):
     def __init__(self) -> None:
         self.pending: dict | None = None
         self.outside_eval: dict | None = None
+        self.every_rank: list[dict] | None = None
+
+    def before_train(self, runner) -> None:
+        if get_world_size() == 1:
+            return
+        save = runner.save_checkpoint
+
+        def save_with_every_rank_state(*args: Any, **kwargs: Any) -> None:
+            self.every_rank = all_gather_object(rng_state())  # every process calls save
+            save(*args, **kwargs)
+        runner.save_checkpoint = save_with_every_rank_state
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         checkpoint[RNG_KEY] = rng_state()
+        if self.every_rank is not None:
+            checkpoint[PER_RANK_KEY] = self.every_rank
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         self.pending = checkpoint.get(RNG_KEY)
+        per_rank = checkpoint.get(PER_RANK_KEY)
+        if per_rank is not None and len(per_rank) == get_world_size():
+            self.pending = per_rank[get_rank()]
+        elif get_world_size() > 1 and self.pending is not None:
+            print_log(f'the checkpoint holds the random state of '
+                      f'{len(per_rank) if per_rank else 1} process(es), this run has '
+                      f'{get_world_size()}: every process restores that of process 0',
+                      logger='current', level=logging.WARNING)
         if self.pending is None:
             print_log('the checkpoint holds no random state (written without '
                       'ExactResumeHook): the resumed run draws other random numbers than the '

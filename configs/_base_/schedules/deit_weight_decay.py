@@ -1,6 +1,8 @@
 # Weight decay as timm's create_optimizer applies it in the DeiT and "Three things" code: none
 # on 1-D parameters (norms, biases, LayerScale and gating vectors), the position embedding and
-# the class token. The schedules that use it set the optimizer and its decay.
+# the class token. The parallel blocks of "Three things" stack their branches' norms and
+# LayerScale vectors into (branches, ...) tensors, so those are exempt by name ('.norm',
+# '.gamma'). The schedules that use it set the optimizer and its decay.
 optim_wrapper = dict(
     paramwise_cfg=dict(
         norm_decay_mult=0.0,
@@ -9,5 +11,7 @@ optim_wrapper = dict(
         custom_keys={
             '.pos_embed': dict(decay_mult=0.0),
             '.cls_token': dict(decay_mult=0.0),
+            '.norm': dict(decay_mult=0.0),
+            '.gamma': dict(decay_mult=0.0),
         }),
 )
