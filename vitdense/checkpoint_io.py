@@ -15,7 +15,7 @@ HistoryBuffer's own statistics methods), and ``bytes()``, as the data of an empt
 pickles (``bytes(n)`` would let a file allocate any amount of memory). Nothing is added to
 torch's process-wide allow-list. :func:`use_safe_loading` makes mmengine's local-file scheme
 (``CheckpointLoader``) load through :func:`safe_load`; :class:`vitdense.SafeCheckpointHook`
-calls it, so a config naming that hook gets it.
+and vitdense's tools call it, so a config naming that hook gets it.
 
 Errors: a file asking for a global outside the allow-list raises
 :class:`UnsafeCheckpointError` naming the file and the global, without torch's advice to
@@ -293,7 +293,8 @@ def use_safe_loading() -> None:
     paths (prefix ``''``, what ``load_from``, ``resume`` and ``Pretrained`` use) load with
     :func:`load_from_local`; every other scheme registered by then is re-registered through
     :func:`_weights_only_scheme`. Called by :class:`vitdense.SafeCheckpointHook`, i.e. by a
-    config that names it, and by the tools.
+    config that names it, and by vitdense's tools; call it yourself to load a Runner checkpoint
+    elsewhere, e.g. as ``Pretrained`` weights of a model built outside a Runner.
     """
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
     for prefix, loader in list(CheckpointLoader._schemes.items()):

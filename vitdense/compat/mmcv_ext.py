@@ -6,13 +6,13 @@ and mmdet 3.3 / mmseg 1.2 import ``mmcv.ops``, which loads ``mmcv._ext`` and che
 every function each op module names exists, so neither imports.
 
 Fix: this module is loaded *as* ``mmcv._ext`` (after :func:`vitdense.compat.apply_host_fixes`)
-when no compiled extension is installed.  Of mmcv's compiled functions, the shipped configs reach only
-``nms`` (RPN proposals, ``batched_nms``, ``multiclass_nms``; mmcv's own Python wrappers run
-unchanged on top of it) and ``roi_align_forward`` / ``roi_align_backward`` (box and mask
-RoI extractors, mask targets), as recorded over every shipped dense config's training and
-test step by ``tests/configs/test_dense.py``.  They run on torchvision's CPU and CUDA
-kernels, which implement the same formulas; ``tools/benchmark_mmcv_ops.py`` measures them
-against a compiled mmcv.
+when no compiled extension is installed.  Of mmcv's compiled functions, the shipped configs
+reach only ``nms`` (RPN proposals, ``batched_nms``, ``multiclass_nms``; mmcv's own Python
+wrappers run unchanged on top of it) and ``roi_align_forward`` / ``roi_align_backward``
+(box and mask RoI extractors, mask targets), as recorded over every shipped dense config's
+training and test step by ``tests/configs/test_dense.py``.  They run on torchvision's CPU
+and CUDA kernels, which implement the same formulas; ``tools/benchmark_mmcv_ops.py``
+measures them against a compiled mmcv.
 Every other name resolves to a function that raises :class:`MissingCompiledOpError`
 (defined in ``vitdense.compat``, so that it is one class however this file was loaded).
 """
