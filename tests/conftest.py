@@ -5,6 +5,8 @@
 - mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` config base by parsing
   the package's ~400 metafiles (about a second) and, for ``_base_`` files, raising ValueError;
   the answer is fixed for a session, so it is memoised (config tests resolve hundreds).
+- mmengine's default scope is process-wide and building a config's model sets it: each test
+  leaves it as it found it, so no test depends on which ran before it.
 - Fixtures that several test folders use.
 """
 import functools
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mmengine.config import config as mmengine_config
+from mmengine.registry import DefaultScope
 from PIL import Image
 
 from vitdense.compat import apply_host_fixes
@@ -59,3 +62,12 @@ def iteration_clock(monkeypatch):
     from common import IterationClock
     from vitdense.engine import TimeBudgetHook
     monkeypatch.setitem(TimeBudgetHook.CLOCKS, 'iterations', lambda: IterationClock.now[0])
+
+
+@pytest.fixture(autouse=True)
+def default_scope_as_found():
+    """Restore mmengine's default scope after each test, as its own
+    ``DefaultScope.overwrite_default_scope`` does."""
+    saved = DefaultScope._instance_dict.copy()
+    yield
+    DefaultScope._instance_dict = saved
