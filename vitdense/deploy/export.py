@@ -103,6 +103,9 @@ class ExportedModel:
                 raise ImportError('running an ONNX file needs onnxruntime: '
                                   'bash tools/install.sh --deploy') from error
             options = onnxruntime.SessionOptions()
+            # idle threads sleep instead of spinning, which would take the cores from
+            # whatever runs next (PyTorch, in a comparison)
+            options.add_session_config_entry('session.intra_op.allow_spinning', '0')
             if threads:
                 options.intra_op_num_threads = threads
             self.session = onnxruntime.InferenceSession(
