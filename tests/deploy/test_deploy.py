@@ -13,7 +13,7 @@ from mmengine.config import Config
 
 from vitdense.deploy import (ExportedModel, MaskRCNNGraph, SegmentorGraph, build_model,
                              deployable, export_module, max_abs_differences)
-from vitdense.deploy.graphs import AdaptiveAvgPool2d
+from vitdense.deploy.graphs import AdaptiveAvgPool2d, IntegerUpsample
 from vitdense.registry import MODELS
 
 # square, non-square, and neither side a multiple of 32 (nor of the patch size 16)
@@ -101,6 +101,14 @@ def test_adaptive_pool_equals_torch_for_any_bins():
     for size in (1, 2, 3, 6, (4, None)):
         assert torch.allclose(AdaptiveAvgPool2d(size)(x), torch.nn.AdaptiveAvgPool2d(size)(x),
                               atol=1e-6)
+
+
+def test_integer_upsample_equals_mmseg_upsample():
+    from mmseg.models.utils import Upsample
+    x = torch.randn(1, 4, 7, 11)
+    for mode, align_corners in (('bilinear', False), ('nearest', None)):
+        expected = Upsample(scale_factor=2, mode=mode, align_corners=align_corners)(x)
+        assert torch.equal(IntegerUpsample(2, mode, align_corners)(x), expected)
 
 
 def test_segmentor_graph_equals_mmseg_inference(segmentor):

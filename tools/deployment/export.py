@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import numbers
 import sys
 import time
 from pathlib import Path
@@ -178,9 +179,9 @@ def evaluate(cfg: Config, kind: str, model: torch.nn.Module, run: ExportedModel)
     ok = True
     print(f'\nvalidation set ({len(loader.dataset)} images): metric  PyTorch  exported')
     for key, value in metrics['pytorch'].items():
-        if not isinstance(value, float):
+        if not isinstance(value, numbers.Real):
             continue
-        other = metrics['exported'][key]
+        value, other = float(value), float(metrics['exported'][key])
         tolerance = METRIC_TOLERANCES.get(key)
         within = tolerance is None or abs(value - other) <= tolerance
         ok &= within

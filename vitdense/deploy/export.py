@@ -59,6 +59,8 @@ def export_module(module: nn.Module, example: torch.Tensor, out: str | os.PathLi
             # arithmetic inconsistent
             program = torch.export.export(module, (example,), dynamic_shapes=shapes,
                                           strict=False)
+            if dynamic:
+                _check_any_size(program, example)
             if fmt == 'onnx':
                 torch.onnx.export(program, (example,), dynamo=True,
                                   verbose=False).save(tmp, external_data=False)
@@ -69,6 +71,18 @@ def export_module(module: nn.Module, example: torch.Tensor, out: str | os.PathLi
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _check_any_size(program: torch.export.ExportedProgram, example: torch.Tensor) -> None:
+    """Run the program at another size: a layer that turned a size into a Python number
+    leaves a guard that fails there. ONNX drops such guards and would compute with the
+    traced size, so this is an error, not a warning."""
+    other = example.new_zeros(*example.shape[:2], example.shape[2] + 19, example.shape[3] + 37)
+    try:
+        program.module()(other)
+    except AssertionError as error:
+        raise ValueError(f'the exported graph holds for the traced size only ({error}); a '
+                         f'layer computes a size in Python: replace it for export') from error
 
 
 class ExportedModel:
@@ -89,6 +103,9 @@ class ExportedModel:
                 raise ImportError('running an ONNX file needs onnxruntime: '
                                   'bash tools/install.sh --deploy') from error
             options = onnxruntime.SessionOptions()
+            # idle threads sleep instead of spinning, which would take the cores from
+            # whatever runs next (PyTorch, in a comparison)
+            options.add_session_config_entry('session.intra_op.allow_spinning', '0')
             if threads:
                 options.intra_op_num_threads = threads
             self.session = onnxruntime.InferenceSession(

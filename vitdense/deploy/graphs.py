@@ -196,8 +196,10 @@ class MaskRCNNGraph(nn.Module):
             score = score[0].permute(1, 2, 0).reshape(-1).sigmoid()
             delta = delta[0].permute(1, 2, 0).reshape(-1, head.bbox_coder.encode_size)
             score, order = score.sort(descending=True)
-            order = order[:cfg.nms_pre]
-            scores.append(score[:cfg.nms_pre])
+            # the best nms_pre, or all: no branch on which is fewer at the traced size
+            count = torch.sym_min(cfg.nms_pre, score.shape[0])
+            order = order[:count]
+            scores.append(score[:count])
             boxes.append(head.bbox_coder.decode(prior[order], delta[order],
                                                 max_shape=image_hw))
             levels.append(torch.full_like(order, level))

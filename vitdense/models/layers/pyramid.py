@@ -26,6 +26,16 @@ def _rescale(dims: int, patch_size: int, stride: int, norm_cfg: dict,
     return nn.Sequential(*layers)
 
 
+def _crop(feature: torch.Tensor, hw: list) -> torch.Tensor:
+    """The top-left ``hw`` of a (B, C, H, W) map. Rows and columns are gathered rather than
+    sliced: a slice tests whether it keeps everything, which an exported graph would fix
+    at the traced size; a gather holds for any size (and the levels are copied to
+    contiguous maps anyway)."""
+    rows = torch.arange(hw[0], device=feature.device)
+    cols = torch.arange(hw[1], device=feature.device)
+    return feature.index_select(2, rows).index_select(3, cols)
+
+
 class MultiLevelPyramid(nn.Module):
     """Maps 4 feature maps at stride ``patch_size`` to strides 4/8/16/32 (``fpn1``..``fpn4``).
 
@@ -53,7 +63,6 @@ class MultiLevelPyramid(nn.Module):
         for level, (feature, stride) in enumerate(zip(features, PYRAMID_STRIDES), start=1):
             out = getattr(self, f'fpn{level}')(feature)
             if self.crop:
-                out = out[..., :(image_hw[0] + stride - 1) // stride,
-                          :(image_hw[1] + stride - 1) // stride]
+                out = _crop(out, [(size + stride - 1) // stride for size in image_hw])
             outs.append(out)
         return tuple(outs)
