@@ -142,7 +142,8 @@ def test_time_budget_stops_training_and_anneals_lr(tmp_path, iteration_clock):
 
 
 def test_time_budget_log_shows_the_budget_not_the_stand_in_total(tmp_path, iteration_clock):
-    runner = _budgeted_runner(tmp_path, log_interval=1,
+    # a name of its own: a runner made in the same second as another would share its logger
+    runner = _budgeted_runner(tmp_path, log_interval=1, experiment_name=tmp_path.name,
                               log_processor=dict(type='vitdense.TimeBudgetLogProcessor',
                                                  by_epoch=False))
     runner.train()
