@@ -33,18 +33,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
+import torch
+import torch.nn.functional as F
+from mmengine.config import Config, DictAction
+from mmengine.evaluator import Evaluator
+from mmengine.structures import InstanceData, PixelData
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.evaluator import Evaluator  # noqa: E402
-from mmengine.structures import InstanceData, PixelData  # noqa: E402
-
-import vitdense  # noqa: F401,E402  (host-stack fixes, vitdense registries)
-from vitdense.deploy import (FORMATS, PARTS, SUFFIXES, ExportedModel,  # noqa: E402
+import vitdense  # noqa: F401  (vitdense registries)
+from vitdense.deploy import (FORMATS, PARTS, SUFFIXES, ExportedModel,
                              build_model, deployable, export_module, max_abs_differences)
-from vitdense.deploy.inputs import (graph_input, image_tensor, sample_images,  # noqa: E402
+from vitdense.deploy.inputs import (graph_input, image_tensor, sample_images,
                                     validation_loader)
 
 #: the floors the exported model is held to on a validation set (--evaluate)

@@ -7,6 +7,8 @@ the file need ``onnx``, ``onnxscript`` and ``onnxruntime`` (``bash tools/install
 """
 from __future__ import annotations
 
+import importlib
+
 import torch.nn as nn
 
 from ..models.backbones.base import ColumnarBackbone
@@ -52,15 +54,17 @@ def build_model(cfg, checkpoint: str | None = None) -> nn.Module:
     """The model of an mmdet / mmseg config (an mmengine ``Config``) in eval mode on the
     CPU, with the weights of ``checkpoint`` (all of them: a strict load), or initialised
     as for training when ``checkpoint`` is None."""
-    import importlib
-
+    from mmengine.registry import init_default_scope
     from mmengine.runner import load_checkpoint
+
+    from vitdense.engine.launch import host_of
 
     scope = cfg.get('default_scope')
     if scope not in ('mmdet', 'mmseg'):
         raise ValueError(f'config default_scope={scope!r}: exported models come from mmdet '
                          f'or mmseg configs')
-    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=True)
+    host_of(cfg)  # vitdense's host fixes, safe checkpoint loading, the host's modules
+    init_default_scope(scope)
     model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
     if checkpoint is None:
         model.init_weights()

@@ -145,17 +145,22 @@ def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                       mix_weights.weight, mix_weights.bias, scale)
 
 
+def _row_col(token: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column of row-major token indices; the column as ``token - row * cols``, since
+    ONNX export has no remainder by a size known only at run time."""
+    row = torch.div(token, cols, rounding_mode='floor')
+    return row, token - row * cols
+
+
 def relative_offsets(hw: Grid, start: int, stop: int, device: torch.device,
                      dtype: torch.dtype) -> torch.Tensor:
     """(stop - start, N, 3) offsets (dx, dy, dx²+dy²) from query patches start..stop-1 to
     every key patch of a rows × cols grid, in row-major token order."""
     rows, cols = hw
-    keys = torch.arange(rows * cols, device=device)
-    queries = torch.arange(start, stop, device=device)
-    dx = (keys % cols)[None, :] - (queries % cols)[:, None]
-    dy = torch.div(keys, cols, rounding_mode='floor')[None, :] - torch.div(
-        queries, cols, rounding_mode='floor')[:, None]
-    dx, dy = dx.to(dtype), dy.to(dtype)
+    key_row, key_col = _row_col(torch.arange(rows * cols, device=device), cols)
+    query_row, query_col = _row_col(torch.arange(start, stop, device=device), cols)
+    dx = (key_col[None, :] - query_col[:, None]).to(dtype)
+    dy = (key_row[None, :] - query_row[:, None]).to(dtype)
     return torch.stack([dx, dy, dx ** 2 + dy ** 2], dim=-1)
 
 

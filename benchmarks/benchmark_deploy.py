@@ -1,7 +1,7 @@
 """Inference latency of exported models: PyTorch eager against onnxruntime on the same file,
 interleaved (benchmark_lib.time_interleaved), on the same image and thread count.
 
-    python tools/deployment/benchmark_deploy.py \\
+    python -m benchmarks.benchmark_deploy \\
         --model configs/xcit/upernet_xcit-d6-p8_demo-ade.py CKPT upernet_xcit.onnx \\
         --model configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py CKPT mask-rcnn_xcit.onnx
 
@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/, as for tools/*.py
+import torch
+from mmengine.config import Config
 
-import torch  # noqa: E402
-from mmengine.config import Config  # noqa: E402
-
-import benchmark_lib  # noqa: E402
-import vitdense  # noqa: F401,E402  (host-stack fixes, vitdense registries)
-from vitdense.deploy import PARTS, ExportedModel, build_model, deployable  # noqa: E402
-from vitdense.deploy.inputs import graph_input, sample_images  # noqa: E402
+from benchmarks import benchmark_lib
+import vitdense  # noqa: F401  (vitdense registries)
+from vitdense.deploy import PARTS, ExportedModel, build_model, deployable
+from vitdense.deploy.inputs import graph_input, sample_images
 
 
 def parse_args() -> argparse.Namespace:
