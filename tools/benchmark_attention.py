@@ -105,8 +105,9 @@ def speed(repeats: int, dense_blocks: int, sizes: tuple[str, ...]) -> list[dict]
     if '224' in sizes:
         cases += [('CaiT', 'xxs24', {}, 8, (224, 224)), ('ConViT', 'tiny', {}, 8, (224, 224))]
     if 'coco' in sizes:
-        cases += [('CaiT', 'xxs24', dict(arch_overrides=dict(num_layers=dense_blocks)), 2,
-                   COCO), ('ConViT', 'tiny', {}, 2, COCO)]
+        truncated = dict(arch_overrides=dict(num_layers=dense_blocks), pyramid=False,
+                         out_indices=list(range(dense_blocks)))
+        cases += [('CaiT', 'xxs24', truncated, 2, COCO), ('ConViT', 'tiny', {}, 2, COCO)]
     rows = []
     for family, arch, kwargs, batch, shape in cases:
         model = backbone(family, arch, **kwargs)
