@@ -158,11 +158,12 @@ def operator_shares(step: bm.Step) -> dict[str, float]:
     return {key: value / whole for key, value in top}
 
 
-def peak(repeats: int) -> list[dict]:
+def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> list[dict]:
     rows = []
     matmul = matmul_step()
-    for batch, shape in ((8, (224, 224)), (2, (512, 512))):
-        for family, arch in PEAK_BACKBONES:
+    inputs = {'224': (8, (224, 224)), '512': (2, (512, 512))}
+    for batch, shape in (inputs[size] for size in sizes):
+        for family, arch in (b for b in PEAK_BACKBONES if b[0] in families):
             model = backbone(family, arch)
             step = bm.make_step(model, torch.randn(batch, 3, *shape), 'train')
             with attention_path('written-out'):  # the model's FLOPs, without recomputation
@@ -191,17 +192,20 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--dense-blocks', type=int, default=1,
                         help='speed: talking-heads / gated blocks at 800 x 1344')
-    parser.add_argument('--sizes', nargs='+', choices=('224', 'coco'), default=('224', 'coco'),
-                        help='speed: 224² batch 8 and / or 800 x 1344 batch 2')
+    parser.add_argument('--sizes', nargs='+', choices=('224', '512', 'coco'),
+                        help='speed: 224 (batch 8) and / or coco (800 x 1344, batch 2); '
+                             'peak: 224 and / or 512 (batch 2)')
+    parser.add_argument('--families', nargs='+', default=[b[0] for b in PEAK_BACKBONES],
+                        choices=[b[0] for b in PEAK_BACKBONES], help='peak: these only')
     parser.add_argument('--threads', type=int, default=bm.default_threads())
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.what == 'memory':
         memory_table()
     elif args.what == 'speed':
-        speed(args.repeats, args.dense_blocks, tuple(args.sizes))
+        speed(args.repeats, args.dense_blocks, tuple(args.sizes or ('224', 'coco')))
     else:
-        peak(args.repeats)
+        peak(args.repeats, tuple(args.sizes or ('224', '512')), tuple(args.families))
 
 
 if __name__ == '__main__':
