@@ -12,8 +12,9 @@ with the maps written out, as the library chooses (blockwise while training from
 
 speed: training steps (forward, a loss over every output, backward) of CaiT-XXS24 and
 ConViT-Ti at 224² batch 8 with the maps written out, as chosen, and blockwise throughout;
-then at 800 × 1344 batch 2, written-out against blockwise (the chosen path there; CaiT
-truncated to ``--dense-blocks`` blocks, whose written-out maps fit this machine's memory).
+then at 800 × 1344 batch 2, written-out against blockwise (the chosen path there), CaiT
+truncated to its first ``--dense-blocks`` blocks and ConViT to as many gated blocks and
+one plain one (whole models' written-out maps do not fit this shared machine).
 Each size's paths in one interleaved run (``benchmark_lib.time_interleaved``); the ratio is
 the median of paired samples, written-out time / other time (above 1: faster).
 
@@ -105,8 +106,14 @@ def speed(repeats: int, dense_blocks: int, sizes: tuple[str, ...]) -> list[dict]
     if '224' in sizes:
         cases += [('CaiT', 'xxs24', {}, 8, (224, 224)), ('ConViT', 'tiny', {}, 8, (224, 224))]
     if 'coco' in sizes:
-        cases += [('CaiT', 'xxs24', dict(arch_overrides=dict(num_layers=dense_blocks)), 2,
-                   COCO), ('ConViT', 'tiny', {}, 2, COCO)]
+        # the first blocks only (the same for every block), without the pyramid; ConViT: its
+        # gated blocks and one plain block
+        cait = dict(arch_overrides=dict(num_layers=dense_blocks), pyramid=False,
+                    out_indices=[dense_blocks - 1])
+        convit = dict(arch_overrides=dict(num_layers=dense_blocks + 1,
+                                          num_local_layers=dense_blocks), pyramid=False,
+                      out_indices=[dense_blocks])
+        cases += [('CaiT', 'xxs24', cait, 2, COCO), ('ConViT', 'tiny', convit, 2, COCO)]
     rows = []
     for family, arch, kwargs, batch, shape in cases:
         model = backbone(family, arch, **kwargs)
@@ -116,7 +123,8 @@ def speed(repeats: int, dense_blocks: int, sizes: tuple[str, ...]) -> list[dict]
             'written-out', 'blockwise')
         samples = bm.time_interleaved({p: _train_step(model, images, p) for p in paths},
                                       warmup=1, repeats=repeats)
-        row = dict(model=f'{family}-{arch}' + (f' ({dense_blocks} blocks)' if kwargs else ''),
+        row = dict(model=f'{family}-{arch}' + (f' (first {dense_blocks} block(s))' if kwargs
+                                               else ''),
                    batch=batch, shape=list(shape),
                    **{f'{p}_s': statistics.median(samples[p]) for p in paths},
                    **{f'{p}_vs_written_out': bm.paired_ratio(samples['written-out'], samples[p])
@@ -150,11 +158,12 @@ def operator_shares(step: bm.Step) -> dict[str, float]:
     return {key: value / whole for key, value in top}
 
 
-def peak(repeats: int) -> list[dict]:
+def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> list[dict]:
     rows = []
     matmul = matmul_step()
-    for batch, shape in ((8, (224, 224)), (2, (512, 512))):
-        for family, arch in PEAK_BACKBONES:
+    inputs = {'224': (8, (224, 224)), '512': (2, (512, 512))}
+    for batch, shape in (inputs[size] for size in sizes):
+        for family, arch in (b for b in PEAK_BACKBONES if b[0] in families):
             model = backbone(family, arch)
             step = bm.make_step(model, torch.randn(batch, 3, *shape), 'train')
             with attention_path('written-out'):  # the model's FLOPs, without recomputation
@@ -181,19 +190,22 @@ def main(argv: Optional[list[str]] = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('what', choices=('memory', 'speed', 'peak'))
     parser.add_argument('--repeats', type=int, default=7)
-    parser.add_argument('--dense-blocks', type=int, default=2,
-                        help='CaiT blocks at 800 x 1344 (speed)')
-    parser.add_argument('--sizes', nargs='+', choices=('224', 'coco'), default=('224', 'coco'),
-                        help='speed: 224² batch 8 and / or 800 x 1344 batch 2')
+    parser.add_argument('--dense-blocks', type=int, default=1,
+                        help='speed: talking-heads / gated blocks at 800 x 1344')
+    parser.add_argument('--sizes', nargs='+', choices=('224', '512', 'coco'),
+                        help='speed: 224 (batch 8) and / or coco (800 x 1344, batch 2); '
+                             'peak: 224 and / or 512 (batch 2)')
+    parser.add_argument('--families', nargs='+', default=[b[0] for b in PEAK_BACKBONES],
+                        choices=[b[0] for b in PEAK_BACKBONES], help='peak: these only')
     parser.add_argument('--threads', type=int, default=bm.default_threads())
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.what == 'memory':
         memory_table()
     elif args.what == 'speed':
-        speed(args.repeats, args.dense_blocks, tuple(args.sizes))
+        speed(args.repeats, args.dense_blocks, tuple(args.sizes or ('224', 'coco')))
     else:
-        peak(args.repeats)
+        peak(args.repeats, tuple(args.sizes or ('224', '512')), tuple(args.families))
 
 
 if __name__ == '__main__':
