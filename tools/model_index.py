@@ -152,13 +152,13 @@ def is_dense(config: Path) -> bool:
 
 
 def measure_memory(config: Path) -> dict:
-    from memory import account
+    from vitdense.analysis.memory import account
     return account(str(config))
 
 
 def memory_entry(config: Path, result: dict) -> dict:
     """The index's training-memory metadata from a ``memory.py`` account of ``config``."""
-    from memory import load_config, uses_amp
+    from vitdense.analysis.memory import load_config, uses_amp
 
     height, width = result['shape']
     return {'Batch per GPU': result['batch'], 'Input': f'{height}x{width}',

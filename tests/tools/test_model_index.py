@@ -186,7 +186,7 @@ def test_every_dense_config_fits_32_gib_per_gpu():
 
 
 def test_index_memory_is_what_the_tool_measures():
-    import memory  # tools/analysis_tools/memory.py
+    from vitdense.analysis import memory
     config = 'configs/xcit/fpn_xcit-t12-p16_8xb2-80k_ade20k-512x512.py'
     entry = _entries()[config]['Metadata']['Training Memory']
     assert model_index.memory_entry(REPO_ROOT / config,

@@ -27,7 +27,7 @@ Grid = tuple[int, int]
 BLOCK_ELEMENTS = 1 << 24
 #: token count from which the blockwise path is chosen while training; below it the
 #: written-out maps are small and one large matmul per step is faster
-#: (``tools/benchmark_attention.py``, docs/memory.md)
+#: (``benchmarks/benchmark_attention.py``, docs/memory.md)
 MIN_BLOCKWISE_TOKENS = 2048
 
 

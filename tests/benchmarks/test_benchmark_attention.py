@@ -1,8 +1,8 @@
-"""tools/benchmark_attention.py: its switch between the attention paths and its measures."""
+"""benchmarks/benchmark_attention.py: its switch between the attention paths and its measures."""
 import pytest
 import torch
 
-import benchmark_attention as tool  # tools/benchmark_attention.py (tests/conftest.py)
+from benchmarks import benchmark_attention as tool
 from vitdense.models.layers import blockwise_attention
 
 

@@ -1,9 +1,9 @@
 """Blockwise attention (talking heads, GPSA) against the written-out maps, and how close a
 backbone's training step comes to this machine's matrix-product peak.
 
-    python tools/benchmark_attention.py memory   # saved activations at 2 x 3 x 800 x 1344
-    python tools/benchmark_attention.py speed    # training steps, paths interleaved
-    python tools/benchmark_attention.py peak     # achieved FLOP/s / measured matmul FLOP/s
+    python -m benchmarks.benchmark_attention memory   # saved activations at 2 x 3 x 800 x 1344
+    python -m benchmarks.benchmark_attention speed    # training steps, paths interleaved
+    python -m benchmarks.benchmark_attention peak     # achieved FLOP/s / measured matmul FLOP/s
 
 memory: what each backbone of the shipped Mask R-CNN configs saves for backward at a COCO
 batch (meta device, SDPA counted as a fused kernel: ``tools/analysis_tools/memory.py``),
@@ -29,20 +29,15 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
-from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
 
-import benchmark_lib as bm
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / 'analysis_tools'))
-from memory import count_backbone  # noqa: E402
-
-import vitdense  # noqa: E402,F401  (registers the backbones)
-from vitdense.models.layers import blockwise_attention  # noqa: E402
-from vitdense.registry import MODELS  # noqa: E402
+import vitdense  # noqa: F401  (registers the backbones)
+from benchmarks import benchmark_lib as bm
+from vitdense.analysis.memory import count_backbone
+from vitdense.models.layers import blockwise_attention
+from vitdense.registry import MODELS
 
 GIB = 1 << 30
 COCO = (800, 1344)

@@ -1,4 +1,4 @@
-"""tools/analysis_tools/memory.py: what it counts on the meta device is what a real step on
+"""vitdense.analysis.memory (tools/analysis_tools/memory.py): what it counts on the meta device is what a real step on
 this CPU saves, and what freeing that step's graph gives back to the system."""
 import copy
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 from mmengine.registry import MODELS
 
-import memory  # tools/analysis_tools/memory.py (tests/conftest.py)
+from vitdense.analysis import memory
 from vitdense.models.layers import blockwise_attention
 
 from common import CHECKOUT_ENV, REPO_ROOT, TINY_BACKBONES
@@ -50,8 +50,7 @@ def test_half_precision_policy_follows_cuda_autocast():
 
 RSS_PROBE = """
 import gc, json, sys, torch
-sys.path[:0] = [sys.argv[1] + '/tools/analysis_tools', sys.argv[1] + '/tests']
-import memory
+from vitdense.analysis import memory
 from mmengine.registry import MODELS
 from common import TINY_BACKBONES
 def rss():
@@ -75,7 +74,8 @@ print(json.dumps(dict(count=count, released=held - rss(), outputs=out_bytes)))
 def test_count_matches_the_memory_a_real_graph_holds(family):
     """Freeing a real step's graph gives back the counted bytes plus the outputs (glibc
     made to map every allocation of 16 KiB or more, and to give freed memory back)."""
-    env = dict(CHECKOUT_ENV, MALLOC_MMAP_THRESHOLD_='16384', MALLOC_TRIM_THRESHOLD_='0')
+    env = dict(CHECKOUT_ENV, PYTHONPATH=f'{REPO_ROOT}:{REPO_ROOT / "tests"}',
+               MALLOC_MMAP_THRESHOLD_='16384', MALLOC_TRIM_THRESHOLD_='0')
     result = json.loads(subprocess.run(
         [sys.executable, '-c', RSS_PROBE, str(REPO_ROOT), family], env=env, check=True,
         capture_output=True, text=True).stdout.splitlines()[-1])
