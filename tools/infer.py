@@ -27,7 +27,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.utils import ProgressBar
 
-import vitdense  # noqa: F401  (host-stack fixes, vitdense registries)
+import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine.launch import host_of
 

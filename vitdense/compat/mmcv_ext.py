@@ -11,7 +11,7 @@ reach only ``nms`` (RPN proposals, ``batched_nms``, ``multiclass_nms``; mmcv's o
 wrappers run unchanged on top of it) and ``roi_align_forward`` / ``roi_align_backward``
 (box and mask RoI extractors, mask targets), as recorded over every shipped dense config's
 training and test step by ``tests/configs/test_dense.py``.  They run on torchvision's CPU
-and CUDA kernels, which implement the same formulas; ``tools/benchmark_mmcv_ops.py``
+and CUDA kernels, which implement the same formulas; ``benchmarks/benchmark_mmcv_ops.py``
 measures them against a compiled mmcv.
 Every other name resolves to a function that raises :class:`MissingCompiledOpError`
 (defined in ``vitdense.compat``, so that it is one class however this file was loaded).
