@@ -78,7 +78,9 @@ class ViT(ColumnarBackbone):
 
     def build_pos_embed(self) -> nn.Module:
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
-                                        num_prefix_tokens=1)
+                                        num_prefix_tokens=int(self.trunk_has_class_token),
+                                        checkpoint_prefix_tokens=1,
+                                        antialias=self.pos_antialias)
 
     def place_class_token(self) -> int:
         return 0
