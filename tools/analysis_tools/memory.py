@@ -32,9 +32,7 @@ import argparse
 import contextlib
 import copy
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -42,8 +40,7 @@ import torch.nn.functional as F
 from mmengine.config import Config
 from torch.overrides import TorchFunctionMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from get_flops import build_model, load_config  # noqa: E402
+from vitdense.analysis.complexity import build_model, load_config
 
 GIB = 1 << 30
 HALF = torch.float16
