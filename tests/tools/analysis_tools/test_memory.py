@@ -9,7 +9,7 @@ import pytest
 import torch
 from mmengine.registry import MODELS
 
-import memory  # tools/analysis_tools/memory.py (tests/conftest.py)
+from tools.analysis_tools import memory
 from vitdense.models.layers import blockwise_attention
 
 from common import CHECKOUT_ENV, REPO_ROOT, TINY_BACKBONES
