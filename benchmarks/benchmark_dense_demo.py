@@ -16,6 +16,8 @@ minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time 
     # an ablation: the same run with a recipe change, on another generated set
     nice python -m benchmarks.benchmark_dense_demo --tasks det --families xcit --minutes 7 \
         --cfg-options model.backbone.out_indices=[2,3,4,5] --data-root /tmp/coco_random
+    # ViTDet's layout: the simple pyramid, window attention in ViT / CaiT / ConViT
+    nice python -m benchmarks.benchmark_dense_demo --tasks seg --layout vitdet
 
 Runs go one at a time, each in its own process; results are appended to
 ``benchmarks/results/dense_demo.jsonl`` and summarised in ``dense_demo.md``.
@@ -46,6 +48,13 @@ CONFIGS = {
         'convit': 'configs/convit/upernet_convit-d6-p8_demo-ade.py',
     },
 }
+#: the same demo models in ViTDet's layout: the last block through the simple feature
+#: pyramid, window attention and relative positions for the token-attention families
+VITDET_CONFIGS = {
+    task: {family: f'configs/{family}/{prefix}_{family}-d6-p8_vitdet_demo-{data}.py'
+           for family in CONFIGS[task]}
+    for task, prefix, data in (('det', 'mask-rcnn', 'coco'), ('seg', 'upernet', 'ade'))}
+LAYOUTS = {'multilayer': CONFIGS, 'vitdet': VITDET_CONFIGS}
 RESNET18 = {
     'det': dict(type='mmdet.ResNet', depth=18, norm_cfg=dict(type='BN'), norm_eval=False,
                 frozen_stages=-1, init_cfg=None),
@@ -57,14 +66,18 @@ FAMILIES = ('xcit', 'vit', 'cait', 'convit', 'resnet18')
 
 
 def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
-                 cfg_options: dict | None = None, data_root: str | None = None):
-    """The demo config of ``family`` (or ResNet-18 in the XCiT config) on a time budget,
-    with ``cfg_options`` merged in and the data read from ``data_root`` if given."""
+                 cfg_options: dict | None = None, data_root: str | None = None,
+                 layout: str = 'multilayer'):
+    """The demo config of ``family`` in ``layout`` (or ResNet-18 in the XCiT config) on a time
+    budget, with ``cfg_options`` merged in and the data read from ``data_root`` if given."""
     from mmengine.config import Config
 
     from vitdense.engine import train_on_time_budget
     from vitdense.engine.launch import point_at_data_root
-    cfg = Config.fromfile(str(ROOT / CONFIGS[task]['xcit' if family == 'resnet18' else family]))
+    if family == 'resnet18' and layout != 'multilayer':
+        raise ValueError('ResNet-18 runs in the multi-layer layout only')
+    cfg = Config.fromfile(
+        str(ROOT / LAYOUTS[layout][task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
         channels = RESNET18_CHANNELS
         cfg.model.backbone = RESNET18[task]
@@ -86,7 +99,8 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
 
 
 def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
-            threads: int, cfg_options: dict | None = None, data_root: str | None = None) -> dict:
+            threads: int, cfg_options: dict | None = None, data_root: str | None = None,
+            layout: str = 'multilayer') -> dict:
     """Train and evaluate one (task, family) in this process; return the measured row."""
     import torch
     from mmengine.runner import Runner
@@ -94,7 +108,8 @@ def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: 
 
     import vitdense  # noqa: F401
     from vitdense.engine.launch import host_of
-    cfg = build_config(task, family, train_minutes, clock, work_dir, cfg_options, data_root)
+    cfg = build_config(task, family, train_minutes, clock, work_dir, cfg_options, data_root,
+                       layout)
     host_of(cfg)
     start = (time.monotonic(), time.process_time())
     runner = Runner.from_cfg(cfg)
@@ -103,7 +118,8 @@ def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: 
     metrics = runner.test()
     done = (time.monotonic(), time.process_time())
     params = sum(p.numel() for p in runner.model.backbone.parameters())
-    return dict(task=task, family=family, clock=clock, threads=threads, iters=runner.iter,
+    return dict(task=task, family=family, layout=layout, clock=clock, threads=threads,
+                iters=runner.iter,
                 backbone_params=params, cfg_options=cfg_options or {}, data_root=data_root,
                 train_min=(trained[0] - start[0]) / 60, total_min=(done[0] - start[0]) / 60,
                 train_cpu_min=(trained[1] - start[1]) / 60,
@@ -150,6 +166,8 @@ def main() -> None:
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
                         help='recipe changes (key=value) applied to every run, for ablations')
     parser.add_argument('--data-root', help='read the demo set from here (default data/demo_*)')
+    parser.add_argument('--layout', choices=sorted(LAYOUTS), default='multilayer',
+                        help="the XCiT paper's multi-layer pyramid or ViTDet's layout")
     parser.add_argument('--one', nargs=2, metavar=('TASK', 'FAMILY'), help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = ROOT / args.out
@@ -158,7 +176,7 @@ def main() -> None:
         task, family = args.one
         row = run_one(task, family, train_minutes, args.clock,
                       out / 'dense_demo' / f'{task}_{family}', args.threads,
-                      args.cfg_options, args.data_root)
+                      args.cfg_options, args.data_root, args.layout)
         with open(out / 'dense_demo.jsonl', 'a') as f:
             f.write(json.dumps(row) + '\n')
         return
@@ -173,6 +191,7 @@ def main() -> None:
                             '--minutes', str(args.minutes),
                             '--eval-minutes', str(args.eval_minutes), '--out', args.out,
                             '--clock', args.clock, '--threads', str(args.threads),
+                            '--layout', args.layout,
                             *(['--data-root', args.data_root] if args.data_root else []),
                             *(['--cfg-options', *(f'{key}={json.dumps(value)}' for key, value
                                                   in args.cfg_options.items())]

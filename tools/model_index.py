@@ -124,7 +124,8 @@ def results_and_weights(family: str, name: str) -> tuple[list, str | None]:
         return [dict(Task='Image Classification', Dataset='ImageNet-1k',
                      Metrics={'Top 1 Accuracy': top1}, Source=source)], weights
     match = re.match(r'(mask-rcnn|upernet|fpn)_xcit-(t12|s12|s24|m24)-p(16|8)_', name)
-    if family != 'xcit' or not match:
+    # the paper's dense results are of the multi-layer pyramid, not of ViTDet's layout
+    if family != 'xcit' or not match or '_vitdet_' in name:
         return [], None
     task, size, patch = match.group(1), match.group(2), int(match.group(3))
     official = f'xcit_{XCIT_NAMES[size]}_p{patch}.pth'

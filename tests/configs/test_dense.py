@@ -26,6 +26,8 @@ CONFIGS = sorted(str(p.relative_to(REPO_ROOT)) for family in FAMILIES
                  for task in ('mask-rcnn', 'upernet', 'fpn')
                  for p in (REPO_ROOT / 'configs' / family).glob(f'{task}_*.py'))
 FULL = [c for c in CONFIGS if '_demo-' not in c]
+#: the XCiT paper's recipes (ViTDet's: tests/configs/test_vitdet.py)
+COLUMNAR_FULL = [c for c in FULL if '_vitdet_' not in c]
 IMAGE_HW = (64, 80)
 RECIPES = {  # XCiT paper §4.2-4.3: lr, weight decay, images per GPU, length
     'mask-rcnn': (1e-4, 0.05, 2, ('max_epochs', 36)),
@@ -73,7 +75,7 @@ def test_every_family_and_task_is_shipped():
             assert f'{task}_{model}{suffix}.py' in names
 
 
-@pytest.mark.parametrize('config', FULL)
+@pytest.mark.parametrize('config', COLUMNAR_FULL)
 def test_full_config_follows_the_recipe(config):
     cfg = _load(config)
     task = Path(config).name.split('_')[0]
@@ -98,6 +100,12 @@ def test_full_config_follows_the_recipe(config):
 
 def _set_backbone_width(model: Config, width: int) -> None:
     """Point every input that reads the backbone (and Semantic FPN's FPN) at ``width``."""
+    if model.get('neck', {}).get('type') == 'vitdense.SimpleFeaturePyramid':
+        model.neck.in_channels = width
+        if 'decode_head' in model:
+            model.auxiliary_head.in_channels = model.neck.out_channels = width
+            model.decode_head.in_channels = [width] * 4
+        return
     if 'neck' in model:
         model.neck.in_channels = [width] * 4
     if model.type == 'EncoderDecoder' and 'neck' in model:
@@ -129,14 +137,18 @@ def _shrink_heads(model: Config) -> None:
 
 def _downsized(config: str) -> Config:
     """The config with a 4-block backbone of head width 8 and narrow heads; the layers, the
-    pyramid, the optimizer and everything else as shipped."""
+    pyramid, the optimizer and everything else as shipped (window attention in the blocks
+    among the first 4 that have it; the last block's map for a simple pyramid)."""
     cfg = _load(config)
     backbone = cfg.model.backbone
     arch = MODELS.get(backbone.type).resolve_arch(backbone.arch)
     arch.update(num_layers=4, embed_dims=8 * arch['num_heads'])
     if 'num_local_layers' in arch:
         arch['num_local_layers'] = 2
-    backbone.update(arch=arch, out_indices=(0, 1, 2, 3), init_cfg=None)
+    backbone.update(arch=arch, init_cfg=None,
+                    out_indices=(0, 1, 2, 3) if backbone.get('pyramid', True) else (-1,))
+    if 'window_block_indexes' in backbone:
+        backbone.window_block_indexes = [i for i in backbone.window_block_indexes if i < 4]
     _set_backbone_width(cfg.model, arch['embed_dims'])
     _shrink_heads(cfg.model)
     return cfg
@@ -324,7 +336,7 @@ OFFICIAL_DROP_PATH = {
     'upernet': {'t12': 0.0, 's12': 0.05, 's24': 0.1, 'm24': 0.15},
     'fpn': {'t12': 0.0, 's12': 0.05, 's24': 0.1, 'm24': 0.2},
 }
-XCIT_FULL = [c for c in FULL if Path(c).name.split('_')[1].startswith('xcit-')]
+XCIT_FULL = [c for c in COLUMNAR_FULL if Path(c).name.split('_')[1].startswith('xcit-')]
 
 
 @pytest.mark.parametrize('config', XCIT_FULL)
@@ -353,10 +365,11 @@ def test_batch_norms_in_the_backbone_are_synchronised(config):
     assert all(isinstance(m, torch.nn.SyncBatchNorm) for m in batch_norms)
     if cfg.model.backbone.type == 'vitdense.XCiT':  # 1 per stem conv, 1 per LPI, 1 pyramid
         stem = 4 if cfg.model.backbone.patch_size == 16 else 3
-        assert len(batch_norms) == stem + 4 + (cfg.model.backbone.patch_size == 16)
+        pyramid = cfg.model.backbone.patch_size == 16 and cfg.model.backbone.get('pyramid', True)
+        assert len(batch_norms) == stem + 4 + pyramid
 
 
-@pytest.mark.parametrize('config', [c for c in FULL if 'xcit-s12-p16' in c])
+@pytest.mark.parametrize('config', [c for c in COLUMNAR_FULL if 'xcit-s12-p16' in c])
 def test_weight_decay_spares_only_the_layer_norms(config):
     """The official dense configs' rule (custom_keys {'norm': decay_mult 0}): the backbone's
     LayerNorms take no weight decay; biases, BatchNorms, LayerScale, XCA temperatures, the

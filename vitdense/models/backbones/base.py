@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers.blocks import NORM_EPS
 from ..layers.branched import BranchedLinear
 from ..layers.pyramid import MultiLevelPyramid
+from ..layers.window_attention import DecomposedRelativePosition
 from .checkpoint_adaptation import CheckpointAdaptation
 
 OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
@@ -68,6 +69,21 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             recomputed in backward instead of kept: about a third more compute for those
             blocks): True for every block, an int K for the first K blocks only (memory
             and compute traded block by block), False for none.
+        window_size: > 0: blocks in ``window_block_indexes`` attend within windows of this
+            many tokens a side, the grid zero-padded to a multiple of it (ViTDet §3); the
+            others keep global attention. Token attention only (not XCiT's XCA, which is
+            linear in tokens already); the trunk must carry no class token.
+        window_block_indexes: 0-based blocks with window attention (None: all).
+        rel_pos: add ViTDet's decomposed relative position bias to every block's attention
+            logits: tables for the window, or for the grid of ``rel_pos_img_size`` in global
+            blocks; zero-initialised, so an ImageNet checkpoint starts as it was.
+        rel_pos_img_size: image size the global blocks' relative tables are built for
+            (ViTDet: the 1024 input; default ``img_size``); other grids resample them.
+        dense_class_token: False: a dense model's trunk carries no class token (ViTDet: the
+            checkpoint's class token and its position row are dropped on load), as window
+            attention and relative positions need.
+        pos_antialias: resample learned position tables to other grids with antialiasing
+            (timm's default); False: plain bicubic, as ViTDet (detectron2's ``get_abs_pos``).
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
             through :meth:`adapt_checkpoint` (official, timm or our layout).
         arch_overrides: settings that replace those of ``arch``: how a family passes its
@@ -98,6 +114,12 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: Union[bool, int] = False,
+                 window_size: int = 0,
+                 window_block_indexes: Optional[Sequence[int]] = None,
+                 rel_pos: bool = False,
+                 rel_pos_img_size: Optional[Union[int, Sequence[int]]] = None,
+                 dense_class_token: bool = True,
+                 pos_antialias: bool = True,
                  init_cfg: Optional[Union[dict, list]] = None,
                  arch_overrides: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
@@ -134,6 +156,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                              f"drop the pixels beyond the last full patch: use "
                              f"padding='image'")
         self.class_token_layer = self.place_class_token()
+        if self.dense and not dense_class_token:
+            self.class_token_layer = self.num_layers
+        self.pos_antialias = pos_antialias
         self.pos_embed = self.build_pos_embed()
         self.pos_drop = nn.Dropout(drop_rate)
         if self.uniform_drop_path:
@@ -143,6 +168,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             rates = torch.linspace(0, drop_path_rate, self.num_layers, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             self.build_block(i, rates[i]) for i in range(self.num_layers))
+        self._set_window_attention(window_size, window_block_indexes, rel_pos,
+                                   rel_pos_img_size or img_size)
         #: blocks that recompute their activations in backward (``with_cp``)
         self.checkpointed_blocks = frozenset(
             range(self.num_layers if with_cp is True else min(int(with_cp), self.num_layers)))
@@ -229,6 +256,42 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             raise ValueError(f'the pyramid takes 4 out_indices (strides 4/8/16/32), got '
                              f'{len(checked)}: {out_indices}; set pyramid=False for others')
         return tuple(checked)
+
+    def _set_window_attention(self, window_size: int,
+                              window_block_indexes: Optional[Sequence[int]], rel_pos: bool,
+                              rel_pos_img_size: Union[int, Sequence[int]]) -> None:
+        """Give blocks their window size and token mixers their relative position bias."""
+        if window_size < 0:
+            raise ValueError(f'window_size must be >= 0, got {window_size}')
+        windowed = set(range(self.num_layers) if window_block_indexes is None else
+                       (i % self.num_layers for i in window_block_indexes))
+        if window_block_indexes is not None and any(
+                not -self.num_layers <= i < self.num_layers for i in window_block_indexes):
+            raise IndexError(f'window_block_indexes {list(window_block_indexes)} out of range '
+                             f'for {self.num_layers} blocks')
+        if not (window_size and windowed) and not rel_pos:
+            return
+        if self.trunk_has_class_token:
+            raise ValueError(f'window attention and relative positions take patch tokens '
+                             f'only, but the trunk of {type(self).__name__} carries the class '
+                             f'token from block {self.class_token_layer}: set '
+                             f'dense_class_token=False (as ViTDet)')
+        if self.arch.get('num_parallel', 1) > 1:
+            raise ValueError('window attention and relative positions do not support '
+                             'parallel blocks (num_parallel > 1)')
+        size = (rel_pos_img_size,) * 2 if isinstance(rel_pos_img_size, int) else rel_pos_img_size
+        global_grid = (size[0] // self.patch_size, size[1] // self.patch_size)
+        for index, block in enumerate(self.blocks):
+            if not hasattr(block.attn, 'rel_pos'):
+                raise ValueError(f'{type(block.attn).__name__} (block {index}) is no token '
+                                 f'attention: window attention and relative positions apply '
+                                 f'to ViT, CaiT and ConViT; use the simple pyramid alone')
+            if window_size and index in windowed:
+                block.window_size = window_size
+            if rel_pos:
+                grid = (window_size,) * 2 if block.window_size else global_grid
+                block.attn.rel_pos = DecomposedRelativePosition(
+                    self.embed_dims // self.num_heads, grid)
 
     def _set_batch_norm(self, norm_cfg: dict) -> None:
         """Make the BatchNorm layers of the stem and the blocks ``norm_cfg['type']``."""
@@ -362,6 +425,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters trained without weight decay: position encodings, class token,
-        LayerScale gammas, XCA temperatures, GPSA gates."""
-        keep = re.compile(r'^(cls_token|pos_embed\..*|.*\.(gamma|temperature|gating))$')
+        LayerScale gammas, XCA temperatures, GPSA gates, relative position tables
+        (as ViTDet)."""
+        keep = re.compile(r'^(cls_token|pos_embed\..*|.*\.(gamma|temperature|gating)|'
+                          r'.*\.rel_pos\..*)$')
         return {name for name, _ in self.named_parameters() if keep.match(name)}

@@ -47,7 +47,8 @@ class CaiT(ColumnarBackbone):
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
 
     def build_pos_embed(self) -> nn.Module:
-        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid)
+        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
+                                        antialias=self.pos_antialias)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         arch = self.arch

@@ -22,6 +22,15 @@ SHARED_CHECKPOINT_RULES: tuple[Rule, ...] = (
     (r'^pos_embed$', 'pos_embed.weight'),
     (r'\.gamma_?([12])$', r'.ls\1.gamma'),
 )
+
+
+def rename_key(key: str, rules: tuple[Rule, ...]) -> str:
+    """``key`` after every (regex, replacement) rule in turn."""
+    for pattern, replacement in rules:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
 CLASS_ATTENTION_SPLIT = re.compile(r'^cls_blocks\.\d+\.attn\.(qkv|k)\.')
 
 
@@ -51,9 +60,7 @@ class CheckpointAdaptation:
             key = key[len('module.'):] if key.startswith('module.') else key
             if re.match(cls.foreign_only_keys, key):
                 continue
-            for pattern, replacement in SHARED_CHECKPOINT_RULES + cls.checkpoint_rules:
-                key = re.sub(pattern, replacement, key)
-            converted[key] = value
+            converted[rename_key(key, SHARED_CHECKPOINT_RULES + cls.checkpoint_rules)] = value
         return cls.merge_checkpoint_tensors(converted)
 
     @classmethod

@@ -39,7 +39,8 @@ class ConViT(ColumnarBackbone):
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
 
     def build_pos_embed(self) -> nn.Module:
-        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid)
+        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
+                                        antialias=self.pos_antialias)
 
     def place_class_token(self) -> int:
         num_local = self.arch['num_local_layers']

@@ -16,8 +16,42 @@ from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import TransformerBlock
 from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
 from .base import ColumnarBackbone
+from .checkpoint_adaptation import Rule, rename_key
 
 STEMS = ('linear', 'hmlp')
+#: detectron2's ViTDet detector keys (``ViT`` in ``backbone.net``, ``SimpleFeaturePyramid``
+#: stages ``backbone.simfp_<log2 stride>.<index>``) -> ours (``backbone.`` ViT built with
+#: ``dense_class_token=False``, ``neck.`` :class:`SimpleFeaturePyramid`)
+DETECTRON2_VITDET_RULES: tuple[Rule, ...] = (
+    (r'^backbone\.net\.pos_embed$', 'backbone.pos_embed.weight'),
+    (r'^backbone\.net\.', 'backbone.'),
+    (r'\.attn\.rel_pos_h$', '.attn.rel_pos.height'),
+    (r'\.attn\.rel_pos_w$', '.attn.rel_pos.width'),
+    # stride 4: transposed conv, LayerNorm, GELU, transposed conv, then the two convs
+    (r'^backbone\.simfp_2\.([013])\.', r'neck.rescales.0.\1.'),
+    (r'^backbone\.simfp_2\.4\.', 'neck.lateral_convs.0.'),
+    (r'^backbone\.simfp_2\.5\.', 'neck.fpn_convs.0.'),
+    # stride 8: transposed conv, then the two convs
+    (r'^backbone\.simfp_3\.0\.', 'neck.rescales.1.0.'),
+    (r'^backbone\.simfp_3\.1\.', 'neck.lateral_convs.1.'),
+    (r'^backbone\.simfp_3\.2\.', 'neck.fpn_convs.1.'),
+    # stride 16: the two convs; stride 32: max pooling, then the two convs
+    (r'^backbone\.simfp_4\.0\.', 'neck.lateral_convs.2.'),
+    (r'^backbone\.simfp_4\.1\.', 'neck.fpn_convs.2.'),
+    (r'^backbone\.simfp_5\.1\.', 'neck.lateral_convs.3.'),
+    (r'^backbone\.simfp_5\.2\.', 'neck.fpn_convs.3.'),
+    # detectron2's Conv2d holds its norm; ours is conv + norm
+    (r'^(neck\.(lateral|fpn)_convs\.\d\.)weight$', r'\1conv.weight'),
+)
+
+
+def convert_detectron2_vitdet(state_dict: dict) -> dict:
+    """The ViT backbone and simple feature pyramid of a detectron2 ViTDet state dict in our
+    layout (``backbone.*``, ``neck.*``); other tensors (its RPN and RoI heads) are left out."""
+    converted = {rename_key(key, DETECTRON2_VITDET_RULES): value
+                 for key, value in state_dict.items()}
+    return {key: value for key, value in converted.items()
+            if key.startswith(('backbone.', 'neck.'))}
 
 
 @MODELS.register_module()
@@ -78,7 +112,9 @@ class ViT(ColumnarBackbone):
 
     def build_pos_embed(self) -> nn.Module:
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
-                                        num_prefix_tokens=1)
+                                        num_prefix_tokens=int(self.trunk_has_class_token),
+                                        checkpoint_prefix_tokens=1,
+                                        antialias=self.pos_antialias)
 
     def place_class_token(self) -> int:
         return 0

@@ -8,6 +8,8 @@ from .embed import (ConvPatchEmbed, FourierPositionEncoding, HMLPPatchEmbed,
                     LearnedPositionEmbedding, PatchEmbed)
 from .norm import LayerNorm2d, build_norm2d
 from .pyramid import MultiLevelPyramid
+from .simple_pyramid import SimpleFeaturePyramid
+from .window_attention import DecomposedRelativePosition, window_attention
 
 __all__ = [
     'ClassAttention', 'CrossCovarianceAttention', 'GatedPositionalSelfAttention',
@@ -15,5 +17,6 @@ __all__ = [
     'LocalPatchInteraction', 'TransformerBlock', 'XCiTClassAttentionBlock',
     'BranchedLayerNorm', 'BranchedLinear', 'ConvPatchEmbed', 'FourierPositionEncoding',
     'HMLPPatchEmbed', 'LearnedPositionEmbedding', 'PatchEmbed', 'LayerNorm2d',
-    'build_norm2d', 'MultiLevelPyramid',
+    'build_norm2d', 'MultiLevelPyramid', 'SimpleFeaturePyramid', 'DecomposedRelativePosition',
+    'window_attention',
 ]

@@ -59,6 +59,8 @@ class MultiheadSelfAttention(nn.Module):
             self.mix_logits = nn.Linear(num_heads, num_heads)
             self.mix_weights = nn.Linear(num_heads, num_heads)
         self.talking_heads = talking_heads
+        #: logit bias from the queries and the grid (ViTDet's relative positions), or None
+        self.rel_pos: Optional[nn.Module] = None
 
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
                 num_queries: Optional[int] = None) -> torch.Tensor:
@@ -68,16 +70,19 @@ class MultiheadSelfAttention(nn.Module):
         q, k, v = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
         if num_queries is not None:
             q = q[..., :num_queries, :]
+        bias = _logit_bias(self.rel_pos, q, hw)
         drop = self.attn_drop if self.training else 0.
-        if self.talking_heads and not drop and use_blockwise(k.shape[-2], q, k, v):
+        if self.talking_heads and bias is None and not drop and \
+                use_blockwise(k.shape[-2], q, k, v):
             out = talking_heads_attention(q, k, v, self.mix_logits, self.mix_weights,
                                           self.scale)
         elif self.talking_heads:
-            logits = _mix_heads((q * self.scale) @ k.transpose(-2, -1), self.mix_logits)
+            logits = _mix_heads(_biased((q * self.scale) @ k.transpose(-2, -1), bias),
+                                self.mix_logits)
             weights = _mix_heads(logits.softmax(dim=-1), self.mix_weights)
             out = F.dropout(weights, drop, self.training) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
 
     def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
@@ -86,7 +91,8 @@ class MultiheadSelfAttention(nn.Module):
         Parallel branches, x of shape (branches, B, N, C), are stacked along the head axis,
         branch-major."""
         q, k, _ = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
-        logits = (q * self.scale) @ k.transpose(-2, -1)
+        logits = _biased((q * self.scale) @ k.transpose(-2, -1),
+                         _logit_bias(self.rel_pos, q, hw))
         if self.talking_heads:
             weights = _mix_heads(_mix_heads(logits, self.mix_logits).softmax(dim=-1),
                                  self.mix_weights)
@@ -96,6 +102,17 @@ class MultiheadSelfAttention(nn.Module):
             weights = weights.view(x.shape[0], x.shape[1], *weights.shape[1:])
             weights = weights.transpose(0, 1).flatten(1, 2)
         return weights
+
+
+def _logit_bias(rel_pos: Optional[nn.Module], q: torch.Tensor,
+                hw: Optional[Grid]) -> Optional[torch.Tensor]:
+    """The additive logit bias of ``rel_pos`` for queries q (None without one): the fused
+    kernel takes it as a float ``attn_mask``, so the path without bias stays mask-free."""
+    return None if rel_pos is None else rel_pos(q, hw)
+
+
+def _biased(logits: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return logits if bias is None else logits + bias
 
 
 def _mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
@@ -208,6 +225,8 @@ class GatedPositionalSelfAttention(nn.Module):
         self.gating = nn.Parameter(torch.ones(num_heads))
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        #: logit bias of the content term (ViTDet's relative positions), or None
+        self.rel_pos: Optional[nn.Module] = None
 
     def convolutional_init(self) -> None:
         """Identity values and one kernel offset per head (ConViT §3, locality strength α)."""
@@ -235,7 +254,8 @@ class GatedPositionalSelfAttention(nn.Module):
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
         values = self.v(x)
         (v,) = _split_heads(values, 1, self.num_heads)
-        content = F.scaled_dot_product_attention(q, k, v)
+        content = F.scaled_dot_product_attention(q, k, v,
+                                                 attn_mask=_logit_bias(self.rel_pos, q, hw))
         # one (heads, N, N) map for the whole batch: images become value columns
         columns = values.view(batch, num_tokens, self.num_heads, -1).permute(2, 1, 0, 3).reshape(
             self.num_heads, num_tokens, -1)
@@ -253,6 +273,7 @@ class GatedPositionalSelfAttention(nn.Module):
         """(B, heads, N, N) weights (ConViT Eq. 7): (1 - σ(λ)) content + σ(λ) positional
         attention, the map the forward pass applies term by term."""
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
-        content = ((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
+        content = _biased((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1),
+                          _logit_bias(self.rel_pos, q, hw)).softmax(dim=-1)
         return torch.lerp(content, self.positional_attention(hw, x).expand_as(content),
                           torch.sigmoid(self.gating).view(-1, 1, 1))

@@ -17,6 +17,7 @@ from timm.layers import DropPath
 
 from .attention import ClassAttention, Grid
 from .branched import make_layer_norm, make_linear
+from .window_attention import window_attention
 
 NORM_EPS = 1e-6
 
@@ -133,6 +134,8 @@ class TransformerBlock(nn.Module):
         self.mlp = FeedForward(dim, int(dim * mlp_ratio), drop, num_branches)
         self.ls2 = _layer_scale(dim, layer_scale, num_branches)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        #: > 0: the token mixer attends within windows of this many tokens a side (ViTDet)
+        self.window_size = 0
 
     def _merge_branches(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.num_branches == 1 else x.sum(0)
@@ -142,7 +145,9 @@ class TransformerBlock(nn.Module):
         """Update all tokens or, with ``num_queries``, only the first ones (a classifier's
         class token in its last block): the others are keys and values and are not
         returned, which spares the FFN and most of the attention for them."""
-        if num_queries is None:
+        if num_queries is None and self.window_size:
+            mixed = window_attention(self.attn, self.norm1(x), hw, self.window_size)
+        elif num_queries is None:
             mixed = self.attn(self.norm1(x), hw)
         elif self.lpi is not None:
             raise ValueError('the local patch interaction needs every token: '

@@ -88,12 +88,20 @@ class LearnedPositionEmbedding(nn.Module):
     another square grid is resampled to this one when loaded: in a ``load_state_dict``
     pre-hook as mmpretrain does, so that whole-model loads (a classifier fine-tuned at
     another resolution) get it too. A table that is no square grid raises, as torch
-    does for any tensor of another shape."""
+    does for any tensor of another shape.
 
-    def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0) -> None:
+    ``checkpoint_prefix_tokens``: prefix rows of the family's checkpoints; those beyond
+    ``num_prefix_tokens`` are dropped on load (ViTDet's dense ViT has no class token).
+    ``antialias``: resampling to the input's grid with antialiasing (timm) or plain bicubic
+    (ViTDet)."""
+
+    def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0,
+                 checkpoint_prefix_tokens: int = 0, antialias: bool = True) -> None:
         super().__init__()
         self.grid = tuple(grid)
         self.num_prefix_tokens = num_prefix_tokens
+        self.checkpoint_prefix_tokens = max(checkpoint_prefix_tokens, num_prefix_tokens)
+        self.antialias = antialias
         self.weight = nn.Parameter(
             torch.zeros(1, num_prefix_tokens + grid[0] * grid[1], embed_dims))
         nn.init.trunc_normal_(self.weight, std=.02)
@@ -104,6 +112,13 @@ class LearnedPositionEmbedding(nn.Module):
         table = state_dict.get(key)
         if table is None or table.shape == self.weight.shape:
             return
+        extra = self.checkpoint_prefix_tokens - self.num_prefix_tokens
+        if extra and math.isqrt(table.shape[1] - self.checkpoint_prefix_tokens) ** 2 == \
+                table.shape[1] - self.checkpoint_prefix_tokens:
+            table = state_dict[key] = torch.cat(
+                [table[:, :self.num_prefix_tokens], table[:, self.checkpoint_prefix_tokens:]], 1)
+            if table.shape == self.weight.shape:
+                return
         num_patches = table.shape[1] - self.num_prefix_tokens
         side = math.isqrt(num_patches)
         if side * side != num_patches or table.shape[-1] != self.weight.shape[-1]:
@@ -118,7 +133,8 @@ class LearnedPositionEmbedding(nn.Module):
         table = self.weight
         if torch.compiler.is_exporting() or tuple(hw) != self.grid:
             table = resample_abs_pos_embed(table, hw, self.grid,
-                                           num_prefix_tokens=self.num_prefix_tokens)
+                                           num_prefix_tokens=self.num_prefix_tokens,
+                                           antialias=self.antialias)
         return tokens + table
 
 

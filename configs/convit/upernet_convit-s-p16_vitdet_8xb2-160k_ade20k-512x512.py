@@ -1,0 +1,9 @@
+# UperNet in ViTDet's layout, ADE20k 160k: ConViT-S (official IN-1k weights) with GPSA and SA in
+# 14×14 windows (global blocks 2, 5, 8, 11; no class token), relative positions, the simple
+# feature pyramid, drop path 0.1 and layer decay 0.7.
+_base_ = '../_base_/upernet_columnar-vitdet_160k_ade20k.py'
+model = dict(
+    backbone=dict(
+        type='vitdense.ConViT', arch='small', drop_path_rate=0.1, **_base_.vitdet_windows_12,
+        init_cfg=dict(checkpoint='https://dl.fbaipublicfiles.com/convit/convit_small.pth')),
+    neck=dict(in_channels=432))
