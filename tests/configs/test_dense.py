@@ -370,14 +370,14 @@ def test_batch_norms_in_the_backbone_are_synchronised(config):
 
 
 @pytest.mark.parametrize('config', [c for c in COLUMNAR_FULL if 'xcit-s12-p16' in c])
-def test_weight_decay_spares_only_the_layer_norms(config):
+def test_weight_decay_spares_only_the_layer_norms(config, monkeypatch):
     """The official dense configs' rule (custom_keys {'norm': decay_mult 0}): the backbone's
     LayerNorms take no weight decay; biases, BatchNorms, LayerScale, XCA temperatures, the
     position projection, the pyramid, neck and heads all do."""
     cfg = _downsized(config)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         model = MODELS.build(cfg.model)
-        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+        optim_wrapper = _cpu_optim_wrapper(model, cfg.optim_wrapper, monkeypatch)
     names = {id(p): n for n, p in model.named_parameters()}
     groups = {names[id(g['params'][0])]: g for g in optim_wrapper.optimizer.param_groups}
     assert len(groups) == len(names)
