@@ -2,6 +2,8 @@
 # (184,375 iterations), AdamW lr 1e-4, weight decay 0.1 except norms and the position
 # table, 250-iteration linear warmup, lr /10 at iterations 163,889 and 177,546, layer-wise
 # lr decay 0.7 (leaves state other values), evaluation every 5,000 iterations at the end.
+# Mixed precision (float16, dynamic loss scale) as ViTDet trains (train.amp.enabled); it needs
+# a GPU. Training memory per config: tools/analysis_tools/memory.py, docs/memory.md.
 max_iters = 184375
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=5000)
 val_cfg = dict(type='ValLoop')
@@ -12,7 +14,7 @@ param_scheduler = [
          milestones=[163889, 177546], gamma=0.1),
 ]
 optim_wrapper = dict(
-    type='OptimWrapper',
+    type='AmpOptimWrapper', dtype='float16', loss_scale='dynamic',
     constructor='vitdense.LayerDecayOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1),
     paramwise_cfg=dict(weight_decay_rule='custom_keys',
