@@ -1,6 +1,7 @@
 # Recipe: UperNet in ViTDet's layout on a columnar backbone, ADE20k 160k iterations with the
 # XCiT paper's segmentation schedule (§4.3) and ViTDet's layer-wise lr decay 0.7 (leaves state
-# other values); family leaves set the backbone, its windows, checkpoint and the neck's input.
+# other values; the schedule's weight decay is kept); family leaves set the backbone, its
+# windows, checkpoint and the neck's input.
 _base_ = [
     './models/upernet_columnar-vitdet.py', './datasets/ade20k_512x512.py',
     './schedules/adamw-poly_160k.py', './default_runtime_mmseg.py'

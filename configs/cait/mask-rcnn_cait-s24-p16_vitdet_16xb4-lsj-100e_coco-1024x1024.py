@@ -1,9 +1,9 @@
 # Mask R-CNN in ViTDet's layout, COCO 1024² LSJ, 100 epochs: CaiT-S24 (official IN-1k weights)
-# with talking heads in 14×14 windows, global attention in blocks 5, 11, 17, 23 and layer
-# decay 0.8 (ViTDet's values for its 24-block ViT-L), drop path 0.1 (CaiT-S24's own),
-# relative positions and the simple feature pyramid. Its first 8 blocks are recomputed in
-# backward (with_cp=8, about a ninth more compute): 4 images of 1024² per GPU need 36.3 GiB
-# under AMP without it (tools/analysis_tools/memory.py).
+# with talking heads in 14×14 windows, global attention in blocks 5, 11, 17, 23, layer decay
+# 0.8 (ViTDet's values for its 24-block ViT-L; weight decay as the schedule's), drop path 0.1
+# (CaiT-S24's own), relative positions and the simple feature pyramid. Its first 8 blocks are
+# recomputed in backward (with_cp=8, about a ninth more compute): 4 images of 1024² per GPU
+# need 36.3 GiB under AMP without it, 27.2 GiB with it (tools/analysis_tools/memory.py).
 _base_ = '../_base_/mask-rcnn_columnar-vitdet_lsj-100e_coco.py'
 model = dict(
     backbone=dict(

@@ -1,5 +1,6 @@
 # UperNet in ViTDet's layout, ADE20k 160k: CaiT-S24 (official IN-1k weights) with talking heads
-# in 14×14 windows, global blocks 5, 11, 17, 23 and layer decay 0.8 (ViTDet's 24-block values),
+# in 14×14 windows, global blocks 5, 11, 17, 23 and layer decay 0.8 (ViTDet's 24-block values;
+# weight decay as the schedule's),
 # drop path 0.1, relative positions and the simple feature pyramid.
 _base_ = '../_base_/upernet_columnar-vitdet_160k_ade20k.py'
 model = dict(
