@@ -77,10 +77,7 @@ class MultiheadSelfAttention(nn.Module):
             out = talking_heads_attention(q, k, v, self.mix_logits, self.mix_weights,
                                           self.scale)
         elif self.talking_heads:
-            logits = _mix_heads(_biased((q * self.scale) @ k.transpose(-2, -1), bias),
-                                self.mix_logits)
-            weights = _mix_heads(logits.softmax(dim=-1), self.mix_weights)
-            out = F.dropout(weights, drop, self.training) @ v
+            out = F.dropout(self._written_out_weights(q, k, bias), drop, self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
@@ -91,17 +88,21 @@ class MultiheadSelfAttention(nn.Module):
         Parallel branches, x of shape (branches, B, N, C), are stacked along the head axis,
         branch-major."""
         q, k, _ = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
-        logits = _biased((q * self.scale) @ k.transpose(-2, -1),
-                         _logit_bias(self.rel_pos, q, hw))
-        if self.talking_heads:
-            weights = _mix_heads(_mix_heads(logits, self.mix_logits).softmax(dim=-1),
-                                 self.mix_weights)
-        else:
-            weights = logits.softmax(dim=-1)
+        weights = self._written_out_weights(q, k, _logit_bias(self.rel_pos, q, hw))
         if x.dim() == 4:
             weights = weights.view(x.shape[0], x.shape[1], *weights.shape[1:])
             weights = weights.transpose(0, 1).flatten(1, 2)
         return weights
+
+    def _written_out_weights(self, q: torch.Tensor, k: torch.Tensor,
+                             bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """(..., heads, queries, N) attention weights as a map: the softmax of the scaled,
+        biased logits; with talking heads, the logits mixed across heads before the softmax
+        and the weights after it (CaiT §2)."""
+        logits = _biased((q * self.scale) @ k.transpose(-2, -1), bias)
+        if not self.talking_heads:
+            return logits.softmax(dim=-1)
+        return _mix_heads(_mix_heads(logits, self.mix_logits).softmax(dim=-1), self.mix_weights)
 
 
 def _logit_bias(rel_pos: Optional[nn.Module], q: torch.Tensor,
