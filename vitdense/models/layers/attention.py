@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blockwise_attention import (mix_heads, positional_attention_values, relative_offsets,
-                                  talking_heads_attention, use_blockwise)
+from .blockwise_attention import (mix_heads, positional_attention_values, positional_logits,
+                                  relative_offsets, talking_heads_attention, use_blockwise)
 from .branched import make_linear
 
 Grid = tuple[int, int]
@@ -242,13 +242,12 @@ class GatedPositionalSelfAttention(nn.Module):
                     weight[head] = torch.tensor([2 * (col - center), 2 * (row - center), -1.])
             self.pos_proj.weight.copy_(weight * self.locality_strength)
 
-    def positional_attention(self, hw: Grid, like: torch.Tensor) -> torch.Tensor:
+    def positional_attention(self, hw: Grid) -> torch.Tensor:
         """(heads, N, N) positional attention, computed head-major so that the softmax
         runs over contiguous rows; it is the same for every image of a batch."""
-        num_tokens = hw[0] * hw[1]
-        offsets = relative_positions(hw, like.device, like.dtype).view(-1, 3)
-        logits = torch.addmm(self.pos_proj.bias[:, None], self.pos_proj.weight, offsets.t())
-        return logits.view(-1, num_tokens, num_tokens).softmax(dim=-1)
+        logits, _ = positional_logits(hw, 0, hw[0] * hw[1], self.pos_proj.weight,
+                                      self.pos_proj.bias)
+        return logits.softmax(dim=-1)
 
     def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
         batch, num_tokens, _ = x.shape
@@ -263,7 +262,7 @@ class GatedPositionalSelfAttention(nn.Module):
         if use_blockwise(num_tokens, columns, self.pos_proj.weight):
             positional = positional_attention_values(columns, self.pos_proj, hw)
         else:
-            positional = self.positional_attention(hw, x).to(columns.dtype) @ columns
+            positional = self.positional_attention(hw).to(columns.dtype) @ columns
         positional = positional.view(self.num_heads, num_tokens, batch, -1).permute(2, 0, 1, 3)
         # under autocast the two terms are half precision and the gate a float32 parameter
         gate = torch.sigmoid(self.gating).view(-1, 1, 1).to(content.dtype)
@@ -276,5 +275,5 @@ class GatedPositionalSelfAttention(nn.Module):
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
         content = _biased((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1),
                           _logit_bias(self.rel_pos, q, hw)).softmax(dim=-1)
-        return torch.lerp(content, self.positional_attention(hw, x).expand_as(content),
+        return torch.lerp(content, self.positional_attention(hw).expand_as(content),
                           torch.sigmoid(self.gating).view(-1, 1, 1))
