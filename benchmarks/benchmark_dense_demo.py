@@ -65,14 +65,13 @@ METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',)}
 FAMILIES = ('xcit', 'vit', 'cait', 'convit', 'resnet18')
 
 
-def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
-                 cfg_options: dict | None = None, data_root: str | None = None,
-                 layout: str = 'multilayer'):
-    """The demo config of ``family`` in ``layout`` (or ResNet-18 in the XCiT config) on a time
-    budget, with ``cfg_options`` merged in and the data read from ``data_root`` if given."""
+def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None = None,
+                data_root: str | None = None, layout: str = 'multilayer'):
+    """The demo config of ``family`` in ``layout`` (or ResNet-18 in the XCiT config), with
+    ``cfg_options`` merged in, the data read from ``data_root`` if given, loading in the process
+    and a log line every 25 iterations; the schedule is the recipe's."""
     from mmengine.config import Config
 
-    from vitdense.engine import train_on_time_budget
     from vitdense.engine.launch import point_at_data_root
     if family == 'resnet18' and layout != 'multilayer':
         raise ValueError('ResNet-18 runs in the multi-layer layout only')
@@ -91,10 +90,19 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
     if data_root:
         point_at_data_root(cfg, data_root)
     cfg.work_dir = str(work_dir)
-    train_on_time_budget(cfg, train_minutes, clock)
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].update(num_workers=0, persistent_workers=False)
     cfg.default_hooks.logger = dict(type='LoggerHook', interval=25, log_metric_by_epoch=False)
+    return cfg
+
+
+def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
+                 cfg_options: dict | None = None, data_root: str | None = None,
+                 layout: str = 'multilayer'):
+    """:func:`demo_config` on a time budget of ``train_minutes`` by ``clock``."""
+    from vitdense.engine import train_on_time_budget
+    cfg = demo_config(task, family, work_dir, cfg_options, data_root, layout)
+    train_on_time_budget(cfg, train_minutes, clock)
     return cfg
 
 

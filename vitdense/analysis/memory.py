@@ -356,10 +356,12 @@ def account(config: str, batch: Optional[int] = None, shape: Optional[tuple[int,
 
 
 def time_step(config: str, batch: int, shape: tuple[int, int], repeats: int = 1,
-              objects: int = 8) -> float:
+              objects: int = 8, overrides: Optional[dict] = None) -> float:
     """Seconds of one real float32 training step on this machine's CPU (forward, losses,
     backward, AdamW), the least of ``repeats`` after one warm-up step."""
     cfg = load_config(config)
+    if overrides:
+        cfg.merge_from_dict(overrides)
     model = build_model(cfg, device='cpu').train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     images = torch.randn(batch, 3, *shape)
