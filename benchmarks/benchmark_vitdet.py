@@ -126,8 +126,8 @@ def train(args: argparse.Namespace) -> None:
 
     def launch(cell: tuple) -> None:
         task, family, layout, seed = cell
-        command = [sys.executable, '-m', 'benchmarks.benchmark_vitdet', 'one', task, family,
-                   layout, str(seed), str(args.iters[task]), '--out', str(args.out)]
+        command = [sys.executable, '-m', 'benchmarks.benchmark_vitdet', '--out', str(args.out),
+                   'one', task, family, layout, str(seed), str(args.iters[task])]
         log = args.out / 'vitdet_demo' / f'{task}_{family}_{layout}_{seed}.log'
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, 'w') as f:
