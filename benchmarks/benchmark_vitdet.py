@@ -184,9 +184,11 @@ def cost(args: argparse.Namespace) -> None:
 
 
 def mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    """'mean ± sample std' of ``values`` times ``scale`` (the value alone for one run)."""
     values = [v * scale for v in values]
-    spread = statistics.stdev(values) if len(values) > 1 else float('nan')
-    return f'{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}'
+    if len(values) == 1:
+        return f'{values[0]:.{digits}f}'
+    return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
 
 
 def demo_table(rows: list[dict]) -> str:

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from common import TINY_ARCH, TINY_CONVIT_ARCH
 from vitdense.models import CaiT, ConViT, SimpleFeaturePyramid, ViT, XCiT
 from vitdense.models.backbones.vit import convert_detectron2_vitdet
-from vitdense.models.layers.attention import MultiheadSelfAttention
+from vitdense.models.layers import blockwise_attention
+from vitdense.models.layers.attention import GatedPositionalSelfAttention, MultiheadSelfAttention
 from vitdense.models.layers.window_attention import (DecomposedRelativePosition,
                                                      relative_table_lookup, window_partition,
                                                      window_unpartition)
@@ -79,17 +80,75 @@ def test_padded_windows_attend_as_separate_zero_padded_images():
     assert torch.allclose(out.view(1, 4, 5, -1)[:, 3:4, 3:5], expected, atol=1e-6)
 
 
-def test_relative_bias_is_q_dot_the_offset_rows():
+def reference_bias(rel_pos: DecomposedRelativePosition, q: torch.Tensor,
+                   hw: tuple[int, int]) -> torch.Tensor:
+    """(..., N, N) bias written out pair by pair, for tables sized for the grid ``hw``."""
+    rows, cols = hw
+    bias = q.new_zeros(*q.shape[:-1], rows * cols)
+    for query in range(rows * cols):
+        for key in range(rows * cols):
+            (qi, qj), (ki, kj) = divmod(query, cols), divmod(key, cols)
+            bias[..., query, key] = q[..., query, :] @ (rel_pos.height[qi - ki + rows - 1] +
+                                                        rel_pos.width[qj - kj + cols - 1])
+    return bias
+
+
+def test_folded_queries_and_keys_add_q_dot_the_offset_rows():
     torch.manual_seed(0)
     rel_pos = DecomposedRelativePosition(4, (2, 3), zero_init=False)
-    q = torch.randn(1, 2, 6, 4)
-    bias = rel_pos(q, (2, 3))
-    for query in range(6):
-        for key in range(6):
-            (qi, qj), (ki, kj) = divmod(query, 3), divmod(key, 3)
-            expected = q[..., query, :] @ (rel_pos.height[qi - ki + 1] +
-                                           rel_pos.width[qj - kj + 2])
-            assert torch.allclose(bias[..., query, key], expected, atol=1e-6)
+    q, k = torch.randn(2, 1, 2, 6, 4).unbind(0)
+    queries, keys = rel_pos(q, k, 0.5, (2, 3))
+    assert queries.shape[-1] == keys.shape[-1] == 16  # 4 + 2 rows + 3 columns, padded to 8s
+    expected = 0.5 * q @ k.transpose(-2, -1) + reference_bias(rel_pos, q, (2, 3))
+    assert torch.allclose(queries @ keys.transpose(-2, -1), expected, atol=1e-6)
+    with pytest.raises(ValueError, match='patch tokens only: 7 queries'):
+        rel_pos(torch.randn(1, 7, 4), torch.randn(1, 7, 4), 0.5, (2, 3))
+
+
+def _written_out(mixer: torch.nn.Module, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    """The mixer's output with the bias as an (N, N) term of the logits, as detectron2 adds
+    it: logits + bias, softmax (talking heads: mixed before and after), weights · values."""
+    if isinstance(mixer, GatedPositionalSelfAttention):
+        q, k = mixer.qk(x).view(*x.shape[:2], 2, 2, 8).permute(2, 0, 3, 1, 4)
+        content = ((q * 8 ** -0.5) @ k.transpose(-2, -1) +
+                   reference_bias(mixer.rel_pos, q, hw)).softmax(-1)
+        weights = torch.lerp(content, mixer.positional_attention(hw),
+                             torch.sigmoid(mixer.gating).view(-1, 1, 1))
+        values = mixer.v(x).view(*x.shape[:2], 2, 8).transpose(1, 2)
+    else:
+        q, k, values = mixer.qkv(x).view(*x.shape[:2], 3, 2, 8).permute(2, 0, 3, 1, 4)
+        weights = (q * mixer.scale) @ k.transpose(-2, -1) + reference_bias(mixer.rel_pos, q, hw)
+        if mixer.talking_heads:
+            weights = mixer.mix_logits(weights.permute(0, 2, 3, 1)).softmax(-2)
+            weights = mixer.mix_weights(weights).permute(0, 3, 1, 2)
+        else:
+            weights = weights.softmax(-1)
+    return mixer.proj((weights @ values).transpose(1, 2).flatten(-2))
+
+
+@pytest.mark.parametrize('kind', ['plain', 'talking-heads', 'gpsa'])
+def test_folded_bias_equals_the_written_out_bias_and_keeps_no_token_map(kind, monkeypatch):
+    torch.manual_seed(0)
+    if kind == 'gpsa':
+        mixer = GatedPositionalSelfAttention(16, 2)
+    else:
+        mixer = MultiheadSelfAttention(16, 2, talking_heads=kind == 'talking-heads')
+    mixer.rel_pos = DecomposedRelativePosition(8, (3, 4), zero_init=False)
+    # the paths of dense input sizes: talking heads and GPSA's positional term over blocks
+    monkeypatch.setattr(blockwise_attention, 'MIN_BLOCKWISE_TOKENS', 0)
+    x = torch.randn(2, 12, 16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = mixer(x, (3, 4))
+    params = [x, *mixer.parameters()]
+    grads = torch.autograd.grad(out.square().sum(), params)
+    expected = _written_out(mixer, x, (3, 4))
+    expected_grads = torch.autograd.grad(expected.square().sum(), params)
+    assert (out - expected).abs().max() <= 1e-5
+    for ours, theirs in zip(grads, expected_grads):
+        assert (ours - theirs).abs().max() <= 1e-5 * max(1., theirs.abs().max())
+    # nothing of (B, heads, N, N) is kept for backward
+    assert not [t.shape for t in saved if t.shape[-2:] == (12, 12) and t.numel() >= 2 * 2 * 144]
 
 
 def test_relative_tables_resample_to_other_grids():
@@ -105,7 +164,7 @@ def test_talking_heads_take_the_bias_before_mixing_heads():
     attn.rel_pos = DecomposedRelativePosition(4, (2, 2), zero_init=False)
     x = torch.randn(1, 4, 8)
     q, k, _ = attn.qkv(x).view(1, 4, 3, 2, 4).permute(2, 0, 3, 1, 4)
-    logits = (q * attn.scale) @ k.transpose(-2, -1) + attn.rel_pos(q, (2, 2))
+    logits = (q * attn.scale) @ k.transpose(-2, -1) + reference_bias(attn.rel_pos, q, (2, 2))
     mixed = attn.mix_logits(logits.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).softmax(-1)
     expected = attn.mix_weights(mixed.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
     assert torch.allclose(attn.attention_weights(x, (2, 2)), expected, atol=1e-6)

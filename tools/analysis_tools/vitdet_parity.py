@@ -7,15 +7,18 @@ built from its own source on the same random weights (moved into our layout by
 Needs ``detectron2`` importable (a checkout on PYTHONPATH is enough: only its pure-python
 ``layers`` and ``modeling/backbone`` are used). Every tensor of detectron2's model gets
 random noise on top of its init, so LayerNorm affines and the zero-initialised relative
-position tables are compared with values that matter.
+position tables are compared with values that matter. ``--dtype float64`` runs both models in
+double precision: what is left there is the arithmetic's, not fp32 rounding's.
 
     PYTHONPATH=$PWD:/path/to/detectron2 python tools/analysis_tools/vitdet_parity.py \\
         --sizes 1024x1024 1024x640
 """
 import argparse
 import json
+from functools import partial
 
 import torch
+import torch.nn as nn
 
 from vitdense.models import SimpleFeaturePyramid, ViT
 from vitdense.models.backbones.vit import convert_detectron2_vitdet
@@ -25,12 +28,15 @@ WINDOW_BLOCKS = (0, 1, 3, 4, 6, 7, 9, 10)
 
 
 def build_detectron2(arch: dict, img_size: int, window: int):
-    """detectron2's ViTDet backbone: ViT + SimpleFeaturePyramid with the stride-64 level."""
+    """detectron2's ViTDet backbone as ViTDet's ``mask_rcnn_vitdet`` config builds it (LayerNorm
+    eps 1e-6, as ours; detectron2's ``ViT`` defaults to 1e-5): ViT + SimpleFeaturePyramid
+    with the stride-64 level."""
     from detectron2.modeling.backbone.fpn import LastLevelMaxPool
     from detectron2.modeling.backbone.vit import SimpleFeaturePyramid as D2Pyramid
     from detectron2.modeling.backbone.vit import ViT as D2ViT
     net = D2ViT(img_size=img_size, patch_size=16, embed_dim=arch['embed_dims'],
                 depth=arch['num_layers'], num_heads=arch['num_heads'], window_size=window,
+                mlp_ratio=4, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
                 window_block_indexes=WINDOW_BLOCKS, use_rel_pos=True, pretrain_img_size=224,
                 pretrain_use_cls_token=True, out_feature='last_feat')
     return D2Pyramid(net, 'last_feat', out_channels=256, scale_factors=(4.0, 2.0, 1.0, 0.5),
@@ -46,22 +52,23 @@ def build_ours(arch_name: str, img_size: int, window: int) -> tuple[ViT, SimpleF
 
 
 def compare(arch_name: str, sizes: list[tuple[int, int]], img_size: int, window: int,
-            seed: int) -> list[dict]:
+            seed: int, noise: float = .05, dtype: torch.dtype = torch.float32) -> list[dict]:
     torch.manual_seed(seed)
     reference = build_detectron2(ViT.arch_zoo[arch_name], img_size, window).eval()
     with torch.no_grad():
         for param in reference.parameters():
-            param.add_(torch.randn_like(param) * .05)
+            param.add_(torch.randn_like(param) * noise)
+    reference.to(dtype)
     state = convert_detectron2_vitdet(
         {f'backbone.{k}': v for k, v in reference.state_dict().items()})
     backbone, neck = build_ours(arch_name, img_size, window)
     for module, prefix in ((backbone, 'backbone.'), (neck, 'neck.')):
         part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         module.load_state_dict(part, strict=True)
-        module.eval()
+        module.to(dtype).eval()
     rows = []
     for height, width in sizes:
-        image = torch.randn(1, 3, height, width)
+        image = torch.randn(1, 3, height, width, dtype=dtype)
         with torch.no_grad():
             expected = reference(image)
             expected_map = reference.net(image)['last_feat']
@@ -74,7 +81,8 @@ def compare(arch_name: str, sizes: list[tuple[int, int]], img_size: int, window:
                                      f'{tuple(expected[name].shape)}')
             diffs[name] = (level - expected[name]).abs().max().item()
         scale = max(expected[name].abs().max().item() for name in expected)
-        rows.append(dict(arch=arch_name, size=f'{height}x{width}', window=window,
+        rows.append(dict(arch=arch_name, size=f'{height}x{width}', window=window, noise=noise,
+                         dtype=str(dtype).removeprefix('torch.'),
                          max_abs_diff=max(diffs.values()), max_abs_output=scale, **diffs,
                          last_block=(feature[-1] - expected_map).abs().max().item(),
                          last_block_max_abs=expected_map.abs().max().item()))
@@ -90,6 +98,9 @@ def main() -> None:
                         help="detectron2's img_size: the global blocks' relative tables")
     parser.add_argument('--window', type=int, default=14)
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--noise', type=float, default=.05,
+                        help='std of the normal noise added to every tensor of the reference')
+    parser.add_argument('--dtype', choices=['float32', 'float64'], default='float32')
     parser.add_argument('--tolerance', type=float, default=1e-4)
     args = parser.parse_args()
     try:
@@ -98,7 +109,8 @@ def main() -> None:
         raise SystemExit(f'detectron2 is not importable ({error}): put a checkout on '
                          f'PYTHONPATH') from error
     sizes = [tuple(int(v) for v in size.split('x')) for size in args.sizes]
-    rows = compare(args.arch, sizes, args.img_size, args.window, args.seed)
+    rows = compare(args.arch, sizes, args.img_size, args.window, args.seed, args.noise,
+                   getattr(torch, args.dtype))
     for row in rows:
         print(json.dumps(row))
     worst = max(row['max_abs_diff'] for row in rows)

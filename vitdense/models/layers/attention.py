@@ -70,16 +70,14 @@ class MultiheadSelfAttention(nn.Module):
         q, k, v = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
         if num_queries is not None:
             q = q[..., :num_queries, :]
-        bias = _logit_bias(self.rel_pos, q, hw)
+        q, k, scale = _with_relative_positions(self.rel_pos, q, k, self.scale, hw)
         drop = self.attn_drop if self.training else 0.
-        if self.talking_heads and bias is None and not drop and \
-                use_blockwise(k.shape[-2], q, k, v):
-            out = talking_heads_attention(q, k, v, self.mix_logits, self.mix_weights,
-                                          self.scale)
+        if self.talking_heads and not drop and use_blockwise(k.shape[-2], q, k, v):
+            out = talking_heads_attention(q, k, v, self.mix_logits, self.mix_weights, scale)
         elif self.talking_heads:
-            out = F.dropout(self._written_out_weights(q, k, bias), drop, self.training) @ v
+            out = F.dropout(self._written_out_weights(q, k, scale), drop, self.training) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
+            out = _fused_attention(q, k, v, scale, drop)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
 
     def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
@@ -88,32 +86,44 @@ class MultiheadSelfAttention(nn.Module):
         Parallel branches, x of shape (branches, B, N, C), are stacked along the head axis,
         branch-major."""
         q, k, _ = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
-        weights = self._written_out_weights(q, k, _logit_bias(self.rel_pos, q, hw))
+        weights = self._written_out_weights(
+            *_with_relative_positions(self.rel_pos, q, k, self.scale, hw))
         if x.dim() == 4:
             weights = weights.view(x.shape[0], x.shape[1], *weights.shape[1:])
             weights = weights.transpose(0, 1).flatten(1, 2)
         return weights
 
     def _written_out_weights(self, q: torch.Tensor, k: torch.Tensor,
-                             bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """(..., heads, queries, N) attention weights as a map: the softmax of the scaled,
-        biased logits; with talking heads, the logits mixed across heads before the softmax
+                             scale: float) -> torch.Tensor:
+        """(..., heads, queries, N) attention weights as a map: the softmax of the logits
+        ``q·k·scale``; with talking heads, the logits mixed across heads before the softmax
         and the weights after it (CaiT §2)."""
-        logits = _biased((q * self.scale) @ k.transpose(-2, -1), bias)
+        logits = (q * scale) @ k.transpose(-2, -1)
         if not self.talking_heads:
             return logits.softmax(dim=-1)
         return _mix_heads(_mix_heads(logits, self.mix_logits).softmax(dim=-1), self.mix_weights)
 
 
-def _logit_bias(rel_pos: Optional[nn.Module], q: torch.Tensor,
-                hw: Optional[Grid]) -> Optional[torch.Tensor]:
-    """The additive logit bias of ``rel_pos`` for queries q (None without one): the fused
-    kernel takes it as a float ``attn_mask``, so the path without bias stays mask-free."""
-    return None if rel_pos is None else rel_pos(q, hw)
+def _with_relative_positions(rel_pos: Optional[nn.Module], q: torch.Tensor, k: torch.Tensor,
+                             scale: float, hw: Optional[Grid]
+                             ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Queries, keys and the scale of their logits, with the bias of ``rel_pos`` (ViTDet's
+    relative positions) folded into the queries and keys if there is one."""
+    if rel_pos is None:
+        return q, k, scale
+    return (*rel_pos(q, k, scale, hw), 1.)
 
 
-def _biased(logits: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    return logits if bias is None else logits + bias
+def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     dropout_p: float = 0.) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``; values narrower than queries and keys (folded
+    relative positions) are zero-padded to their width and the output cut back, since the
+    fused CPU and flash kernels take one head width."""
+    width = v.shape[-1]
+    if q.shape[-1] != width:
+        v = F.pad(v, (0, q.shape[-1] - width))
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    return out if out.shape[-1] == width else out[..., :width]
 
 
 def _mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
@@ -254,8 +264,8 @@ class GatedPositionalSelfAttention(nn.Module):
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
         values = self.v(x)
         (v,) = _split_heads(values, 1, self.num_heads)
-        content = F.scaled_dot_product_attention(q, k, v,
-                                                 attn_mask=_logit_bias(self.rel_pos, q, hw))
+        q, k, scale = _with_relative_positions(self.rel_pos, q, k, q.shape[-1] ** -0.5, hw)
+        content = _fused_attention(q, k, v, scale)
         # one (heads, N, N) map for the whole batch: images become value columns
         columns = values.view(batch, num_tokens, self.num_heads, -1).permute(2, 1, 0, 3).reshape(
             self.num_heads, num_tokens, -1)
@@ -273,7 +283,7 @@ class GatedPositionalSelfAttention(nn.Module):
         """(B, heads, N, N) weights (ConViT Eq. 7): (1 - σ(λ)) content + σ(λ) positional
         attention, the map the forward pass applies term by term."""
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
-        content = _biased((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1),
-                          _logit_bias(self.rel_pos, q, hw)).softmax(dim=-1)
+        q, k, scale = _with_relative_positions(self.rel_pos, q, k, q.shape[-1] ** -0.5, hw)
+        content = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
         return torch.lerp(content, self.positional_attention(hw).expand_as(content),
                           torch.sigmoid(self.gating).view(-1, 1, 1))
