@@ -106,18 +106,15 @@ def build_config(task: str, family: str, train_minutes: float, clock: str, work_
     return cfg
 
 
-def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
-            threads: int, cfg_options: dict | None = None, data_root: str | None = None,
-            layout: str = 'multilayer') -> dict:
-    """Train and evaluate one (task, family) in this process; return the measured row."""
+def train_and_test(cfg, task: str, threads: int) -> dict:
+    """Train ``cfg`` in this process with ``threads`` torch threads, then test it: iterations,
+    backbone parameters, wall and CPU minutes (training, in all) and the task's metrics."""
     import torch
     from mmengine.runner import Runner
-    torch.set_num_threads(threads)
 
     import vitdense  # noqa: F401
     from vitdense.engine.launch import host_of
-    cfg = build_config(task, family, train_minutes, clock, work_dir, cfg_options, data_root,
-                       layout)
+    torch.set_num_threads(threads)
     host_of(cfg)
     start = (time.monotonic(), time.process_time())
     runner = Runner.from_cfg(cfg)
@@ -125,14 +122,23 @@ def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: 
     trained = (time.monotonic(), time.process_time())
     metrics = runner.test()
     done = (time.monotonic(), time.process_time())
-    params = sum(p.numel() for p in runner.model.backbone.parameters())
-    return dict(task=task, family=family, layout=layout, clock=clock, threads=threads,
-                iters=runner.iter,
-                backbone_params=params, cfg_options=cfg_options or {}, data_root=data_root,
+    return dict(iters=runner.iter,
+                backbone_params=sum(p.numel() for p in runner.model.backbone.parameters()),
                 train_min=(trained[0] - start[0]) / 60, total_min=(done[0] - start[0]) / 60,
                 train_cpu_min=(trained[1] - start[1]) / 60,
                 total_cpu_min=(done[1] - start[1]) / 60,
                 **{name: float(metrics[name]) for name in METRICS[task]})
+
+
+def run_one(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
+            threads: int, cfg_options: dict | None = None, data_root: str | None = None,
+            layout: str = 'multilayer') -> dict:
+    """Train and evaluate one (task, family) in this process; return the measured row."""
+    cfg = build_config(task, family, train_minutes, clock, work_dir, cfg_options, data_root,
+                       layout)
+    return dict(task=task, family=family, layout=layout, clock=clock, threads=threads,
+                cfg_options=cfg_options or {}, data_root=data_root,
+                **train_and_test(cfg, task, threads))
 
 
 def table(rows: list[dict]) -> str:

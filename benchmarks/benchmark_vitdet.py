@@ -32,11 +32,11 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.benchmark_dense_demo import METRICS, ROOT, demo_config, ensure_data
+from benchmarks.benchmark_dense_demo import (METRICS, ROOT, demo_config, ensure_data,
+                                              train_and_test)
 
 FAMILIES = ('vit', 'cait', 'convit', 'xcit')
 #: families whose attention is over tokens, and so can be windowed
@@ -89,24 +89,10 @@ def cell_config(task: str, family: str, layout: str, seed: int, iters: int, work
 
 def run_cell(task: str, family: str, layout: str, seed: int, iters: int,
              work_dir: Path) -> dict:
-    """Train and evaluate one cell in this process; return its row."""
-    import torch
-    from mmengine.runner import Runner
-    torch.set_num_threads(1)
-
-    import vitdense  # noqa: F401
-    from vitdense.engine.launch import host_of
+    """Train and evaluate one cell in this process, on one torch thread; return its row."""
     cfg = cell_config(task, family, layout, seed, iters, work_dir)
-    host_of(cfg)
-    start = (time.monotonic(), time.process_time())
-    runner = Runner.from_cfg(cfg)
-    runner.train()
-    trained = (time.monotonic(), time.process_time())
-    metrics = runner.test()
-    return dict(task=task, family=family, layout=layout, seed=seed, iters=runner.iter,
-                backbone_params=sum(p.numel() for p in runner.model.backbone.parameters()),
-                train_cpu_s=trained[1] - start[1], train_wall_s=trained[0] - start[0],
-                **{name: float(metrics[name]) for name in METRICS[task]})
+    return dict(task=task, family=family, layout=layout, seed=seed,
+                **train_and_test(cfg, task, threads=1))
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -118,7 +104,8 @@ def train(args: argparse.Namespace) -> None:
     ensure_data()
     results = args.out / 'vitdet_demo.jsonl'
     args.out.mkdir(parents=True, exist_ok=True)
-    done = {(r['task'], r['family'], r['layout'], r['seed'], r['iters']) for r in read_rows(results)}
+    done = {(r['task'], r['family'], r['layout'], r['seed'], r['iters'])
+            for r in read_rows(results)}
     cells = [(task, family, layout, seed)  # seed by seed, so a partial sweep covers every cell
              for seed, task, family in itertools.product(args.seeds, args.tasks, args.families)
              for layout in layouts_of(family)
@@ -168,7 +155,7 @@ def cost(args: argparse.Namespace) -> None:
     for family, layout in cells:
         config, options = full_size_config(family, layout)
         result = account(config, batch=1, shape=(1024, 1024), amp=False, overrides=options)
-        rows[family, layout].update(config=config, param_bytes=result['params'],
+        rows[family, layout].update(config=config, params=result['params'] // 4,  # fp32 bytes
                                     peak=result['fp32']['peak'],
                                     activations=result['fp32']['activations'])
     for _ in range(args.repeats):
@@ -212,8 +199,9 @@ def demo_table(rows: list[dict]) -> str:
                 values = {key(r) for r in cells[task]}
                 return '—' if not values else '/'.join(str(v) for v in sorted(values))
 
-            speed = ' / '.join(f"{statistics.mean(r['train_cpu_s'] / r['iters'] for r in cells[t]):.2f}"
-                               if cells[t] else '—' for t in ('det', 'seg'))
+            speed = ' / '.join(
+                f"{statistics.mean(60 * r['train_cpu_min'] / r['iters'] for r in cells[t]):.2f}"
+                if cells[t] else '—' for t in ('det', 'seg'))
             lines.append(f"| {family} | {layout} | {','.join(map(str, seeds))} "
                          f"| {metric('det', 'coco/bbox_mAP')} | {metric('det', 'coco/segm_mAP')} "
                          f"| {metric('seg', 'mIoU') if cells['seg'] else '—'} "
@@ -224,12 +212,13 @@ def demo_table(rows: list[dict]) -> str:
 
 def cost_table(rows: list[dict]) -> str:
     """Per family and layout: parameters, peak and activations (GB), step time."""
-    lines = ['| family | layout | params (fp32) | peak GB (activations) | step s, this CPU (runs) |',
+    lines = ['| family | layout | params | peak GB (activations) | step s, this CPU (runs) |',
              '|---|---|---|---|---|']
     for row in rows:
-        lines.append(f"| {row['family']} | {row['layout']} | {row['param_bytes'] / 4e6:.1f}M "
+        lines.append(f"| {row['family']} | {row['layout']} | {row['params'] / 1e6:.1f}M "
                      f"| {row['peak'] / 1e9:.2f} ({row['activations'] / 1e9:.2f}) "
-                     f"| {min(row['step_s']):.1f} ({', '.join(f'{s:.1f}' for s in row['step_s'])}) |")
+                     f"| {min(row['step_s']):.1f} "
+                     f"({', '.join(f'{s:.1f}' for s in row['step_s'])}) |")
     return '\n'.join(lines)
 
 
