@@ -193,7 +193,8 @@ def demo_table(rows: list[dict]) -> str:
 
             def metric(task: str, name: str) -> str:
                 values = [r[name] for r in cells[task]]
-                return mean_std(values, 100) if values else '—'
+                # COCO's mAP is a fraction, mmseg's mIoU a percentage already
+                return mean_std(values, 100 if task == 'det' else 1) if values else '—'
 
             def per_task(task: str, key) -> str:
                 values = {key(r) for r in cells[task]}

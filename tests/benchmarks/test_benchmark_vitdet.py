@@ -47,7 +47,7 @@ def test_full_size_configs_compare_layouts_without_recomputation():
 
 def test_table_gives_mean_and_spread_of_the_seeds():
     rows = [dict(task='seg', family='vit', layout='multilayer', seed=seed, iters=120,
-                 train_cpu_min=1.0, mIoU=value) for seed, value in ((0, .70), (1, .74), (2, .72))]
+                 train_cpu_min=1.0, mIoU=value) for seed, value in ((0, 70.0), (1, 74.0), (2, 72.0))]
     rows += [dict(task='det', family='vit', layout='multilayer', seed=0, iters=100,
                   train_cpu_min=100 / 60, **{'coco/bbox_mAP': .3, 'coco/segm_mAP': .4})]
     table = tool.demo_table(rows).splitlines()
