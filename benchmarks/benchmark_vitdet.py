@@ -108,7 +108,7 @@ def train(args: argparse.Namespace) -> None:
             for r in read_rows(results)}
     cells = [(task, family, layout, seed)  # seed by seed, so a partial sweep covers every cell
              for seed, task, family in itertools.product(args.seeds, args.tasks, args.families)
-             for layout in layouts_of(family)
+             for layout in layouts_of(family) if layout in args.layouts
              if (task, family, layout, seed, args.iters[task]) not in done]
 
     def launch(cell: tuple) -> None:
@@ -180,7 +180,7 @@ def mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def demo_table(rows: list[dict]) -> str:
     """Per family and layout: each task's metrics as mean ± std over the seeds, seeds listed."""
-    lines = ['| family | layout | seeds | COCO demo: bbox mAP | segm mAP | ADE demo: mIoU '
+    lines = ['| family | layout | seeds | COCO demo: box AP | mask AP | ADE demo: mIoU '
              '| iterations det / seg | train CPU s / iteration det / seg |',
              '|---|---|---|---|---|---|---|---|']
     for family in FAMILIES:
@@ -238,6 +238,7 @@ def main() -> None:
     sweep = commands.add_parser('train', help='the demo cells')
     sweep.add_argument('--tasks', nargs='+', choices=sorted(METRICS), default=sorted(METRICS))
     sweep.add_argument('--families', nargs='+', choices=FAMILIES, default=list(FAMILIES))
+    sweep.add_argument('--layouts', nargs='+', choices=list(LAYOUTS), default=list(LAYOUTS))
     sweep.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     sweep.add_argument('--iters-det', type=int, default=DEFAULT_ITERS['det'])
     sweep.add_argument('--iters-seg', type=int, default=DEFAULT_ITERS['seg'])
