@@ -38,6 +38,23 @@ def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, blockwise, mo
     assert memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'), amp) == real
 
 
+@pytest.mark.parametrize('blockwise', [False, True])
+@pytest.mark.parametrize('family', ['vit', 'cait', 'convit'])
+def test_meta_count_equals_a_real_cpu_step_with_windows_and_relative_positions(
+        family, blockwise, monkeypatch):
+    """With windows (padded) and relative positions too, the meta count is what a real CPU
+    step saves."""
+    monkeypatch.setattr(blockwise_attention, 'MIN_BLOCKWISE_TOKENS', 0 if blockwise else 10 ** 9)
+    torch.manual_seed(0)
+    model = MODELS.build(dict(TINY_BACKBONES[family], pyramid=False, out_indices=(-1,),
+                              dense_class_token=False, window_size=3,
+                              window_block_indexes=(0, 2), rel_pos=True, rel_pos_img_size=96))
+    images = torch.randn(2, 3, 64, 96)
+    real = memory.count_backbone(model, images)
+    assert real > 0
+    assert memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta')) == real
+
+
 def test_half_precision_policy_follows_cuda_autocast():
     x, weight = torch.randn(2, 4), torch.randn(3, 4)
     with memory.HalfPrecisionPolicy(torch.bfloat16):
