@@ -8,7 +8,7 @@ Needs ``detectron2`` importable (a checkout on PYTHONPATH is enough: only its pu
 ``layers`` and ``modeling/backbone`` are used). Every tensor of detectron2's model gets
 random noise on top of its init, so LayerNorm affines and the zero-initialised relative
 position tables are compared with values that matter. ``--dtype float64`` runs both models in
-double precision: what is left there is the arithmetic's, not fp32 rounding's.
+double precision, to tell float32 rounding from differences in what is computed.
 
     PYTHONPATH=$PWD:/path/to/detectron2 python tools/analysis_tools/vitdet_parity.py \\
         --sizes 1024x1024 1024x640
