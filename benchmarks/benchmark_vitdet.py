@@ -109,7 +109,7 @@ def train(args: argparse.Namespace) -> None:
     cells = [(task, family, layout, seed)  # seed by seed, so a partial sweep covers every cell
              for seed, task, family in itertools.product(args.seeds, args.tasks, args.families)
              for layout in layouts_of(family) if layout in args.layouts
-             if (task, family, layout, seed, args.iters[task]) not in done]
+             and (task, family, layout, seed, args.iters[task]) not in done]
 
     def launch(cell: tuple) -> None:
         task, family, layout, seed = cell
@@ -150,17 +150,16 @@ def cost(args: argparse.Namespace) -> None:
 
     from vitdense.analysis.memory import account, time_step
     torch.set_num_threads(args.threads)
-    cells = [(family, layout) for family in args.families for layout in layouts_of(family)]
-    rows = {cell: dict(family=cell[0], layout=cell[1], step_s=[]) for cell in cells}
-    for family, layout in cells:
-        config, options = full_size_config(family, layout)
+    configs = {(family, layout): full_size_config(family, layout)
+               for family in args.families for layout in layouts_of(family)}
+    rows = {cell: dict(family=cell[0], layout=cell[1], step_s=[]) for cell in configs}
+    for (family, layout), (config, options) in configs.items():
         result = account(config, batch=1, shape=(1024, 1024), amp=False, overrides=options)
         rows[family, layout].update(config=config, params=result['params'] // 4,  # fp32 bytes
                                     peak=result['fp32']['peak'],
                                     activations=result['fp32']['activations'])
     for _ in range(args.repeats):
-        for family, layout in cells:
-            config, options = full_size_config(family, layout)
+        for (family, layout), (config, options) in configs.items():
             seconds = time_step(config, 1, (1024, 1024), overrides=options)
             rows[family, layout]['step_s'].append(seconds)
             print(f'{family} {layout}: {seconds:.1f} s', flush=True)
