@@ -6,7 +6,7 @@ in tokens and keeps global attention):
 - ``multilayer``: the XCiT paper's multi-layer pyramid (and mmdet's FPN in Mask R-CNN), global
   attention: the ``*_fpn_*`` / ``upernet_*`` configs;
 - ``simple-global``: ViTDet's simple feature pyramid from the last block, global attention: the
-  ``*_vitdet_*`` configs with ``window_size=0, rel_pos=False``;
+  ``*_vitdet_*`` configs with ``window_size=0, use_rel_pos=False``;
 - ``simple-window``: the ``*_vitdet_*`` configs as shipped: windows in most blocks, a few global
   ones, decomposed relative positions.
 
@@ -45,7 +45,7 @@ WINDOWED = ('vit', 'cait', 'convit')
 LAYOUTS = {
     'multilayer': ('multilayer', {}),
     'simple-global': ('vitdet', {'model.backbone.window_size': 0,
-                                 'model.backbone.rel_pos': False}),
+                                 'model.backbone.use_rel_pos': False}),
     'simple-window': ('vitdet', {}),
 }
 #: the full-size model of each family that ``cost`` measures, in both layouts' Mask R-CNN

@@ -4,7 +4,7 @@
 # Token-attention leaves add `demo_windows`: 5×5 windows on the 20×20 grid of the 160 px
 # images, global attention in blocks 2 and 5 of 6, relative positions.
 _base_ = './demo_mask-rcnn_coco.py'
-demo_windows = dict(window_size=5, window_block_indexes=(0, 1, 3, 4), rel_pos=True,
+demo_windows = dict(window_size=5, window_block_indexes=(0, 1, 3, 4), use_rel_pos=True,
                     rel_pos_img_size=160)
 model = dict(
     backbone=dict(pyramid=False, out_indices=(-1,), dense_class_token=False,

@@ -4,7 +4,7 @@
 # `demo_windows`: 4×4 windows on the 16×16 grid of the 128 px images, global attention in
 # blocks 2 and 5 of 6, relative positions.
 _base_ = './demo_upernet_ade.py'
-demo_windows = dict(window_size=4, window_block_indexes=(0, 1, 3, 4), rel_pos=True,
+demo_windows = dict(window_size=4, window_block_indexes=(0, 1, 3, 4), use_rel_pos=True,
                     rel_pos_img_size=128)
 model = dict(
     backbone=dict(pyramid=False, out_indices=(-1,), dense_class_token=False,

@@ -8,7 +8,7 @@ _base_ = '../_base_/mask-rcnn_columnar-vitdet_lsj-100e_coco.py'
 model = dict(
     backbone=dict(
         type='vitdense.CaiT', arch='s24', drop_path_rate=0.1, window_size=14,
-        window_block_indexes=[i for i in range(24) if i % 6 != 5], rel_pos=True,
+        window_block_indexes=[i for i in range(24) if i % 6 != 5], use_rel_pos=True,
         rel_pos_img_size=1024,
         init_cfg=dict(checkpoint='https://dl.fbaipublicfiles.com/deit/S24_224.pth')),
     neck=dict(in_channels=384))

@@ -10,7 +10,7 @@ import torch
 from mmengine.registry import MODELS
 
 from vitdense.analysis import memory
-from vitdense.models.layers import blockwise_attention
+from vitdense.models.layers import talking_heads
 
 from common import CHECKOUT_ENV, REPO_ROOT, TINY_BACKBONES
 
@@ -23,14 +23,14 @@ def tiny(family: str) -> torch.nn.Module:
     return MODELS.build(TINY_BACKBONES[family])
 
 
-@pytest.mark.parametrize('blockwise', [False, True])
+@pytest.mark.parametrize('fused', [False, True])
 @pytest.mark.parametrize('amp', [False, True])
 @pytest.mark.parametrize('family', list(TINY_BACKBONES))
-def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, blockwise, monkeypatch):
+def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, fused, monkeypatch):
     """Same storages on both devices: the fused-attention stand-in keeps what torch's CPU
     kernel keeps, and the half-precision policy casts alike (float16 on meta, bfloat16 on
     the CPU: the same sizes)."""
-    monkeypatch.setattr(blockwise_attention, 'MIN_BLOCKWISE_TOKENS', 0 if blockwise else 10 ** 9)
+    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
     model = tiny(family)
     images = torch.randn(2, 3, 64, 96)
     real = memory.count_backbone(model, images, amp)
@@ -38,17 +38,17 @@ def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, blockwise, mo
     assert memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'), amp) == real
 
 
-@pytest.mark.parametrize('blockwise', [False, True])
+@pytest.mark.parametrize('fused', [False, True])
 @pytest.mark.parametrize('family', ['vit', 'cait', 'convit'])
 def test_meta_count_equals_a_real_cpu_step_with_windows_and_relative_positions(
-        family, blockwise, monkeypatch):
+        family, fused, monkeypatch):
     """With windows (padded) and relative positions too, the meta count is what a real CPU
     step saves."""
-    monkeypatch.setattr(blockwise_attention, 'MIN_BLOCKWISE_TOKENS', 0 if blockwise else 10 ** 9)
+    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
     torch.manual_seed(0)
     model = MODELS.build(dict(TINY_BACKBONES[family], pyramid=False, out_indices=(-1,),
                               dense_class_token=False, window_size=3,
-                              window_block_indexes=(0, 2), rel_pos=True, rel_pos_img_size=96))
+                              window_block_indexes=(0, 2), use_rel_pos=True, rel_pos_img_size=96))
     images = torch.randn(2, 3, 64, 96)
     real = memory.count_backbone(model, images)
     assert real > 0

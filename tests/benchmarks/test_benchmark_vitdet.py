@@ -15,7 +15,7 @@ def test_cells_are_the_layouts_of_the_demo_recipe(family, tmp_path):
     simple = configs['simple-global']
     assert simple.model.neck.type == 'vitdense.SimpleFeaturePyramid'
     assert simple.model.backbone.get('window_size', 0) == 0
-    assert not simple.model.backbone.get('rel_pos', False)
+    assert not simple.model.backbone.get('use_rel_pos', False)
     if family == 'xcit':
         assert 'simple-window' not in configs
     else:
@@ -39,7 +39,7 @@ def test_full_size_configs_compare_layouts_without_recomputation():
     assert config.endswith('configs/cait/mask-rcnn_cait-s24-p16_vitdet_16xb4-lsj-100e_coco-'
                            '1024x1024.py')
     assert options == {'model.backbone.with_cp': False, 'model.backbone.window_size': 0,
-                       'model.backbone.rel_pos': False}
+                       'model.backbone.use_rel_pos': False}
     config, options = tool.full_size_config('xcit', 'multilayer')
     assert config.endswith('configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py')
     assert options == {'model.backbone.with_cp': False}

@@ -58,7 +58,7 @@ def test_full_config_follows_vitdet(config):
         assert 'window_size' not in backbone
     else:
         windowed = set(backbone.window_block_indexes)
-        assert backbone.window_size == 14 and backbone.rel_pos
+        assert backbone.window_size == 14 and backbone.use_rel_pos
         assert windowed | global_blocks == set(range(arch['num_layers']))
         assert not windowed & global_blocks
     if task == 'mask-rcnn':

@@ -6,13 +6,13 @@ import torch.nn.functional as F
 from vitdense.models.layers import (CrossCovarianceAttention, GatedPositionalSelfAttention,
                                     HMLPPatchEmbed, LearnedPositionEmbedding,
                                     MultiheadSelfAttention, MultiLevelPyramid, build_norm2d)
-from vitdense.models.layers.attention import relative_positions
+from vitdense.models.layers.attention import patch_offsets
 from vitdense.models.layers.blocks import (GELU, LayerScale, TransformerBlock,
                                            residual_add)
 
 
 def test_relative_positions_on_a_rectangular_grid():
-    offsets = relative_positions((2, 3), torch.device('cpu'), torch.float32)
+    offsets = patch_offsets((2, 3), torch.device('cpu'), torch.float32)
     assert offsets.shape == (6, 6, 3)
     # token 1 is (row 0, col 1), token 5 is (row 1, col 2): dx = 1, dy = 1
     assert offsets[1, 5].tolist() == [1., 1., 2.]
@@ -30,7 +30,7 @@ def test_gpsa_matches_explicit_gated_attention():
     q, k = gpsa.qk(x).reshape(2, 6, 2, 4, 4).permute(2, 0, 3, 1, 4)
     v = gpsa.v(x).reshape(2, 6, 4, 4).transpose(1, 2)
     content = (q @ k.transpose(-2, -1) * 4 ** -0.5).softmax(-1)
-    position = gpsa.pos_proj(relative_positions(hw, x.device, x.dtype)).permute(2, 0, 1)
+    position = gpsa.pos_proj(patch_offsets(hw, x.device, x.dtype)).permute(2, 0, 1)
     gate = torch.sigmoid(gpsa.gating).view(1, 4, 1, 1)
     attn = (1 - gate) * content + gate * position.softmax(-1)
     attn = attn / attn.sum(-1, keepdim=True)
@@ -42,7 +42,7 @@ def test_gpsa_convolutional_init_attends_to_kernel_neighbours():
     gpsa = GatedPositionalSelfAttention(dim=36, num_heads=9, locality_strength=10.)
     gpsa.convolutional_init()
     hw = (5, 5)
-    position = gpsa.pos_proj(relative_positions(hw, torch.device('cpu'), torch.float32))
+    position = gpsa.pos_proj(patch_offsets(hw, torch.device('cpu'), torch.float32))
     attention = position.permute(2, 0, 1).softmax(-1)  # (heads, N, N)
     centre = 12  # (row 2, col 2)
     targets = {int(attention[h, centre].argmax()) for h in range(9)}

@@ -6,7 +6,7 @@ import torch
 from common import TINY_ARCH, TINY_CONVIT_ARCH
 from vitdense.models.backbones import CaiT, ConViT, ViT, XCiT
 from vitdense.models.layers import CrossCovarianceAttention
-from vitdense.models.layers import blockwise_attention
+from vitdense.models.layers import talking_heads
 
 FAMILIES = {ViT: TINY_ARCH, CaiT: TINY_ARCH, XCiT: TINY_ARCH, ConViT: TINY_CONVIT_ARCH}
 # error relative to the largest entry, of each output and of all gradients together: bf16
@@ -29,13 +29,12 @@ def train_step(model, image, dtype=None) -> tuple[list, list]:
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize('blockwise', [False, True])
+@pytest.mark.parametrize('fused', [False, True])
 @pytest.mark.parametrize('cls', list(FAMILIES))
-def test_autocast_training_is_finite_and_close_to_float32(cls, blockwise, dtype,
-                                                           monkeypatch):
-    if blockwise and cls not in (CaiT, ConViT):
-        pytest.skip('only talking heads and GPSA have a blockwise path')
-    monkeypatch.setattr(blockwise_attention, 'MIN_BLOCKWISE_TOKENS', 0 if blockwise else 10 ** 9)
+def test_autocast_training_is_finite_and_close_to_float32(cls, fused, dtype, monkeypatch):
+    if fused and cls is not CaiT:
+        pytest.skip('only talking heads choose between a fused and a written-out path')
+    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
     torch.manual_seed(0)
     model = cls(FAMILIES[cls], out_indices=[0, 1, 2, 3]).train()
     image = torch.randn(2, 3, 64, 96)  # a 4 × 6 grid

@@ -6,8 +6,9 @@ import torch.nn.functional as F
 from common import TINY_ARCH, TINY_CONVIT_ARCH
 from vitdense.models import CaiT, ConViT, SimpleFeaturePyramid, ViT, XCiT
 from vitdense.models.backbones.vit import convert_detectron2_vitdet
-from vitdense.models.layers import blockwise_attention
+from vitdense.models.layers import talking_heads
 from vitdense.models.layers.attention import GatedPositionalSelfAttention, MultiheadSelfAttention
+from vitdense.models.layers.talking_heads import with_logit_terms
 from vitdense.models.layers.window_attention import (DecomposedRelativePosition,
                                                      relative_table_lookup, window_partition,
                                                      window_unpartition)
@@ -38,7 +39,7 @@ def test_one_window_over_the_grid_equals_global_attention(family):
 def test_zero_relative_positions_equal_none(family):
     torch.manual_seed(0)
     reference = _dense(family, window_size=3, window_block_indexes=(0, 2))
-    with_rel_pos = _dense(family, window_size=3, window_block_indexes=(0, 2), rel_pos=True)
+    with_rel_pos = _dense(family, window_size=3, window_block_indexes=(0, 2), use_rel_pos=True)
     missing = with_rel_pos.load_state_dict(reference.state_dict(), strict=False).missing_keys
     assert sorted(missing) == sorted(f'blocks.{i}.attn.rel_pos.{axis}'
                                      for i in range(4) for axis in ('height', 'width'))
@@ -93,16 +94,16 @@ def reference_bias(rel_pos: DecomposedRelativePosition, q: torch.Tensor,
     return bias
 
 
-def test_folded_queries_and_keys_add_q_dot_the_offset_rows():
+def test_logit_terms_add_q_dot_the_offset_rows():
     torch.manual_seed(0)
     rel_pos = DecomposedRelativePosition(4, (2, 3), zero_init=False)
     q, k = torch.randn(2, 1, 2, 6, 4).unbind(0)
-    queries, keys = rel_pos(q, k, 0.5, (2, 3))
+    queries, keys = with_logit_terms(q * 0.5, k, rel_pos(q, (2, 3)))
     assert queries.shape[-1] == keys.shape[-1] == 16  # 4 + 2 rows + 3 columns, padded to 8s
     expected = 0.5 * q @ k.transpose(-2, -1) + reference_bias(rel_pos, q, (2, 3))
     assert torch.allclose(queries @ keys.transpose(-2, -1), expected, atol=1e-6)
     with pytest.raises(ValueError, match='patch tokens only: 7 queries'):
-        rel_pos(torch.randn(1, 7, 4), torch.randn(1, 7, 4), 0.5, (2, 3))
+        rel_pos(torch.randn(1, 7, 4), (2, 3))
 
 
 def _written_out(mixer: torch.nn.Module, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
@@ -130,12 +131,14 @@ def _written_out(mixer: torch.nn.Module, x: torch.Tensor, hw: tuple[int, int]) -
 def test_folded_bias_equals_the_written_out_bias_and_keeps_no_token_map(kind, monkeypatch):
     torch.manual_seed(0)
     if kind == 'gpsa':
-        mixer = GatedPositionalSelfAttention(16, 2)
+        mixer = GatedPositionalSelfAttention(16, 2, rel_pos_grid=(3, 4))
     else:
-        mixer = MultiheadSelfAttention(16, 2, talking_heads=kind == 'talking-heads')
-    mixer.rel_pos = DecomposedRelativePosition(8, (3, 4), zero_init=False)
-    # the paths of dense input sizes: talking heads and GPSA's positional term over blocks
-    monkeypatch.setattr(blockwise_attention, 'MIN_BLOCKWISE_TOKENS', 0)
+        mixer = MultiheadSelfAttention(16, 2, talking_heads=kind == 'talking-heads',
+                                       rel_pos_grid=(3, 4))
+    for table in mixer.rel_pos.parameters():
+        torch.nn.init.normal_(table)
+    # the path of dense input sizes: talking heads folded into one fused call
+    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0)
     x = torch.randn(2, 12, 16, requires_grad=True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
@@ -160,8 +163,9 @@ def test_relative_tables_resample_to_other_grids():
 
 def test_talking_heads_take_the_bias_before_mixing_heads():
     torch.manual_seed(0)
-    attn = MultiheadSelfAttention(8, 2, talking_heads=True).eval()
-    attn.rel_pos = DecomposedRelativePosition(4, (2, 2), zero_init=False)
+    attn = MultiheadSelfAttention(8, 2, talking_heads=True, rel_pos_grid=(2, 2)).eval()
+    for table in attn.rel_pos.parameters():
+        torch.nn.init.normal_(table)
     x = torch.randn(1, 4, 8)
     q, k, _ = attn.qkv(x).view(1, 4, 3, 2, 4).permute(2, 0, 3, 1, 4)
     logits = (q * attn.scale) @ k.transpose(-2, -1) + reference_bias(attn.rel_pos, q, (2, 2))
@@ -178,7 +182,7 @@ def test_window_options_are_checked():
     with pytest.raises(IndexError, match='window_block_indexes'):
         _dense('cait', window_size=7, window_block_indexes=(4,))
     # the windowed blocks get the window's tables, the others the global grid's
-    model = _dense('vit', window_size=7, window_block_indexes=(0, 2), rel_pos=True,
+    model = _dense('vit', window_size=7, window_block_indexes=(0, 2), use_rel_pos=True,
                    rel_pos_img_size=256)
     assert [b.window_size for b in model.blocks] == [7, 0, 7, 0]
     assert [b.attn.rel_pos.height.shape[0] for b in model.blocks] == [13, 31, 13, 31]
@@ -189,7 +193,7 @@ def test_timm_checkpoint_loads_without_the_class_token_row():
     timm = pytest.importorskip('timm')
     source = timm.create_model('vit_tiny_patch16_224', pretrained=False).state_dict()
     model = ViT('tiny', pyramid=False, out_indices=(11,), dense_class_token=False,
-                window_size=14, rel_pos=True)
+                window_size=14, use_rel_pos=True)
     adapted = model.adapt_checkpoint(source)
     missing = model.load_state_dict(adapted, strict=False)
     assert not missing.unexpected_keys
@@ -213,7 +217,7 @@ def test_simple_pyramid_levels():
 
 
 def test_detectron2_rules_name_every_tensor_of_ours():
-    backbone = _dense('vit', window_size=3, window_block_indexes=(0,), rel_pos=True)
+    backbone = _dense('vit', window_size=3, window_block_indexes=(0,), use_rel_pos=True)
     neck = SimpleFeaturePyramid(TINY_ARCH['embed_dims'], 16)
     ours = {*(f'backbone.{k}' for k in backbone.state_dict()),
             *(f'neck.{k}' for k in neck.state_dict())}

@@ -46,7 +46,7 @@ def build_detectron2(arch: dict, img_size: int, window: int):
 def build_ours(arch_name: str, img_size: int, window: int) -> tuple[ViT, SimpleFeaturePyramid]:
     backbone = ViT(arch_name, img_size=224, pyramid=False, out_indices=(-1,),
                    dense_class_token=False, window_size=window,
-                   window_block_indexes=WINDOW_BLOCKS, rel_pos=True, rel_pos_img_size=img_size,
+                   window_block_indexes=WINDOW_BLOCKS, use_rel_pos=True, rel_pos_img_size=img_size,
                    pos_antialias=False)
     return backbone, SimpleFeaturePyramid(backbone.embed_dims, 256, num_outs=5)
 

@@ -8,7 +8,7 @@ _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', './xcit-s12-p16_backbone.
 # ViTDet's ViT-B setting: 14×14 windows in all blocks but 2, 5, 8, 11 (global), relative
 # positions sized for the 1024² input, no class token, position table resampled as detectron2
 vitdet_windows_12 = dict(window_size=14, window_block_indexes=(0, 1, 3, 4, 6, 7, 9, 10),
-                         rel_pos=True, rel_pos_img_size=1024)
+                         use_rel_pos=True, rel_pos_img_size=1024)
 head_norm_cfg = dict(type='vitdense.LN2d', eps=1e-6)
 model = dict(
     data_preprocessor=dict(

@@ -6,7 +6,7 @@
 _base_ = ['mmseg::_base_/models/upernet_r50.py', './xcit-s12-p16_backbone.py']
 # ViTDet's ViT-B windows (global blocks 2, 5, 8, 11), relative positions for 512² crops
 vitdet_windows_12 = dict(window_size=14, window_block_indexes=(0, 1, 3, 4, 6, 7, 9, 10),
-                         rel_pos=True, rel_pos_img_size=512)
+                         use_rel_pos=True, rel_pos_img_size=512)
 model = dict(
     pretrained=None,
     data_preprocessor=dict(size=(512, 512)),  # pads smaller crops

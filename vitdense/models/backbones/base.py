@@ -7,7 +7,7 @@ blocks and class-attention blocks are built, and how official / timm checkpoint 
 ours. Everything else lives here once.
 """
 import re
-from typing import Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -18,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers.blocks import NORM_EPS
 from ..layers.branched import BranchedLinear
+from ..layers.grid import Grid
 from ..layers.pyramid import MultiLevelPyramid
-from ..layers.window_attention import DecomposedRelativePosition
 from .checkpoint_adaptation import CheckpointAdaptation
 
 OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
@@ -27,6 +27,18 @@ OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
 PADDINGS = ('image', 'stem')
 BATCH_NORM_TYPES = ('BN', 'SyncBN')
 OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
+
+
+class AttentionLayout(NamedTuple):
+    """How a trunk block's token mixer attends (ViTDet §3): within windows of
+    ``window_size`` tokens a side (0: globally), with relative position tables for
+    ``rel_pos_grid`` (None: without)."""
+    window_size: int = 0
+    rel_pos_grid: Optional[Grid] = None
+
+
+def _pair(size: Union[int, Sequence[int]]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else tuple(size)
 
 
 def default_out_indices(num_layers: int) -> tuple[int, ...]:
@@ -74,7 +86,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             others keep global attention. Token attention only (not XCiT's XCA, which is
             linear in tokens already); the trunk must carry no class token.
         window_block_indexes: 0-based blocks with window attention (None: all).
-        rel_pos: add ViTDet's decomposed relative position bias to every block's attention
+        use_rel_pos: add ViTDet's decomposed relative position bias to every block's attention
             logits: tables for the window, or for the grid of ``rel_pos_img_size`` in global
             blocks; zero-initialised, so an ImageNet checkpoint starts as it was.
         rel_pos_img_size: image size the global blocks' relative tables are built for
@@ -94,6 +106,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     arch_keys: tuple[str, ...] = ('embed_dims', 'num_layers', 'num_heads')
     arch_defaults: dict = {}
     uniform_drop_path = False
+    #: whether the trunk's token mixers are token attention (window attention and relative
+    #: positions apply to them)
+    token_attention = True
     #: the family's named variants as (arch, constructor options, the timm model it
     #: reproduces or None where timm has none): how a timm checkpoint finds its arch
     timm_models: tuple[tuple[str, dict, Optional[str]], ...] = ()
@@ -116,7 +131,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  with_cp: Union[bool, int] = False,
                  window_size: int = 0,
                  window_block_indexes: Optional[Sequence[int]] = None,
-                 rel_pos: bool = False,
+                 use_rel_pos: bool = False,
                  rel_pos_img_size: Optional[Union[int, Sequence[int]]] = None,
                  dense_class_token: bool = True,
                  pos_antialias: bool = True,
@@ -130,64 +145,25 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.num_heads = self.arch['num_heads']
         self.patch_size = patch_size
         self.in_channels = in_channels
-        img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        self.pretrain_grid = (img_size[0] // patch_size, img_size[1] // patch_size)
-        if out_type not in OUT_TYPES:
-            raise ValueError(f'unknown out_type {out_type!r}; expected one of {OUT_TYPES}')
+        self.pretrain_grid = tuple(size // patch_size for size in _pair(img_size))
+        self._check_options(out_type, padding, with_cp)
         self.out_type = out_type
         self.dense = out_type == 'featmap'
         self.out_indices = self._check_out_indices(out_indices, pyramid and self.dense)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
-        if not isinstance(with_cp, int) or with_cp < 0:
-            raise ValueError(f'with_cp must be True, False or a number of blocks >= 0, got '
-                             f'{with_cp!r}')
         self.with_cp = with_cp
         self.drop_rate = drop_rate
-
-        if padding not in PADDINGS:
-            raise ValueError(f'unknown padding {padding!r}; expected one of {PADDINGS}')
         self.padding = padding
-
-        self.patch_embed = self.build_patch_embed()
-        if padding == 'stem' and not getattr(self.patch_embed, 'pads_input', False):
-            raise ValueError(f"padding='stem' needs a patch embedding that pads its own input "
-                             f"(XCiT's conv stem); {type(self.patch_embed).__name__} would "
-                             f"drop the pixels beyond the last full patch: use "
-                             f"padding='image'")
-        self.class_token_layer = self.place_class_token()
-        if self.dense and not dense_class_token:
-            self.class_token_layer = self.num_layers
         self.pos_antialias = pos_antialias
-        self.pos_embed = self.build_pos_embed()
-        self.pos_drop = nn.Dropout(drop_rate)
-        if self.uniform_drop_path:
-            rates = [drop_path_rate] * self.num_layers
-        else:
-            # on the CPU whatever the default device (models are also built on 'meta')
-            rates = torch.linspace(0, drop_path_rate, self.num_layers, device='cpu').tolist()
-        self.blocks = nn.ModuleList(
-            self.build_block(i, rates[i]) for i in range(self.num_layers))
-        self._set_window_attention(window_size, window_block_indexes, rel_pos,
-                                   rel_pos_img_size or img_size)
-        #: blocks that recompute their activations in backward (``with_cp``)
-        self.checkpointed_blocks = frozenset(
-            range(self.num_layers if with_cp is True else min(int(with_cp), self.num_layers)))
 
-        self.cls_blocks = None
-        if self.out_type == 'cls_token' and not self.trunk_has_class_token:
-            self.cls_blocks = nn.ModuleList(self.build_class_attention_block()
-                                            for _ in range(self.arch['num_cls_layers']))
-        if not self.dense:
-            self.norm = nn.LayerNorm(self.embed_dims, eps=NORM_EPS)
-        has_cls = self.trunk_has_class_token or self.cls_blocks is not None
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
+        self._build_embeddings(dense_class_token)
+        #: how each trunk block attends (window size, relative position tables)
+        self.block_layouts = self._attention_layouts(
+            window_size, window_block_indexes, use_rel_pos, rel_pos_img_size or img_size)
+        self._build_trunk(drop_path_rate)
+        self._build_outputs(pyramid, pyramid_norm_cfg)
         self._set_batch_norm(norm_cfg or dict(type='BN'))
-        self.pyramid = None
-        if self.dense and pyramid:
-            self.pyramid = MultiLevelPyramid(self.embed_dims, patch_size,
-                                             pyramid_norm_cfg or dict(type='BN'),
-                                             crop=padding == 'image')
         self._init_parameters()
         self._freeze_stages()
 
@@ -201,7 +177,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         raise NotImplementedError
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        """Trunk block ``index``: a module mapping (tokens, grid) to tokens."""
+        """Trunk block ``index``: a module mapping (tokens, grid) to tokens, built with
+        ``self.block_layouts[index]`` where the family has token attention."""
         raise NotImplementedError
 
     def build_class_attention_block(self) -> nn.Module:
@@ -238,6 +215,61 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                            f'{unknown}; allowed: {list(cls.arch_keys) + list(cls.arch_defaults)}')
         return {**cls.arch_defaults, **arch}
 
+    @staticmethod
+    def _check_options(out_type: str, padding: str, with_cp: Union[bool, int]) -> None:
+        if out_type not in OUT_TYPES:
+            raise ValueError(f'unknown out_type {out_type!r}; expected one of {OUT_TYPES}')
+        if padding not in PADDINGS:
+            raise ValueError(f'unknown padding {padding!r}; expected one of {PADDINGS}')
+        if not isinstance(with_cp, int) or with_cp < 0:
+            raise ValueError(f'with_cp must be True, False or a number of blocks >= 0, got '
+                             f'{with_cp!r}')
+
+    def _build_embeddings(self, dense_class_token: bool) -> None:
+        """Patch embedding, where the class token joins, position encoding."""
+        self.patch_embed = self.build_patch_embed()
+        if self.padding == 'stem' and not getattr(self.patch_embed, 'pads_input', False):
+            raise ValueError(f"padding='stem' needs a patch embedding that pads its own input "
+                             f"(XCiT's conv stem); {type(self.patch_embed).__name__} would "
+                             f"drop the pixels beyond the last full patch: use "
+                             f"padding='image'")
+        self.class_token_layer = self.place_class_token()
+        if self.dense and not dense_class_token:
+            self.class_token_layer = self.num_layers
+        self.pos_embed = self.build_pos_embed()
+        self.pos_drop = nn.Dropout(self.drop_rate)
+
+    def _build_trunk(self, drop_path_rate: float) -> None:
+        """The blocks, with their stochastic depth rates, and which of them recompute."""
+        if self.uniform_drop_path:
+            rates = [drop_path_rate] * self.num_layers
+        else:
+            # on the CPU whatever the default device (models are also built on 'meta')
+            rates = torch.linspace(0, drop_path_rate, self.num_layers, device='cpu').tolist()
+        self.blocks = nn.ModuleList(
+            self.build_block(i, rates[i]) for i in range(self.num_layers))
+        #: blocks that recompute their activations in backward (``with_cp``)
+        self.checkpointed_blocks = frozenset(range(
+            self.num_layers if self.with_cp is True else min(int(self.with_cp),
+                                                             self.num_layers)))
+
+    def _build_outputs(self, pyramid: bool, pyramid_norm_cfg: Optional[dict]) -> None:
+        """Class-attention stage, final norm and class token (classification), or the
+        multi-level pyramid (dense)."""
+        self.cls_blocks = None
+        if self.out_type == 'cls_token' and not self.trunk_has_class_token:
+            self.cls_blocks = nn.ModuleList(self.build_class_attention_block()
+                                            for _ in range(self.arch['num_cls_layers']))
+        if not self.dense:
+            self.norm = nn.LayerNorm(self.embed_dims, eps=NORM_EPS)
+        has_cls = self.trunk_has_class_token or self.cls_blocks is not None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
+        self.pyramid = None
+        if self.dense and pyramid:
+            self.pyramid = MultiLevelPyramid(self.embed_dims, self.patch_size,
+                                             pyramid_norm_cfg or dict(type='BN'),
+                                             crop=self.padding == 'image')
+
     def _check_out_indices(self, out_indices: Optional[Sequence[int]],
                            pyramid: bool) -> tuple[int, ...]:
         if out_indices is None:
@@ -257,20 +289,26 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                              f'{len(checked)}: {out_indices}; set pyramid=False for others')
         return tuple(checked)
 
-    def _set_window_attention(self, window_size: int,
-                              window_block_indexes: Optional[Sequence[int]], rel_pos: bool,
-                              rel_pos_img_size: Union[int, Sequence[int]]) -> None:
-        """Give blocks their window size and token mixers their relative position bias."""
+    def _attention_layouts(self, window_size: int,
+                           window_block_indexes: Optional[Sequence[int]], use_rel_pos: bool,
+                           rel_pos_img_size: Union[int, Sequence[int]]
+                           ) -> tuple[AttentionLayout, ...]:
+        """Each trunk block's :class:`AttentionLayout`; the family's ``build_block`` passes
+        it to the block and token mixer it builds."""
         if window_size < 0:
             raise ValueError(f'window_size must be >= 0, got {window_size}')
-        windowed = set(range(self.num_layers) if window_block_indexes is None else
-                       (i % self.num_layers for i in window_block_indexes))
         if window_block_indexes is not None and any(
                 not -self.num_layers <= i < self.num_layers for i in window_block_indexes):
             raise IndexError(f'window_block_indexes {list(window_block_indexes)} out of range '
                              f'for {self.num_layers} blocks')
-        if not (window_size and windowed) and not rel_pos:
-            return
+        windowed = set(range(self.num_layers) if window_block_indexes is None else
+                       (i % self.num_layers for i in window_block_indexes))
+        if not (window_size and windowed) and not use_rel_pos:
+            return (AttentionLayout(),) * self.num_layers
+        if not self.token_attention:
+            raise ValueError(f'{type(self).__name__} has no token attention: window attention '
+                             f'and relative positions apply to ViT, CaiT and ConViT; use the '
+                             f'simple pyramid alone')
         if self.trunk_has_class_token:
             raise ValueError(f'window attention and relative positions take patch tokens '
                              f'only, but the trunk of {type(self).__name__} carries the class '
@@ -279,19 +317,13 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         if self.arch.get('num_parallel', 1) > 1:
             raise ValueError('window attention and relative positions do not support '
                              'parallel blocks (num_parallel > 1)')
-        size = (rel_pos_img_size,) * 2 if isinstance(rel_pos_img_size, int) else rel_pos_img_size
-        global_grid = (size[0] // self.patch_size, size[1] // self.patch_size)
-        for index, block in enumerate(self.blocks):
-            if not hasattr(block.attn, 'rel_pos'):
-                raise ValueError(f'{type(block.attn).__name__} (block {index}) is no token '
-                                 f'attention: window attention and relative positions apply '
-                                 f'to ViT, CaiT and ConViT; use the simple pyramid alone')
-            if window_size and index in windowed:
-                block.window_size = window_size
-            if rel_pos:
-                grid = (window_size,) * 2 if block.window_size else global_grid
-                block.attn.rel_pos = DecomposedRelativePosition(
-                    self.embed_dims // self.num_heads, grid)
+        global_grid = tuple(size // self.patch_size for size in _pair(rel_pos_img_size))
+        layouts = []
+        for index in range(self.num_layers):
+            window = window_size if index in windowed else 0
+            grid = ((window, window) if window else global_grid) if use_rel_pos else None
+            layouts.append(AttentionLayout(window, grid))
+        return tuple(layouts)
 
     def _set_batch_norm(self, norm_cfg: dict) -> None:
         """Make the BatchNorm layers of the stem and the blocks ``norm_cfg['type']``."""

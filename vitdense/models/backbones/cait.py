@@ -51,11 +51,11 @@ class CaiT(ColumnarBackbone):
                                         antialias=self.pos_antialias)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch = self.arch
+        arch, layout = self.arch, self.block_layouts[index]
         mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
-                                       talking_heads=True)
+                                       talking_heads=True, rel_pos_grid=layout.rel_pos_grid)
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
-                                drop_path, self.drop_rate)
+                                drop_path, self.drop_rate, window_size=layout.window_size)
 
     def build_class_attention_block(self) -> nn.Module:
         arch = self.arch

@@ -51,15 +51,17 @@ class ConViT(ColumnarBackbone):
         return num_local
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch = self.arch
+        arch, layout = self.arch, self.block_layouts[index]
         if index < arch['num_local_layers']:
             mixer = GatedPositionalSelfAttention(self.embed_dims, self.num_heads,
                                                  arch['qkv_bias'],
-                                                 locality_strength=arch['locality_strength'])
+                                                 locality_strength=arch['locality_strength'],
+                                                 rel_pos_grid=layout.rel_pos_grid)
         else:
-            mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'])
+            mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
+                                           rel_pos_grid=layout.rel_pos_grid)
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], None, drop_path,
-                                self.drop_rate)
+                                self.drop_rate, window_size=layout.window_size)
 
     def _init_parameters(self) -> None:
         super()._init_parameters()

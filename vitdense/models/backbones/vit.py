@@ -120,11 +120,13 @@ class ViT(ColumnarBackbone):
         return 0
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch = self.arch
+        arch, layout = self.arch, self.block_layouts[index]
         mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
-                                       num_branches=arch['num_parallel'])
+                                       num_branches=arch['num_parallel'],
+                                       rel_pos_grid=layout.rel_pos_grid)
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
-                                drop_path, self.drop_rate, num_branches=arch['num_parallel'])
+                                drop_path, self.drop_rate, num_branches=arch['num_parallel'],
+                                window_size=layout.window_size)
 
     @classmethod
     def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:

@@ -34,6 +34,7 @@ class XCiT(ColumnarBackbone):
     arch_defaults = dict(mlp_ratio=4., layer_scale=1.0, tokens_norm=True, qkv_bias=True,
                          num_cls_layers=2)
     uniform_drop_path = True
+    token_attention = False  # XCA attends over channels
     checkpoint_rules = (
         (r'^pos_embeder\.', 'pos_embed.'),
         (r'^cls_attn_blocks\.', 'cls_blocks.'),

@@ -1,10 +1,12 @@
 """Token mixers of the four families. Each takes tokens (..., N, C) and the token grid
-``hw`` (rows, cols) of the patch tokens, which some of them need (GPSA) and others ignore.
+``hw`` (rows, cols) of the patch tokens, which some of them need (GPSA, relative positions)
+and others ignore.
 
-Token attention runs through ``F.scaled_dot_product_attention`` wherever the operation is
-the same (plain and class attention, the content term of GPSA); talking heads mix attention
-logits across heads, which the fused kernel cannot express. XCA's attention map is only
-d×d per head, so it is written out in a layout that needs no copies besides one of qkv.
+Token attention runs through ``F.scaled_dot_product_attention``: plain and class attention,
+the content term of GPSA, and talking heads, whose head mixes fold into the operands of one
+call (:mod:`.talking_heads`). GPSA's positional attention is separable along the grid's axes
+and never becomes an N × N map. XCA's attention map is only d×d per head, so it is written
+out in a layout that needs no copies besides one of qkv.
 """
 import math
 from typing import Optional
@@ -13,11 +15,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blockwise_attention import (mix_heads, positional_attention_values, positional_logits,
-                                  relative_offsets, talking_heads_attention, use_blockwise)
 from .branched import make_linear
+from .grid import Grid
+from .talking_heads import (LogitTerms, talking_heads_attention, use_fused, with_logit_terms,
+                            written_out_weights)
+from .window_attention import DecomposedRelativePosition
 
-Grid = tuple[int, int]
 NORMALIZE_EPS = 1e-12  # F.normalize's default
 
 
@@ -34,21 +37,53 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*x.shape[:-2], -1)
 
 
+def _relative_position(dim: int, num_heads: int,
+                       rel_pos_grid: Optional[Grid]) -> Optional[DecomposedRelativePosition]:
+    """ViTDet's relative position bias for tables of ``rel_pos_grid``, or None."""
+    if rel_pos_grid is None:
+        return None
+    return DecomposedRelativePosition(dim // num_heads, rel_pos_grid)
+
+
+def _logit_terms(rel_pos: Optional[nn.Module], q: torch.Tensor,
+                 hw: Optional[Grid]) -> Optional[LogitTerms]:
+    """The logit terms of the relative position bias for queries ``q``, or None."""
+    return None if rel_pos is None else rel_pos(q, hw)
+
+
+def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     terms: Optional[LogitTerms] = None, dropout_p: float = 0.) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` of logits ``scale·q·k`` plus ``terms``; values
+    narrower than the queries and keys with the terms are zero-padded to their width and
+    the output cut back, since the fused CPU and flash kernels take one head width."""
+    if terms is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    q, k = with_logit_terms(q * scale, k, terms)
+    width = v.shape[-1]
+    out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, q.shape[-1] - width)),
+                                         dropout_p=dropout_p, scale=1.)
+    return out[..., :width]
+
+
 class MultiheadSelfAttention(nn.Module):
     """Multi-head self-attention (ViT), optionally with talking heads (CaiT, §2 of its paper).
 
     With ``num_branches > 1`` the input carries a leading branch dimension and every branch
     has its own projections (parallel blocks of "Three things", computed in one batch).
+    ``rel_pos_grid``: add ViTDet's decomposed relative position bias, tables sized for this
+    grid (resampled to others).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0., talking_heads: bool = False,
-                 num_branches: int = 1) -> None:
+                 num_branches: int = 1, rel_pos_grid: Optional[Grid] = None) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
         if talking_heads and num_branches > 1:
             raise ValueError('talking heads attention does not support parallel branches')
+        if rel_pos_grid is not None and num_branches > 1:
+            raise ValueError('relative positions do not support parallel branches')
         self.num_heads = num_heads
         self.scale = (dim // num_heads) ** -0.5
         self.attn_drop = attn_drop
@@ -59,8 +94,7 @@ class MultiheadSelfAttention(nn.Module):
             self.mix_logits = nn.Linear(num_heads, num_heads)
             self.mix_weights = nn.Linear(num_heads, num_heads)
         self.talking_heads = talking_heads
-        #: logit bias from the queries and the grid (ViTDet's relative positions), or None
-        self.rel_pos: Optional[nn.Module] = None
+        self.rel_pos = _relative_position(dim, num_heads, rel_pos_grid)
 
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
                 num_queries: Optional[int] = None) -> torch.Tensor:
@@ -68,16 +102,20 @@ class MultiheadSelfAttention(nn.Module):
         tokens still serve as keys and values); output (..., queries, C)."""
         # branches are folded into the batch: SDPA's fused kernels take 4-D inputs only
         q, k, v = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
+        terms = _logit_terms(self.rel_pos, q, hw)
         if num_queries is not None:
             q = q[..., :num_queries, :]
-        q, k, scale = _with_relative_positions(self.rel_pos, q, k, self.scale, hw)
+            terms = None if terms is None else (terms[0][..., :num_queries, :], terms[1])
         drop = self.attn_drop if self.training else 0.
-        if self.talking_heads and not drop and use_blockwise(k.shape[-2], q, k, v):
-            out = talking_heads_attention(q, k, v, self.mix_logits, self.mix_weights, scale)
-        elif self.talking_heads:
-            out = F.dropout(self._written_out_weights(q, k, scale), drop, self.training) @ v
+        if not self.talking_heads:
+            out = _fused_attention(q, k, v, self.scale, terms, drop)
+        elif use_fused(k.shape[-2], drop):
+            out = talking_heads_attention(q, k, v, self.scale, self.mix_logits,
+                                          self.mix_weights, terms)
         else:
-            out = _fused_attention(q, k, v, scale, drop)
+            weights = written_out_weights(*with_logit_terms(q * self.scale, k, terms),
+                                          self.mix_logits, self.mix_weights)
+            out = F.dropout(weights, drop, self.training) @ v
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
 
     def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
@@ -86,50 +124,15 @@ class MultiheadSelfAttention(nn.Module):
         Parallel branches, x of shape (branches, B, N, C), are stacked along the head axis,
         branch-major."""
         q, k, _ = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
-        weights = self._written_out_weights(
-            *_with_relative_positions(self.rel_pos, q, k, self.scale, hw))
+        queries, keys = with_logit_terms(q * self.scale, k, _logit_terms(self.rel_pos, q, hw))
+        if self.talking_heads:
+            weights = written_out_weights(queries, keys, self.mix_logits, self.mix_weights)
+        else:
+            weights = (queries @ keys.transpose(-2, -1)).softmax(dim=-1)
         if x.dim() == 4:
             weights = weights.view(x.shape[0], x.shape[1], *weights.shape[1:])
             weights = weights.transpose(0, 1).flatten(1, 2)
         return weights
-
-    def _written_out_weights(self, q: torch.Tensor, k: torch.Tensor,
-                             scale: float) -> torch.Tensor:
-        """(..., heads, queries, N) attention weights as a map: the softmax of the logits
-        ``q·k·scale``; with talking heads, the logits mixed across heads before the softmax
-        and the weights after it (CaiT §2)."""
-        logits = (q * scale) @ k.transpose(-2, -1)
-        if not self.talking_heads:
-            return logits.softmax(dim=-1)
-        return _mix_heads(_mix_heads(logits, self.mix_logits).softmax(dim=-1), self.mix_weights)
-
-
-def _with_relative_positions(rel_pos: Optional[nn.Module], q: torch.Tensor, k: torch.Tensor,
-                             scale: float, hw: Optional[Grid]
-                             ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Queries, keys and the scale of their logits, with the bias of ``rel_pos`` (ViTDet's
-    relative positions) folded into the queries and keys if there is one."""
-    if rel_pos is None:
-        return q, k, scale
-    return (*rel_pos(q, k, scale, hw), 1.)
-
-
-def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     dropout_p: float = 0.) -> torch.Tensor:
-    """``F.scaled_dot_product_attention``; values narrower than queries and keys (folded
-    relative positions) are zero-padded to their width and the output cut back, since the
-    fused CPU and flash kernels take one head width."""
-    width = v.shape[-1]
-    if q.shape[-1] != width:
-        v = F.pad(v, (0, q.shape[-1] - width))
-    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
-    return out if out.shape[-1] == width else out[..., :width]
-
-
-def _mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
-    """``mix`` across the heads of (B, heads, N, M) attention maps (talking heads), on the
-    head-major layout: the softmax runs over contiguous rows, no (B, N, M, heads) copies."""
-    return mix_heads(maps, mix.weight, mix.bias)
 
 
 class ClassAttention(nn.Module):
@@ -208,25 +211,49 @@ class CrossCovarianceAttention(nn.Module):
         return (cosine * self.temperature).softmax(dim=-1)
 
 
-def relative_positions(hw: Grid, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """(N, N, 3) offsets (dx, dy, dx²+dy²) from query patch to key patch on a rows×cols grid."""
-    return relative_offsets(hw, 0, hw[0] * hw[1], device, dtype)
+def patch_offsets(hw: Grid, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(N, N, 3) offsets (dx, dy, dx²+dy²) from query patch to key patch on a rows×cols
+    grid, in row-major token order: GPSA's positional features, written out."""
+    rows, cols = hw
+    row, col = torch.meshgrid(torch.arange(rows, device=device),
+                              torch.arange(cols, device=device), indexing='ij')
+    row, col = row.flatten(), col.flatten()
+    dx = (col[None, :] - col[:, None]).to(dtype)
+    dy = (row[None, :] - row[:, None]).to(dtype)
+    return torch.stack([dx, dy, dx ** 2 + dy ** 2], dim=-1)
+
+
+def _axis_attention(length: int, linear: torch.Tensor, square: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(heads, length, length) softmax over keys of ``linear·δ + square·δ² (+ bias)``, δ the
+    key's coordinate minus the query's along one axis; in float32."""
+    coords = torch.arange(length, device=linear.device, dtype=torch.float32)
+    delta = coords[None, :] - coords[:, None]
+    logits = linear.float().view(-1, 1, 1) * delta + square.float().view(-1, 1, 1) * delta ** 2
+    if bias is not None:
+        logits = logits + bias.float().view(-1, 1, 1)
+    return logits.softmax(dim=-1)
 
 
 class GatedPositionalSelfAttention(nn.Module):
     """GPSA (ConViT §3): a per-head gate mixes content attention with a positional attention
     computed from relative offsets; the convolutional init makes each head attend to one
-    neighbour of a k×k kernel. Offsets are built for any rectangular grid.
+    neighbour of a k×k kernel. Works on any rectangular grid.
 
     Both attentions are normalised, so their gated sum is applied to the values term by
-    term: the content term then runs fused and no (B, heads, N, N) map is stored. The
-    offsets are built from the grid at every call and nothing is stored on the module, so
-    a forward changes no state (export with a dynamic grid); while training at high token
-    counts the positional term runs over query blocks (``blockwise_attention``).
+    term: the content term runs fused. The positional logits
+    ``w_x Δx + w_y Δy + w_r (Δx² + Δy²) + b`` are a sum of a term of the column offset and
+    a term of the row offset, so their softmax over the grid is the product of a softmax
+    over key columns and one over key rows: the positional term is a (cols × cols) map
+    applied along the grid's rows, then a (rows × rows) map along its columns, exactly,
+    with H·N·(rows + cols) work instead of H·N² and no N × N map. Nothing is stored on the
+    module, so a forward changes no state (export with a dynamic grid).
+    ``rel_pos_grid``: ViTDet's relative position bias on the content term.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False,
-                 proj_drop: float = 0., locality_strength: float = 1.) -> None:
+                 proj_drop: float = 0., locality_strength: float = 1.,
+                 rel_pos_grid: Optional[Grid] = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.qk = nn.Linear(dim, dim * 2, bias=qkv_bias)
@@ -236,11 +263,12 @@ class GatedPositionalSelfAttention(nn.Module):
         self.gating = nn.Parameter(torch.ones(num_heads))
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        #: logit bias of the content term (ViTDet's relative positions), or None
-        self.rel_pos: Optional[nn.Module] = None
+        self.rel_pos = _relative_position(dim, num_heads, rel_pos_grid)
 
     def convolutional_init(self) -> None:
-        """Identity values and one kernel offset per head (ConViT §3, locality strength α)."""
+        """Identity values and one kernel offset per head (ConViT §3, locality strength α):
+        head ``h`` attends to the offset (col, row) = (h // k, h % k) - centre of a k×k
+        kernel, as timm's ``local_init``."""
         kernel = int(math.sqrt(self.num_heads))
         center = (kernel - 1) / 2
         with torch.no_grad():
@@ -253,27 +281,28 @@ class GatedPositionalSelfAttention(nn.Module):
             self.pos_proj.weight.copy_(weight * self.locality_strength)
 
     def positional_attention(self, hw: Grid) -> torch.Tensor:
-        """(heads, N, N) positional attention, computed head-major so that the softmax
-        runs over contiguous rows; it is the same for every image of a batch."""
-        logits, _ = positional_logits(hw, 0, hw[0] * hw[1], self.pos_proj.weight,
-                                      self.pos_proj.bias)
-        return logits.softmax(dim=-1)
+        """(heads, N, N) positional attention, written out from the offsets: the readable
+        form of the separable forward; the same for every image of a batch."""
+        offsets = patch_offsets(hw, self.pos_proj.weight.device, self.pos_proj.weight.dtype)
+        return self.pos_proj(offsets).permute(2, 0, 1).softmax(dim=-1)
+
+    def positional_values(self, v: torch.Tensor, hw: Grid) -> torch.Tensor:
+        """Positional attention applied to (B, heads, N, d) values, axis by axis. The bias
+        rides with the column term: constant along a row, it gets a zero gradient as in
+        the written-out map, and stays a parameter that takes part (as DDP wants)."""
+        (w_x, w_y, w_r), bias = self.pos_proj.weight.unbind(1), self.pos_proj.bias
+        along_cols = _axis_attention(hw[1], w_x, w_r, bias).to(v.dtype)
+        along_rows = _axis_attention(hw[0], w_y, w_r).to(v.dtype)
+        grid = v.unflatten(-2, hw)  # (B, heads, rows, cols, d)
+        mixed = torch.einsum('hqc,bhrcd->bhrqd', along_cols, grid)
+        return torch.einsum('hpr,bhrqd->bhpqd', along_rows, mixed).flatten(2, 3)
 
     def forward(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
-        batch, num_tokens, _ = x.shape
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
-        values = self.v(x)
-        (v,) = _split_heads(values, 1, self.num_heads)
-        q, k, scale = _with_relative_positions(self.rel_pos, q, k, q.shape[-1] ** -0.5, hw)
-        content = _fused_attention(q, k, v, scale)
-        # one (heads, N, N) map for the whole batch: images become value columns
-        columns = values.view(batch, num_tokens, self.num_heads, -1).permute(2, 1, 0, 3).reshape(
-            self.num_heads, num_tokens, -1)
-        if use_blockwise(num_tokens, columns, self.pos_proj.weight):
-            positional = positional_attention_values(columns, self.pos_proj, hw)
-        else:
-            positional = self.positional_attention(hw).to(columns.dtype) @ columns
-        positional = positional.view(self.num_heads, num_tokens, batch, -1).permute(2, 0, 1, 3)
+        (v,) = _split_heads(self.v(x), 1, self.num_heads)
+        content = _fused_attention(q, k, v, q.shape[-1] ** -0.5,
+                                   _logit_terms(self.rel_pos, q, hw))
+        positional = self.positional_values(v, hw)
         # under autocast the two terms are half precision and the gate a float32 parameter
         gate = torch.sigmoid(self.gating).view(-1, 1, 1).to(content.dtype)
         out = torch.lerp(content, positional.to(content.dtype), gate)
@@ -283,7 +312,8 @@ class GatedPositionalSelfAttention(nn.Module):
         """(B, heads, N, N) weights (ConViT Eq. 7): (1 - σ(λ)) content + σ(λ) positional
         attention, the map the forward pass applies term by term."""
         q, k = _split_heads(self.qk(x), 2, self.num_heads)
-        q, k, scale = _with_relative_positions(self.rel_pos, q, k, q.shape[-1] ** -0.5, hw)
-        content = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        queries, keys = with_logit_terms(q * q.shape[-1] ** -0.5, k,
+                                         _logit_terms(self.rel_pos, q, hw))
+        content = (queries @ keys.transpose(-2, -1)).softmax(dim=-1)
         return torch.lerp(content, self.positional_attention(hw).expand_as(content),
                           torch.sigmoid(self.gating).view(-1, 1, 1))

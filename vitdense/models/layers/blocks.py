@@ -15,8 +15,9 @@ import torch
 import torch.nn as nn
 from timm.layers import DropPath
 
-from .attention import ClassAttention, Grid
+from .attention import ClassAttention
 from .branched import make_layer_norm, make_linear
+from .grid import Grid
 from .window_attention import window_attention
 
 NORM_EPS = 1e-6
@@ -114,13 +115,21 @@ class TransformerBlock(nn.Module):
         drop_path: stochastic depth rate of this block.
         local_patch_interaction: add XCiT's LPI sub-block.
         num_branches: parallel branches; the mixer must be built with the same number.
+        window_size: > 0: the token mixer attends within windows of this many tokens a side
+            (ViTDet), the grid zero-padded to a multiple of it.
     """
 
     def __init__(self, dim: int, token_mixer: nn.Module, mlp_ratio: float = 4.,
                  layer_scale: Optional[float] = None, drop_path: float = 0., drop: float = 0.,
-                 local_patch_interaction: bool = False, num_branches: int = 1) -> None:
+                 local_patch_interaction: bool = False, num_branches: int = 1,
+                 window_size: int = 0) -> None:
         super().__init__()
+        if window_size < 0:
+            raise ValueError(f'window_size must be >= 0, got {window_size}')
+        if window_size and num_branches > 1:
+            raise ValueError('window attention does not support parallel branches')
         self.num_branches = num_branches
+        self.window_size = window_size
         self.norm1 = make_layer_norm(dim, NORM_EPS, num_branches)
         self.attn = token_mixer
         self.ls1 = _layer_scale(dim, layer_scale, num_branches)
@@ -134,8 +143,6 @@ class TransformerBlock(nn.Module):
         self.mlp = FeedForward(dim, int(dim * mlp_ratio), drop, num_branches)
         self.ls2 = _layer_scale(dim, layer_scale, num_branches)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        #: > 0: the token mixer attends within windows of this many tokens a side (ViTDet)
-        self.window_size = 0
 
     def _merge_branches(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.num_branches == 1 else x.sum(0)

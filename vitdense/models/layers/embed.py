@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
 
-from .attention import Grid
+from .grid import Grid
 from .norm import LayerNorm2d
 
 

@@ -9,9 +9,9 @@ global attention to propagate information across windows.
 
 The relative position bias adds ``q · R_h[i_q - i_k] + q · R_w[j_q - j_k]`` to the attention
 logits, with one table per axis of ``2·size - 1`` rows of head width, shared by the heads and
-resampled (linearly) to other grids. It is folded into the queries and keys as extra head
-columns (one-hot key positions), so attention with it stays a fused kernel that keeps no
-N × N map. Zero-initialised, the bias is nothing: a model made from an ImageNet checkpoint
+resampled (linearly) to other grids. It reaches attention as extra query and key columns
+(one-hot key positions, ``talking_heads.with_logit_terms``), so attention with it stays a
+fused kernel that keeps no N × N map. Zero-initialised, the bias is nothing: a model made from an ImageNet checkpoint
 starts as that checkpoint.
 """
 from typing import Callable
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-Grid = tuple[int, int]
+from .grid import Grid
 
 
 def window_partition(x: torch.Tensor, window: int) -> tuple[torch.Tensor, Grid]:
@@ -83,28 +83,22 @@ class DecomposedRelativePosition(nn.Module):
             nn.init.trunc_normal_(self.height, std=.02)
             nn.init.trunc_normal_(self.width, std=.02)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, scale: float,
-                hw: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries and keys (..., N, d') whose dot products are the logits ``q·k·scale`` plus
-        the bias, for (unscaled) queries and keys (..., N, d) of the patches of grid ``hw``:
-        ``[q·scale, q·R_h, q·R_w] · [k, one-hot row, one-hot column]``. The bias reaches
-        attention as rows + cols extra columns of the head (zero-padded to a multiple of 8,
-        as the fused kernels want) instead of an (N, N) mask, so a fused kernel keeps no
-        N × N tensor."""
+    def forward(self, q: torch.Tensor, hw: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bias as logit terms ``q_t·k_t`` for (unscaled) queries (..., N, d) of the
+        patches of grid ``hw``: query terms ``[q·R_h, q·R_w]`` (..., N, rows + cols) and key
+        terms ``[one-hot row, one-hot column]`` (N, rows + cols). Attention takes them as
+        extra columns of its queries and keys instead of an (N, N) mask, so a fused kernel
+        keeps no N × N tensor."""
         rows, cols = hw
-        if q.shape[-2] != rows * cols or k.shape[-2] != rows * cols:
+        if q.shape[-2] != rows * cols:
             raise ValueError(f'relative position bias takes patch tokens only: '
-                             f'{q.shape[-2]} queries and {k.shape[-2]} keys for a '
-                             f'{rows}x{cols} grid')
+                             f'{q.shape[-2]} queries for a {rows}x{cols} grid')
         grid_q = q.unflatten(-2, hw)
         rel_h = torch.einsum('...hwc,hkc->...hwk', grid_q,
                              relative_table_lookup(self.height, rows, rows).to(q.dtype))
         rel_w = torch.einsum('...hwc,wkc->...hwk', grid_q,
                              relative_table_lookup(self.width, cols, cols).to(q.dtype))
-        eye = torch.eye(max(rows, cols), dtype=k.dtype, device=k.device)
-        key_position = torch.cat([eye[:rows, :rows].repeat_interleave(cols, 0),
-                                  eye[:cols, :cols].repeat(rows, 1)], dim=-1)
-        pad = -(q.shape[-1] + rows + cols) % 8
-        queries = torch.cat([q * scale, rel_h.flatten(-3, -2), rel_w.flatten(-3, -2)], dim=-1)
-        keys = torch.cat([k, key_position.expand(*k.shape[:-2], -1, -1)], dim=-1)
-        return F.pad(queries, (0, pad)), F.pad(keys, (0, pad))
+        eye = torch.eye(max(rows, cols), dtype=q.dtype, device=q.device)
+        key_terms = torch.cat([eye[:rows, :rows].repeat_interleave(cols, 0),
+                               eye[:cols, :cols].repeat(rows, 1)], dim=-1)
+        return torch.cat([rel_h.flatten(-3, -2), rel_w.flatten(-3, -2)], dim=-1), key_terms

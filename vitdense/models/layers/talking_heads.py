@@ -1,0 +1,119 @@
+"""Talking-heads attention (CaiT §2) in one fused attention call.
+
+Talking heads mix the attention logits across heads before the softmax (``Wl``, ``bl``) and
+the weights after it (``Ww``, ``bw``). Both mixes are linear, so they fold into the operands
+of ``F.scaled_dot_product_attention``:
+
+- logits: ``Σ_g Wl[h,g] q_g·k_g = q̃_h·k̃`` with ``q̃_h = [Wl[h,1] q_1, …, Wl[h,H] q_H]`` and
+  ``k̃ = [k_1, …, k_H]`` (heads × head width); ``bl`` is constant along a row and cancels in
+  the softmax (it rides along as one column). Additive logit terms shared by the heads' keys (ViTDet's relative positions)
+  are mixed on the query side only.
+- weights: ``out_h = Σ_g Ww[h,g] P_g v_h + bw_h Σ_j v_h[j]``, and ``P_g [v_1, …, v_H]`` for
+  every g is the same call with the values of all heads side by side; a small mix of its
+  output follows.
+
+Every head's query meets the same keys and values, so the call runs them as grouped-query
+attention: no (B, heads, N, N) tensor exists, and the largest one is the folded queries,
+B × heads × N × (heads · head width). The cost is heads × the attention FLOPs of the model's
+width, in fused kernels. Below :data:`MIN_FUSED_TOKENS` tokens one written-out map per head
+is faster (``benchmarks/benchmark_attention.py``, docs/memory.md), and attention dropout on
+the mixed weights has no fold: both take :func:`written_out_weights`.
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+#: token count from which the folded call is taken (below it the written-out maps are
+#: small and a few large matmuls are faster; ``benchmarks/benchmark_attention.py``)
+MIN_FUSED_TOKENS = 1024
+#: head widths the fused kernels take are multiples of this
+WIDTH_MULTIPLE = 8
+
+#: additive logit terms ``q_t·k_t``: query terms (..., Nq, r) and key terms (N, r)
+LogitTerms = tuple[torch.Tensor, torch.Tensor]
+
+
+def use_fused(num_tokens: int, dropout: float) -> bool:
+    """Whether talking heads take the folded call: no attention dropout, not while
+    exporting (an exported graph never branches on its symbolic token count) and at least
+    :data:`MIN_FUSED_TOKENS` tokens."""
+    if dropout or torch.compiler.is_exporting():
+        return False
+    return num_tokens >= MIN_FUSED_TOKENS
+
+
+def with_logit_terms(queries: torch.Tensor, keys: torch.Tensor,
+                     terms: Optional[LogitTerms]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys whose dot products are ``queries·keys`` plus the logit terms: the
+    terms as extra columns, zero-padded to a width the fused kernels take."""
+    if terms is None:
+        return queries, keys
+    query_terms, key_terms = terms
+    queries = torch.cat([queries, query_terms], dim=-1)
+    keys = torch.cat([keys, key_terms.to(keys.dtype).expand(*keys.shape[:-1], -1)], dim=-1)
+    pad = -queries.shape[-1] % WIDTH_MULTIPLE
+    return F.pad(queries, (0, pad)), F.pad(keys, (0, pad))
+
+
+def shared_key_attention(queries: torch.Tensor, keys: torch.Tensor,
+                         values: torch.Tensor) -> torch.Tensor:
+    """Attention (scale 1) of (B, heads, Nq, W) queries over (B, 1, N, W) keys and values
+    shared by the heads; values narrower than W are zero-padded and cut back, as the fused
+    kernels take one width. On CPU the call is grouped-query attention (its flash kernel
+    reads the shared keys in place); elsewhere the keys are expanded, which every fused GPU
+    kernel takes whatever the width (flash attention stops at 256)."""
+    width = values.shape[-1]
+    values = F.pad(values, (0, queries.shape[-1] - width))
+    if queries.device.type == 'cpu':
+        out = F.scaled_dot_product_attention(queries, keys, values, scale=1., enable_gqa=True)
+    else:
+        heads = queries.shape[1]
+        out = F.scaled_dot_product_attention(queries, keys.expand(-1, heads, -1, -1),
+                                             values.expand(-1, heads, -1, -1), scale=1.)
+    return out[..., :width]
+
+
+def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                            mix_logits: nn.Linear, mix_weights: nn.Linear,
+                            terms: Optional[LogitTerms] = None) -> torch.Tensor:
+    """Talking-heads attention of (B, heads, Nq, d) queries over (B, heads, N, d) keys and
+    values, with logits ``scale·q·k`` plus ``terms``; output (B, heads, Nq, d)."""
+    batch, heads, num_keys, dims = k.shape
+    logit_mix = mix_logits.weight.to(q.dtype)
+    weight_mix = mix_weights.weight.to(v.dtype)
+    queries = torch.einsum('hg,bgnd->bhngd', logit_mix * scale, q).flatten(-2)
+    keys = k.transpose(1, 2).reshape(batch, 1, num_keys, heads * dims)
+    # the logit mix's bias as a term against a key column of ones: it cancels in the
+    # softmax, as in the written-out maps, and stays a parameter that takes part (DDP)
+    query_terms = mix_logits.bias.to(q.dtype).view(1, heads, 1, 1).expand(*q.shape[:-1], 1)
+    key_terms = k.new_ones(num_keys, 1)
+    if terms is not None:
+        query_terms = torch.cat([query_terms, torch.einsum(
+            'hg,bgnr->bhnr', logit_mix, terms[0].to(q.dtype))], dim=-1)
+        key_terms = torch.cat([key_terms, terms[1].to(k.dtype)], dim=-1)
+    queries, keys = with_logit_terms(queries, keys, (query_terms, key_terms))
+    values = v.transpose(1, 2).reshape(batch, 1, num_keys, heads * dims)
+    # per weight head g and value head h: P_g v_h, (B, g, Nq, h, d)
+    weighted = shared_key_attention(queries, keys, values).unflatten(-1, (heads, dims))
+    out = torch.einsum('hg,bgnhd->bhnd', weight_mix, weighted)
+    return out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
+
+
+def mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
+    """``mix`` across the heads of (B, heads, ...) maps, as one batched matmul on the
+    head-major layout: every map stays contiguous."""
+    batch, heads = maps.shape[:2]
+    flat = maps.reshape(batch, heads, -1)
+    mixed = torch.baddbmm(mix.bias.to(flat.dtype).view(1, heads, 1),
+                          mix.weight.to(flat.dtype).expand(batch, -1, -1), flat)
+    return mixed.view(maps.shape)
+
+
+def written_out_weights(queries: torch.Tensor, keys: torch.Tensor, mix_logits: nn.Linear,
+                        mix_weights: nn.Linear) -> torch.Tensor:
+    """(B, heads, Nq, N) talking-heads weights as maps: logits ``queries·keys`` mixed across
+    heads, softmax, mixed again (CaiT §2); the readable form of the folded call."""
+    logits = queries @ keys.transpose(-2, -1)
+    return mix_heads(mix_heads(logits, mix_logits).softmax(dim=-1), mix_weights)
