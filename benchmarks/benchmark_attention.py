@@ -1,22 +1,21 @@
-"""Blockwise attention (talking heads, GPSA) against the written-out maps, and how close a
-backbone's training step comes to this machine's matrix-product peak.
+"""Talking heads and GPSA in fused attention against their written-out maps, and how close
+a backbone's training step comes to this machine's matrix-product peak.
 
     python -m benchmarks.benchmark_attention memory   # saved activations at 2 x 3 x 800 x 1344
-    python -m benchmarks.benchmark_attention speed    # training steps, paths interleaved
+    python -m benchmarks.benchmark_attention layers   # one attention layer's training step
     python -m benchmarks.benchmark_attention peak     # achieved FLOP/s / measured matmul FLOP/s
 
 memory: what each backbone of the shipped Mask R-CNN configs saves for backward at a COCO
 batch (meta device, SDPA counted as a fused kernel: ``tools/analysis_tools/memory.py``),
-with the maps written out, as the library chooses (blockwise while training from
-``MIN_BLOCKWISE_TOKENS`` tokens), and with ``with_cp=True``.
+with talking heads' maps written out, as the library chooses (folded into one fused call
+from ``MIN_FUSED_TOKENS`` tokens), and with ``with_cp=True``.
 
-speed: training steps (forward, a loss over every output, backward) of CaiT-XXS24 and
-ConViT-Ti at 224² batch 8 with the maps written out, as chosen, and blockwise throughout;
-then at 800 × 1344 batch 2, written-out against blockwise (the chosen path there), CaiT
-truncated to its first ``--dense-blocks`` blocks and ConViT to as many gated blocks and
-one plain one (whole models' written-out maps do not fit this shared machine).
-Each size's paths in one interleaved run (``benchmark_lib.time_interleaved``); the ratio is
-the median of paired samples, written-out time / other time (above 1: faster).
+layers: the training step (forward, a loss over the output, backward) of one attention layer
+of CaiT-XXS24's / ConViT-Ti's width (192, 4 heads of 48): plain attention, talking heads as
+chosen and written out, GPSA and GPSA with its positional attention written out as an
+(heads, N, N) map; at 224² batch 8 (14 × 14 tokens) and at 800 × 1344 batch 2 (50 × 84).
+The steps of one size are interleaved in one run (``benchmark_lib.time_interleaved``); a
+ratio is the median of paired samples, the step's time / plain attention's time.
 
 peak: FLOPs of a backbone training step (``benchmark_lib.count_flops``, 2 per multiply-add)
 per second, as a fraction of a float32 matrix product's FLOP/s on the same threads, per
@@ -32,11 +31,13 @@ import statistics
 from typing import Iterator, Optional
 
 import torch
+import torch.nn.functional as F
 
 import vitdense  # noqa: F401  (registers the backbones)
 from benchmarks import benchmark_lib as bm
 from vitdense.analysis.memory import count_backbone
-from vitdense.models.layers import blockwise_attention
+from vitdense.models.layers import (GatedPositionalSelfAttention, MultiheadSelfAttention,
+                                    talking_heads)
 from vitdense.registry import MODELS
 
 GIB = 1 << 30
@@ -47,21 +48,25 @@ DETECTION_BACKBONES = (
     ('XCiT', 'small_24', 8), ('ConViT', 'base', 16), ('ConViT', 'small', 16),
     ('ViT', 'base', 16), ('XCiT', 'small_12', 16), ('ViT', 'small', 16),
 )
-PATHS = {'written-out': 10 ** 9, 'chosen': None, 'blockwise': 0}
+#: talking heads' path: the token count from which they are folded (None: the library's)
+PATHS = {'written-out': 10 ** 9, 'chosen': None, 'fused': 0}
 PEAK_BACKBONES = (('ViT', 'small'), ('CaiT', 'xxs24'), ('XCiT', 'small_12'),
                   ('ConViT', 'tiny'))
+#: (batch, token grid) of the layer steps: 224² batch 8 and 800 × 1344 batch 2 at patch 16
+LAYER_INPUTS = {'224': (8, (14, 14)), 'coco': (2, (50, 84))}
+LAYER_WIDTH, LAYER_HEADS = 192, 4
 
 
 @contextlib.contextmanager
 def attention_path(name: str) -> Iterator[None]:
-    """Within: talking heads and GPSA take the path ``name`` of :data:`PATHS`."""
+    """Within: talking heads take the path ``name`` of :data:`PATHS`."""
     threshold = PATHS[name]
-    original = blockwise_attention.MIN_BLOCKWISE_TOKENS
-    blockwise_attention.MIN_BLOCKWISE_TOKENS = original if threshold is None else threshold
+    original = talking_heads.MIN_FUSED_TOKENS
+    talking_heads.MIN_FUSED_TOKENS = original if threshold is None else threshold
     try:
         yield
     finally:
-        blockwise_attention.MIN_BLOCKWISE_TOKENS = original
+        talking_heads.MIN_FUSED_TOKENS = original
 
 
 def backbone(family: str, arch: str, patch_size: int = 16, device: str = 'cpu',
@@ -87,43 +92,52 @@ def memory_table(batch: int = 2, shape: tuple[int, int] = COCO) -> list[dict]:
     return rows
 
 
-def _train_step(model: torch.nn.Module, images: torch.Tensor, path: str) -> bm.Step:
-    step = bm.make_step(model, images, 'train')
+def written_out_gpsa(mixer: GatedPositionalSelfAttention, x: torch.Tensor,
+                     hw: tuple[int, int]) -> torch.Tensor:
+    """GPSA with its positional attention as one (heads, N, N) map applied to every image's
+    values (the content term fused, as in the library)."""
+    batch, tokens, _ = x.shape
+    q, k = mixer.qk(x).view(batch, tokens, 2, mixer.num_heads, -1).permute(2, 0, 3, 1, 4)
+    v = mixer.v(x).view(batch, tokens, mixer.num_heads, -1).transpose(1, 2)
+    content = F.scaled_dot_product_attention(q, k, v)
+    positional = mixer.positional_attention(hw) @ v
+    out = torch.lerp(content, positional, torch.sigmoid(mixer.gating).view(-1, 1, 1))
+    return mixer.proj(out.transpose(1, 2).flatten(-2))
 
-    def run() -> None:
-        with attention_path(path):
-            step()
-    return run
+
+def layer_steps(batch: int, hw: tuple[int, int]) -> dict[str, bm.Step]:
+    """Training steps of one attention layer per path, on the same tokens."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, hw[0] * hw[1], LAYER_WIDTH, requires_grad=True)
+    plain = MultiheadSelfAttention(LAYER_WIDTH, LAYER_HEADS)
+    heads = MultiheadSelfAttention(LAYER_WIDTH, LAYER_HEADS, talking_heads=True)
+    gpsa = GatedPositionalSelfAttention(LAYER_WIDTH, LAYER_HEADS)
+    gpsa.convolutional_init()
+
+    def step(forward, path: str = 'chosen') -> bm.Step:
+        def run() -> None:
+            with attention_path(path):
+                forward(x, hw).square().mean().backward()
+        return run
+
+    return {'plain': step(plain), 'talking heads': step(heads),
+            'talking heads written out': step(heads, 'written-out'),
+            'gpsa': step(gpsa),
+            'gpsa written out': step(lambda x, hw: written_out_gpsa(gpsa, x, hw))}
 
 
-def speed(repeats: int, dense_blocks: int, sizes: tuple[str, ...]) -> list[dict]:
-    cases = []
-    if '224' in sizes:
-        cases += [('CaiT', 'xxs24', {}, 8, (224, 224)), ('ConViT', 'tiny', {}, 8, (224, 224))]
-    if 'coco' in sizes:
-        # the first blocks only (the same for every block), without the pyramid; ConViT: its
-        # gated blocks and one plain block
-        cait = dict(arch_overrides=dict(num_layers=dense_blocks), pyramid=False,
-                    out_indices=[dense_blocks - 1])
-        convit = dict(arch_overrides=dict(num_layers=dense_blocks + 1,
-                                          num_local_layers=dense_blocks), pyramid=False,
-                      out_indices=[dense_blocks])
-        cases += [('CaiT', 'xxs24', cait, 2, COCO), ('ConViT', 'tiny', convit, 2, COCO)]
+def layers(repeats: int, sizes: tuple[str, ...]) -> list[dict]:
     rows = []
-    for family, arch, kwargs, batch, shape in cases:
-        model = backbone(family, arch, **kwargs)
-        images = torch.randn(batch, 3, *shape)
-        # at 800 x 1344 (4,200 tokens) the chosen path is the blockwise one
-        paths = ('written-out', 'chosen', 'blockwise') if shape != COCO else (
-            'written-out', 'blockwise')
-        samples = bm.time_interleaved({p: _train_step(model, images, p) for p in paths},
-                                      warmup=1, repeats=repeats)
-        row = dict(model=f'{family}-{arch}' + (f' (first {dense_blocks} block(s))' if kwargs
-                                               else ''),
-                   batch=batch, shape=list(shape),
-                   **{f'{p}_s': statistics.median(samples[p]) for p in paths},
-                   **{f'{p}_vs_written_out': bm.paired_ratio(samples['written-out'], samples[p])
-                      for p in paths[1:]})
+    for size in sizes:
+        batch, hw = LAYER_INPUTS[size]
+        samples = bm.time_interleaved(layer_steps(batch, hw), warmup=1, repeats=repeats)
+        row = dict(batch=batch, grid=list(hw),
+                   **{f'{name} s': statistics.median(times) for name, times in samples.items()},
+                   **{f'{name} / plain': bm.paired_ratio(times, samples['plain'])
+                      for name, times in samples.items() if name != 'plain'},
+                   **{f'{name} / written out': bm.paired_ratio(samples[name],
+                                                               samples[f'{name} written out'])
+                      for name in ('talking heads', 'gpsa')})
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -161,7 +175,7 @@ def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> lis
         for family, arch in (b for b in PEAK_BACKBONES if b[0] in families):
             model = backbone(family, arch)
             step = bm.make_step(model, torch.randn(batch, 3, *shape), 'train')
-            with attention_path('written-out'):  # the model's FLOPs, without recomputation
+            with attention_path('written-out'):  # the model's FLOPs, without the fold's
                 flops = bm.count_flops(step)
             samples = bm.time_interleaved({'step': step, 'matmul': matmul}, warmup=1,
                                           repeats=repeats)
@@ -183,12 +197,10 @@ def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> lis
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('what', choices=('memory', 'speed', 'peak'))
+    parser.add_argument('what', choices=('memory', 'layers', 'peak'))
     parser.add_argument('--repeats', type=int, default=7)
-    parser.add_argument('--dense-blocks', type=int, default=1,
-                        help='speed: talking-heads / gated blocks at 800 x 1344')
     parser.add_argument('--sizes', nargs='+', choices=('224', '512', 'coco'),
-                        help='speed: 224 (batch 8) and / or coco (800 x 1344, batch 2); '
+                        help='layers: 224 (batch 8) and / or coco (800 x 1344, batch 2); '
                              'peak: 224 and / or 512 (batch 2)')
     parser.add_argument('--families', nargs='+', default=[b[0] for b in PEAK_BACKBONES],
                         choices=[b[0] for b in PEAK_BACKBONES], help='peak: these only')
@@ -197,8 +209,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     torch.set_num_threads(args.threads)
     if args.what == 'memory':
         memory_table()
-    elif args.what == 'speed':
-        speed(args.repeats, args.dense_blocks, tuple(args.sizes or ('224', 'coco')))
+    elif args.what == 'layers':
+        layers(args.repeats, tuple(args.sizes or ('224', 'coco')))
     else:
         peak(args.repeats, tuple(args.sizes or ('224', '512')), tuple(args.families))
 

@@ -3,18 +3,28 @@ import pytest
 import torch
 
 from benchmarks import benchmark_attention as tool
-from vitdense.models.layers import blockwise_attention
+from vitdense.models.layers import talking_heads
 
 
-@pytest.mark.parametrize('path, blockwise', [('written-out', False), ('blockwise', True)])
-def test_attention_path_switches_and_restores(path, blockwise):
-    default = blockwise_attention.MIN_BLOCKWISE_TOKENS
-    leaf = torch.zeros(1, requires_grad=True)
+@pytest.mark.parametrize('path, fused', [('written-out', False), ('fused', True)])
+def test_attention_path_switches_and_restores(path, fused):
+    default = talking_heads.MIN_FUSED_TOKENS
     with tool.attention_path(path):
-        assert blockwise_attention.use_blockwise(196, leaf) == blockwise
+        assert talking_heads.use_fused(196, 0.) == fused
     with tool.attention_path('chosen'):
-        assert blockwise_attention.MIN_BLOCKWISE_TOKENS == default
-    assert blockwise_attention.MIN_BLOCKWISE_TOKENS == default
+        assert talking_heads.MIN_FUSED_TOKENS == default
+    assert talking_heads.MIN_FUSED_TOKENS == default
+
+
+def test_written_out_gpsa_is_the_layer_it_is_compared_with():
+    steps = tool.layer_steps(2, (3, 4))
+    assert set(steps) == {'plain', 'talking heads', 'talking heads written out', 'gpsa',
+                          'gpsa written out'}
+    torch.manual_seed(0)
+    gpsa = tool.GatedPositionalSelfAttention(16, 4)
+    gpsa.convolutional_init()
+    x = torch.randn(2, 12, 16)
+    torch.testing.assert_close(tool.written_out_gpsa(gpsa, x, (3, 4)), gpsa(x, (3, 4)))
 
 
 def test_operator_shares_name_where_a_step_spends_its_time():

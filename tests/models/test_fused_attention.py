@@ -318,8 +318,8 @@ def test_ops_do_not_grow_with_tokens_and_no_token_by_token_tensor(family):
     """2 × 800 × 1344 (4,200 patch tokens) against 2 × 640 × 832 (2,080): no more ops (no
     loop over query blocks; windows crop one side less where it needs no padding), and no
     tensor beyond the folded queries, batch × heads × tokens × their width (talking heads:
-    every head's width, the logit mix's bias and, in the ViTDet layout's global blocks,
-    rows + columns of relative positions, padded to a multiple of 8), the FFN's hidden
+    every head's width and, in the ViTDet layout's global blocks, rows + columns of relative
+    positions, padded to a multiple of 8), the FFN's hidden
     tokens or XCiT's conv stem's first map, whichever is larger."""
     small, large = (record_training_step(family, shape) for shape in ((640, 832), (800, 1344)))
     assert large.ops <= small.ops
@@ -327,7 +327,7 @@ def test_ops_do_not_grow_with_tokens_and_no_token_by_token_tensor(family):
         assert large.ops == small.ops
     batch, heads, dims = 2, 4, 192
     tokens = 50 * 84 + (family in ('vit', 'convit'))  # a class token in the trunk
-    terms = 1 + (50 + 84 if 'vitdet' in family else 0)
+    terms = 50 + 84 if 'vitdet' in family else 0
     width = -(-(dims + terms) // 8) * 8 if family.startswith('cait') else dims // heads
     bound = max(batch * heads * tokens * width, batch * tokens * 4 * dims,
                 batch * 400 * 672 * dims // 8 if family == 'xcit' else 0)

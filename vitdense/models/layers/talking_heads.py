@@ -6,7 +6,7 @@ of ``F.scaled_dot_product_attention``:
 
 - logits: ``Σ_g Wl[h,g] q_g·k_g = q̃_h·k̃`` with ``q̃_h = [Wl[h,1] q_1, …, Wl[h,H] q_H]`` and
   ``k̃ = [k_1, …, k_H]`` (heads × head width); ``bl`` is constant along a row and cancels in
-  the softmax (it rides along as one column). Additive logit terms shared by the heads' keys (ViTDet's relative positions)
+  the softmax. Additive logit terms shared by the heads' keys (ViTDet's relative positions)
   are mixed on the query side only.
 - weights: ``out_h = Σ_g Ww[h,g] P_g v_h + bw_h Σ_j v_h[j]``, and ``P_g [v_1, …, v_H]`` for
   every g is the same call with the values of all heads side by side; a small mix of its
@@ -85,20 +85,17 @@ def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     weight_mix = mix_weights.weight.to(v.dtype)
     queries = torch.einsum('hg,bgnd->bhngd', logit_mix * scale, q).flatten(-2)
     keys = k.transpose(1, 2).reshape(batch, 1, num_keys, heads * dims)
-    # the logit mix's bias as a term against a key column of ones: it cancels in the
-    # softmax, as in the written-out maps, and stays a parameter that takes part (DDP)
-    query_terms = mix_logits.bias.to(q.dtype).view(1, heads, 1, 1).expand(*q.shape[:-1], 1)
-    key_terms = k.new_ones(num_keys, 1)
     if terms is not None:
-        query_terms = torch.cat([query_terms, torch.einsum(
-            'hg,bgnr->bhnr', logit_mix, terms[0].to(q.dtype))], dim=-1)
-        key_terms = torch.cat([key_terms, terms[1].to(k.dtype)], dim=-1)
-    queries, keys = with_logit_terms(queries, keys, (query_terms, key_terms))
+        terms = (torch.einsum('hg,bgnr->bhnr', logit_mix, terms[0].to(q.dtype)), terms[1])
+    queries, keys = with_logit_terms(queries, keys, terms)
     values = v.transpose(1, 2).reshape(batch, 1, num_keys, heads * dims)
     # per weight head g and value head h: P_g v_h, (B, g, Nq, h, d)
     weighted = shared_key_attention(queries, keys, values).unflatten(-1, (heads, dims))
     out = torch.einsum('hg,bgnhd->bhnd', weight_mix, weighted)
-    return out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
+    out = out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
+    # the logit mix's bias cancels in the softmax: its gradient is exactly zero, given
+    # explicitly so that it stays a parameter that takes part (as DDP wants)
+    return out + 0 * mix_logits.bias.sum().to(out.dtype)
 
 
 def mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
