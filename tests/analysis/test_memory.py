@@ -31,6 +31,8 @@ def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, fused, monkey
     kernel keeps, and the half-precision policy casts alike (float16 on meta, bfloat16 on
     the CPU: the same sizes)."""
     monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
+    # what a GPU keeps: the fold recomputed in backward, on the CPU too
+    monkeypatch.setattr(talking_heads, 'KEEP_FOLDED_ON', ())
     model = tiny(family)
     images = torch.randn(2, 3, 64, 96)
     real = memory.count_backbone(model, images, amp)
@@ -45,6 +47,7 @@ def test_meta_count_equals_a_real_cpu_step_with_windows_and_relative_positions(
     """With windows (padded) and relative positions too, the meta count is what a real CPU
     step saves."""
     monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
+    monkeypatch.setattr(talking_heads, 'KEEP_FOLDED_ON', ())
     torch.manual_seed(0)
     model = MODELS.build(dict(TINY_BACKBONES[family], pyramid=False, out_indices=(-1,),
                               dense_class_token=False, window_size=3,

@@ -141,6 +141,21 @@ def test_a_thousandth_off_in_any_single_gradient_fails_the_parity_check():
         assert worst_error(wrong, reference)[1] > TOLERANCE, name
 
 
+def test_recomputed_fold_equals_the_kept_one_and_keeps_nothing_larger_than_q(monkeypatch):
+    """As on a GPU: the fused call runs again in backward instead of keeping its operands."""
+    hw = (5, 7)
+    case = talking_heads_case(hw, rel_pos=True, class_token=False)
+    kept = run_talking_heads(case, hw, fused=True)
+    monkeypatch.setattr(talking_heads, 'KEEP_FOLDED_ON', ())
+    assert_matches(run_talking_heads(case, hw, fused=True), kept)
+    q, k, v, (mix_logits, mix_weights), table = (case[n] for n in ('q', 'k', 'v', 'mixes',
+                                                                  'table'))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights, table(q, hw))
+    assert max(t.numel() for t in saved) <= q.numel()
+
+
 @pytest.mark.parametrize('fused', [False, True])
 def test_windowed_talking_heads_block_equals_its_windows_written_out(fused, monkeypatch):
     """Windows of 3 on a 5 × 7 grid (padded to 6 × 9), relative positions, batch 2."""

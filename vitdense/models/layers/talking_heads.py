@@ -15,7 +15,8 @@ of ``F.scaled_dot_product_attention``:
 Every head's query meets the same keys and values, so the call runs them as grouped-query
 attention: no (B, heads, N, N) tensor exists, and the largest one is the folded queries,
 B × heads × N × (heads · head width). The cost is heads × the attention FLOPs of the model's
-width, in fused kernels. Below :data:`MIN_FUSED_TOKENS` tokens one written-out map per head
+width, in fused kernels; on a GPU the call is recomputed in backward rather than keeping its
+heads-times-larger operands. Below :data:`MIN_FUSED_TOKENS` tokens one written-out map per head
 is faster (``benchmarks/benchmark_attention.py``, docs/memory.md), and attention dropout on
 the mixed weights has no fold: both take :func:`written_out_weights`.
 """
@@ -24,10 +25,14 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 #: token count from which the folded call is taken (below it the written-out maps are
 #: small and a few large matmuls are faster; ``benchmarks/benchmark_attention.py``)
-MIN_FUSED_TOKENS = 1024
+MIN_FUSED_TOKENS = 2048
+#: device types on which the fold keeps its operands for backward rather than recomputing
+#: them (host memory is plentiful; recomputing costs a third more of the call)
+KEEP_FOLDED_ON = ('cpu',)
 #: head widths the fused kernels take are multiples of this
 WIDTH_MULTIPLE = 8
 
@@ -75,14 +80,13 @@ def shared_key_attention(queries: torch.Tensor, keys: torch.Tensor,
     return out[..., :width]
 
 
-def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                            mix_logits: nn.Linear, mix_weights: nn.Linear,
-                            terms: Optional[LogitTerms] = None) -> torch.Tensor:
-    """Talking-heads attention of (B, heads, Nq, d) queries over (B, heads, N, d) keys and
-    values, with logits ``scale·q·k`` plus ``terms``; output (B, heads, Nq, d)."""
+def _mixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     logit_mix: torch.Tensor, weight_mix: torch.Tensor,
+                     terms: Optional[LogitTerms]) -> torch.Tensor:
+    """``Σ_g Ww[h,g] P_g v_h`` with ``P_g`` the softmax of the mixed logits, by one fused
+    call over the folded queries, keys and values."""
     batch, heads, num_keys, dims = k.shape
-    logit_mix = mix_logits.weight.to(q.dtype)
-    weight_mix = mix_weights.weight.to(v.dtype)
+    logit_mix = logit_mix.to(q.dtype)
     queries = torch.einsum('hg,bgnd->bhngd', logit_mix * scale, q).flatten(-2)
     keys = k.transpose(1, 2).reshape(batch, 1, num_keys, heads * dims)
     if terms is not None:
@@ -91,7 +95,24 @@ def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     values = v.transpose(1, 2).reshape(batch, 1, num_keys, heads * dims)
     # per weight head g and value head h: P_g v_h, (B, g, Nq, h, d)
     weighted = shared_key_attention(queries, keys, values).unflatten(-1, (heads, dims))
-    out = torch.einsum('hg,bgnhd->bhnd', weight_mix, weighted)
+    return torch.einsum('hg,bgnhd->bhnd', weight_mix.to(v.dtype), weighted)
+
+
+def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                            mix_logits: nn.Linear, mix_weights: nn.Linear,
+                            terms: Optional[LogitTerms] = None) -> torch.Tensor:
+    """Talking-heads attention of (B, heads, Nq, d) queries over (B, heads, N, d) keys and
+    values, with logits ``scale·q·k`` plus ``terms``; output (B, heads, Nq, d).
+
+    The fused call's folded operands and output are heads × larger than q, k and v: kept
+    for backward they would nearly double a CaiT detector's activations. On devices not in
+    :data:`KEEP_FOLDED_ON` (GPUs, whose memory is the limit) the call is recomputed in
+    backward from q, k, v and the terms instead, one more forward of it."""
+    args = (q, k, v, scale, mix_logits.weight, mix_weights.weight, terms)
+    if torch.is_grad_enabled() and q.device.type not in KEEP_FOLDED_ON:
+        out = checkpoint(_mixed_attention, *args, use_reentrant=False)
+    else:
+        out = _mixed_attention(*args)
     out = out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
     # the logit mix's bias cancels in the softmax: its gradient is exactly zero, given
     # explicitly so that it stays a parameter that takes part (as DDP wants)
