@@ -193,6 +193,9 @@ def test_the_path_is_chosen_by_token_count_dropout_and_export(monkeypatch):
         def __ge__(self, other):
             raise AssertionError('the token count was compared')
 
+    # torch.compile: fused at every size, so multi-scale inputs share one graph
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+    assert talking_heads.use_fused(Symbolic(10), 0.)
     monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)
     assert not talking_heads.use_fused(Symbolic(10 ** 6), 0.)
 

@@ -3,6 +3,7 @@
 import math
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
 from .grid import Grid
@@ -81,6 +82,16 @@ class HMLPPatchEmbed(nn.Module):
     forward = PatchEmbed.forward
 
 
+def _interpolation_matrix(old: int, new: int, antialias: bool,
+                          device: torch.device) -> torch.Tensor:
+    """(new, old) float32 weights of bicubic resampling along one axis, as timm's
+    ``resample_abs_pos_embed`` does it (``align_corners=False``)."""
+    with torch.no_grad():
+        basis = torch.eye(old, device=device).view(1, 1, old, old)  # column c: row c's unit
+        return F.interpolate(basis, size=(new, old), mode='bicubic', antialias=antialias,
+                             align_corners=False)[0, 0]
+
+
 class LearnedPositionEmbedding(nn.Module):
     """Learned absolute position table (ViT §3.1) for ``num_prefix_tokens`` + a grid of
     patches. It is resampled (bicubic) to the token grid of each input (always while
@@ -131,11 +142,28 @@ class LearnedPositionEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
         table = self.weight
-        if torch.compiler.is_exporting() or tuple(hw) != self.grid:
+        if torch.compiler.is_compiling():
+            table = self._resample_by_matrices(hw)
+        elif torch.compiler.is_exporting() or tuple(hw) != self.grid:
             table = resample_abs_pos_embed(table, hw, self.grid,
                                            num_prefix_tokens=self.num_prefix_tokens,
                                            antialias=self.antialias)
         return tokens + table
+
+    def _resample_by_matrices(self, hw: Grid) -> torch.Tensor:
+        """The table resampled to ``hw`` as timm resamples it, written as interpolation
+        matrices (the identity resampled along each axis: bicubic is separable) applied by
+        matmuls. torch.compile cannot trace the antialiased bicubic kernel's backward for
+        symbolic sizes; this traces for any grid, and equals it up to float rounding."""
+        rows, cols = (_interpolation_matrix(old, new, self.antialias, self.weight.device)
+                      for old, new in zip(self.grid, hw))
+        prefix, patches = self.weight[:, :self.num_prefix_tokens], \
+            self.weight[:, self.num_prefix_tokens:]
+        dims = patches.shape[-1]
+        grid = patches.float().reshape(self.grid[0], self.grid[1] * dims)
+        resampled = cols @ (rows @ grid).reshape(hw[0], self.grid[1], dims)  # (H, W, C)
+        patches = resampled.reshape(1, -1, dims).to(self.weight.dtype)
+        return torch.cat([prefix, patches], dim=1)
 
 
 class FourierPositionEncoding(nn.Module):

@@ -41,12 +41,12 @@ LogitTerms = tuple[torch.Tensor, torch.Tensor]
 
 
 def use_fused(num_tokens: int, dropout: float) -> bool:
-    """Whether talking heads take the folded call: no attention dropout, not while
-    exporting (an exported graph never branches on its symbolic token count) and at least
-    :data:`MIN_FUSED_TOKENS` tokens."""
+    """Whether talking heads take the folded call: without attention dropout, always under
+    torch.compile and never under ``torch.export`` (a graph for every size never branches
+    on its symbolic token count), else from :data:`MIN_FUSED_TOKENS` tokens."""
     if dropout or torch.compiler.is_exporting():
         return False
-    return num_tokens >= MIN_FUSED_TOKENS
+    return torch.compiler.is_compiling() or num_tokens >= MIN_FUSED_TOKENS
 
 
 def with_logit_terms(queries: torch.Tensor, keys: torch.Tensor,
