@@ -22,8 +22,8 @@ with ``--image``, or on the first ``--num-images`` images of the config's valida
 to the PyTorch model; the differences are printed and the exit status is 1 when one is past
 the tolerance. ``--evaluate`` also runs the whole validation set through both and compares the
 config's metrics (mIoU, COCO bbox / segm mAP); ``--min-agreement`` (the share of equal
-labels and mask pixels) holds on both the images and the validation set. CHECKPOINT ``none`` exports the initialised
-model (for trying the export without a trained one).
+labels and mask pixels) holds on both the images and the validation set. CHECKPOINT ``none``
+exports the initialised model (for trying the export without a trained one).
 """
 from __future__ import annotations
 
