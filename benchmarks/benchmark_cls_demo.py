@@ -29,7 +29,9 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
+from vitdense.analysis.memory import SavedTensors
 from vitdense.engine import train_on_time_budget
+from vitdense.engine.hosts import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIGS = {
@@ -110,45 +112,29 @@ def demo(args: argparse.Namespace) -> None:
     print(json.dumps(rows))
 
 
-def saved_for_backward(model: torch.nn.Module, data: dict) -> int:
-    """Bytes of distinct tensors autograd saves for the backward pass of one training loss."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        batch = model.data_preprocessor(data, training=True)
-        model(**batch, mode='loss')
-    return sum(storages.values())
-
-
 def finetune_worker(mode: str, batch_size: int, steps: int) -> dict:
     """Fine-tuning steps of one mode in this process; the peak RSS covers only this mode."""
     from mmengine.optim import build_optim_wrapper
-    from mmpretrain.registry import MODELS
     from mmpretrain.structures import DataSample
 
     torch.manual_seed(0)
     cfg = Config.fromfile(ROOT / FINETUNE_CONFIGS[mode])
-    cfg.model.pop('init_cfg')  # random weights: memory does not depend on their values
-    cfg.model.data_preprocessor = cfg.data_preprocessor
-    model = MODELS.build(cfg.model)
+    # random weights (no pretrained ones): memory does not depend on their values
+    model = build_model(cfg, 'count')
     optim = build_optim_wrapper(model, cfg.optim_wrapper)
     data = dict(inputs=[torch.randint(0, 256, (3, 384, 384), dtype=torch.uint8)
                         for _ in range(batch_size)],
                 data_samples=[DataSample().set_gt_label(i) for i in range(batch_size)])
     rss_model = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    saved = saved_for_backward(model, data)
+    with SavedTensors().recording() as saved:
+        model(**model.data_preprocessor(data, training=True), mode='loss')
     start = time.perf_counter()
     for _ in range(steps):
         model.train_step(data, optim)
     seconds = (time.perf_counter() - start) / steps
     params = list(model.parameters())
     return dict(mode=mode, trainable=sum(p.numel() for p in params if p.requires_grad),
-                total=sum(p.numel() for p in params), saved_for_backward=saved,
+                total=sum(p.numel() for p in params), saved_for_backward=saved.bytes,
                 peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 rss_model=rss_model, seconds_per_step=seconds)
 

@@ -19,7 +19,6 @@ SyncBN layers stay: in one process without a process group torch normalises them
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import os
@@ -111,20 +110,6 @@ def model_config(task: str, backbone: str, img_size: int):
     return ConfigDict(model)
 
 
-def build_model(task: str, backbone: str, img_size: int) -> torch.nn.Module:
-    """Build through the host library's registry (its default scope, vitdense imported)."""
-    from mmengine.registry import init_default_scope
-
-    from vitdense.compat import apply_host_fixes  # imports vitdense: its registries
-
-    apply_host_fixes()
-    package = TASKS[task][0]
-    importlib.import_module(f'{package}.utils').register_all_modules(init_default_scope=False)
-    init_default_scope(package)
-    registry = importlib.import_module(f'{package}.registry').MODELS
-    return registry.build(model_config(task, backbone, img_size))
-
-
 def synthetic_batch(task: str, batch: int, img_size: int, num_classes: int) -> dict:
     """Random uint8 images with random boxes + box masks (det) or label maps (seg); the
     same for every model (fixed seed)."""
@@ -169,10 +154,15 @@ def num_classes(model: torch.nn.Module, task: str) -> int:
 def make_iteration(task: str, backbone: str, img_size: int, batch: int,
                    device: str) -> tuple[torch.nn.Module, bm.Step]:
     """The model and one training iteration (mmengine ``train_step`` with AdamW)."""
+    from mmengine.config import Config
     from mmengine.optim import OptimWrapper
 
+    from vitdense.engine.hosts import build_model
+
     torch.manual_seed(0)
-    model = build_model(task, backbone, img_size).to(device).train()
+    cfg = Config(dict(default_scope=TASKS[task][0],
+                      model=model_config(task, backbone, img_size)))
+    model = build_model(cfg, 'train').to(device).train()
     data = synthetic_batch(task, batch, img_size, num_classes(model, task))
     wrapper = OptimWrapper(torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.05))

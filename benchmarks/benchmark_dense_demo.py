@@ -113,7 +113,7 @@ def train_and_test(cfg, task: str, threads: int) -> dict:
     from mmengine.runner import Runner
 
     import vitdense  # noqa: F401
-    from vitdense.engine.launch import host_of
+    from vitdense.engine.hosts import host_of
     torch.set_num_threads(threads)
     host_of(cfg)
     start = (time.monotonic(), time.process_time())

@@ -22,8 +22,9 @@ from mmengine.config import Config
 
 from benchmarks import benchmark_lib
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.deploy import PARTS, ExportedModel, build_model, deployable
+from vitdense.deploy import PARTS, ExportedModel, deployable
 from vitdense.deploy.inputs import graph_input, sample_images
+from vitdense.engine.hosts import build_model
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,7 +50,7 @@ def main() -> None:
     print('|---|---|---|---|---|')
     for config, checkpoint, path in args.model:
         cfg = Config.fromfile(config)
-        model = build_model(cfg, None if checkpoint == 'none' else checkpoint)
+        model = build_model(cfg, 'deploy', None if checkpoint == 'none' else checkpoint)
         graph, kind = deployable(model, args.part)
         x = graph_input(kind, model, sample_images(cfg, args.image, 1)[0])
         exported = ExportedModel(path, threads=args.threads)

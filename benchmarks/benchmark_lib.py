@@ -6,8 +6,8 @@ The pieces ``benchmarks/benchmark.py`` (backbones vs timm) and ``benchmarks/benc
 - :func:`time_interleaved`: several steps timed in alternating order after a warm-up, so
   that load changes on a shared machine hit every model alike; the median is reported, and
   :func:`paired_ratio` compares two steps sample by sample (neighbours in time).
-- :func:`count_flops`: ``FlopCounterMode`` with the CPU flash-attention kernels added (torch
-  counts fused attention only for the CUDA kernels); a multiply-add counts as 2 FLOPs.
+- :func:`count_flops` (:func:`vitdense.analysis.complexity.count_flops`): FLOPs of a step,
+  2 per multiply-add, with torch's CPU flash-attention kernels counted.
 - :func:`run_probe` runs a measurement in a fresh subprocess (:func:`module_command`: a
   module of this folder run from the repository root; timing in several processes
   averages out where each one's buffers happen to land in memory);
@@ -18,10 +18,10 @@ The pieces ``benchmarks/benchmark.py`` (backbones vs timm) and ``benchmarks/benc
   (:func:`build_backbone_pair`), in classification or dense form.
 - reporting: JSON, a terminal table (rich) and memory / time vs tokens plots (XCiT Fig. 2).
 
-Nothing here imports mmdet or mmseg; the dense benchmark builds its models itself. This
-module measures, it is not library code: it lives with the benchmarks (the package
-``benchmarks``, run as ``python -m benchmarks.<name>`` from the repository root) and depends
-on ``vitdense``, never the reverse.
+Nothing here imports mmdet or mmseg; the dense benchmark builds its models with
+:func:`vitdense.engine.hosts.build_model`. This module measures, it is not library code:
+it lives with the benchmarks (the package ``benchmarks``, run as ``python -m
+benchmarks.<name>`` from the repository root) and depends on ``vitdense``, never the reverse.
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from vitdense.analysis.complexity import count_flops  # noqa: F401  (the benchmarks' FLOPs)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_PREFIX = 'VITDENSE_PROBE '
@@ -181,38 +182,6 @@ def summarize_times(samples: Sequence[float], batch: int) -> dict:
     median = statistics.median(samples)
     return dict(step_s=median, images_per_s=batch / median, ms_per_image=1e3 * median / batch,
                 spread=(max(samples) - min(samples)) / median, samples_s=list(samples))
-
-
-# ---------------------------------------------------------------------- FLOPs
-def _cpu_flash_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    # FlopCounterMode passes the shapes of tensor arguments
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-def _flop_formulas() -> dict:
-    """Fused attention kernels that ``FlopCounterMode`` does not know (the CPU ones)."""
-    aten = torch.ops.aten
-    formulas = {}
-    if hasattr(aten, '_scaled_dot_product_flash_attention_for_cpu'):
-        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_flash_forward
-        formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
-            _cpu_flash_backward
-    return formulas
-
-
-def count_flops(step: Step) -> int:
-    """FLOPs of one call of ``step`` (matmuls, convolutions, attention; 2 per multiply-add).
-
-    Element-wise work (norms, activations, softmax outside fused kernels) is not counted,
-    as in the papers' FLOP counts.
-    """
-    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
-        step()
-    return counter.get_total_flops()
 
 
 # ---------------------------------------------------------------------- memory

@@ -34,12 +34,13 @@ from typing import Callable, Iterator
 import torch
 from mmengine.evaluator import Evaluator
 from mmengine.optim import build_optim_wrapper
-from mmengine.registry import MODELS, PARAM_SCHEDULERS, DefaultScope
+from mmengine.registry import PARAM_SCHEDULERS, DefaultScope
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.compat import mmcv_ext as torch_native
 from vitdense.demo_data import make_demo_coco
+from vitdense.engine.hosts import build_model
 from vitdense.engine.launch import load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,11 +233,11 @@ def demo_training(compiled: ModuleType, iters: int, data_root: Path, seed: int) 
     extensions = {'compiled': compiled, 'torch-native': torch_native}
     with DefaultScope.overwrite_default_scope('mmdet'):
         torch.manual_seed(seed)
-        first = MODELS.build(cfg.model)
+        first = build_model(cfg, 'train')
         first.init_weights()
         runs = {}
         for name in extensions:
-            model = MODELS.build(cfg.model)
+            model = build_model(cfg, 'train')
             model.load_state_dict(first.state_dict())
             optim = build_optim_wrapper(model, cfg.optim_wrapper)
             schedulers = [PARAM_SCHEDULERS.build(dict(s, optimizer=optim))

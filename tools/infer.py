@@ -28,10 +28,10 @@ from mmengine.registry import init_default_scope
 from mmengine.utils import ProgressBar
 
 import vitdense  # noqa: F401  (vitdense registries)
+from vitdense.analysis.loading import IMAGE_SUFFIXES
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine.launch import host_of
 
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 VIDEO_SUFFIXES = ('.mp4', '.avi', '.mov', '.mkv', '.webm')
 TOP_K = 5
 

@@ -11,9 +11,10 @@ import torch
 from common import CONFIGS, TINY_ARCH, TINY_BACKBONES, require_onnx
 from mmengine.config import Config
 
-from vitdense.deploy import (ExportedModel, MaskRCNNGraph, SegmentorGraph, build_model,
-                             deployable, export_module, max_abs_differences)
+from vitdense.deploy import (ExportedModel, MaskRCNNGraph, SegmentorGraph, deployable,
+                             export_module, max_abs_differences)
 from vitdense.deploy.graphs import AdaptiveAvgPool2d, IntegerUpsample
+from vitdense.engine.hosts import build_model
 from vitdense.registry import MODELS
 
 # square, non-square, and neither side a multiple of 32 (nor of the patch size 16)
@@ -70,7 +71,7 @@ def _demo_model(config: str, **model_overrides) -> torch.nn.Module:
     cfg.model.backbone.arch = dict(TINY_ARCH)
     cfg.merge_from_dict(dict(model=model_overrides))
     torch.manual_seed(0)
-    return build_model(cfg)
+    return build_model(cfg, 'deploy')
 
 
 @pytest.fixture(scope='module')

@@ -1,6 +1,6 @@
 """``norm_cfg=dict(type='SyncBN')`` models train in a CPU process group when wrapped by
-``vitdense.CPUDistributedDataParallel`` (what tools/launch.py picks without CUDA), and torch's
-own SyncBatchNorm and DDP are left as they are."""
+``vitdense.CPUDistributedDataParallel`` (what vitdense/engine/launch.py picks without CUDA), and
+torch's own SyncBatchNorm and DDP are left as they are."""
 from __future__ import annotations
 
 import pytest

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS, DefaultScope
 from PIL import Image
 
 from tools import infer
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import build_model
 
 from common import REPO_ROOT
 
@@ -24,11 +23,8 @@ CONFIGS = {
 
 
 def random_checkpoint(config: Path, path: Path) -> Path:
-    cfg = Config.fromfile(str(config))
-    host_of(cfg)
     torch.manual_seed(0)
-    with DefaultScope.overwrite_default_scope(cfg.default_scope):
-        model = MODELS.build(cfg.model)
+    model = build_model(Config.fromfile(str(config)), 'train')
     torch.save(dict(meta={}, state_dict=model.state_dict()), path)
     return path
 

@@ -1,5 +1,5 @@
-"""Parameters and FLOPs of the model of any config (see :mod:`vitdense.analysis.complexity`
-for what is counted and at which input size).
+"""Parameters and FLOPs of the model of any config, FLOPs as the papers count them: multiply-adds
+(see :mod:`vitdense.analysis.complexity` for what is counted and at which input size).
 
     python tools/analysis_tools/get_flops.py configs/xcit/xcit-s12-p16_8xb128_in1k.py
     python tools/analysis_tools/get_flops.py \\
@@ -26,7 +26,8 @@ def main() -> None:
         return
     height, width = result['shape']
     print(f'{args.config}\ninput: 3 x {height} x {width}\n'
-          f'params: {result["params"] / 1e6:.2f} M\nFLOPs: {result["flops"] / 1e9:.2f} G')
+          f'params: {result["params"] / 1e6:.2f} M\n'
+          f'FLOPs (multiply-adds): {result["flops"] / 1e9:.2f} G')
 
 
 if __name__ == '__main__':

@@ -41,8 +41,7 @@ from vitdense.analysis import (attention_rollout, build_backbone, class_attentio
                                mean_attention_distance, nonlocality, patch_embedding_filters,
                                pca_rgb, position_encodings, position_similarity,
                                query_attention_maps, record_attention, upsample_maps)
-
-IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp')
+from vitdense.analysis.loading import IMAGE_SUFFIXES
 
 
 def read_images(path: Optional[str]) -> list[tuple[str, np.ndarray]]:

@@ -20,10 +20,9 @@ import pickle
 import numpy as np
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS, DefaultScope
 
 from vitdense.checkpoint_io import safe_load
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import build_model
 from vitdense.models.backbones.vit import convert_detectron2_vitdet
 
 #: what a detectron2 .pkl may hold besides plain containers and numbers
@@ -56,11 +55,7 @@ def read_detectron2(path: str) -> dict:
 def check_against_config(state_dict: dict, config: str) -> None:
     """Build the config's model and load ``state_dict``: every backbone and neck tensor must
     be there with its shape (raises otherwise); the heads keep their initialisation."""
-    cfg = Config.fromfile(config)
-    host_of(cfg)
-    cfg.model.backbone.init_cfg = None
-    with DefaultScope.overwrite_default_scope(cfg.default_scope):
-        model = MODELS.build(cfg.model)
+    model = build_model(Config.fromfile(config), 'count')
     result = model.load_state_dict(state_dict, strict=False)
     missing = [k for k in result.missing_keys if k.startswith(('backbone.', 'neck.'))]
     if missing or result.unexpected_keys:

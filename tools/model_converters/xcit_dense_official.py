@@ -21,11 +21,10 @@ from collections import OrderedDict
 
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS
 
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.checkpoint_io import safe_load
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import build_model
 from vitdense.models import XCiT
 
 BACKBONE = 'backbone.'
@@ -48,10 +47,7 @@ def convert(state_dict: dict) -> OrderedDict:
 
 def check_against_config(state_dict: dict, config: str) -> None:
     """Build the config's model and load ``state_dict`` strictly (raises on any mismatch)."""
-    cfg = Config.fromfile(config)
-    host_of(cfg)
-    cfg.model.backbone.init_cfg = None
-    model = MODELS.build(cfg.model)
+    model = build_model(Config.fromfile(config), 'count')
     model.load_state_dict(state_dict, strict=True)
     print(f'loads strictly into the model of {config}')
 

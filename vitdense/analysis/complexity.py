@@ -1,41 +1,40 @@
-"""Parameters and FLOPs of the model of any config (classifier, detector or segmentor).
+"""Parameters, FLOPs and multiply-adds of a model, and of any config's model (classifier,
+detector or segmentor).
 
-FLOPs are multiply-accumulates of convolutions, matrix products and attention (torch's
-``FlopCounterMode`` counts 2 per multiply-add; we halve it), the convention of the ViT,
-DeiT, CaiT, XCiT and ConViT papers; norms, activations and pooling are not counted. The
-model is built and run on the meta device (shapes only: no memory, no arithmetic), one
-image: a classifier's logits, a segmentor's decode head (no auxiliary head, as at test
-time), a detector's backbone, neck and RPN plus its box head on ``test_cfg.rpn.max_per_img``
-proposals and its mask head on ``test_cfg.rcnn.max_per_img`` boxes (the most a test image
-gets; RoIAlign itself has no multiply-adds).
+One meaning each: :func:`count_flops` counts FLOPs, 2 per multiply-add (torch's
+``FlopCounterMode`` convention, used by the benchmarks); :func:`count_multiply_adds` counts
+multiply-adds, FLOPs divided by :data:`FLOPS_PER_MULTIPLY_ADD`, the number the ViT, DeiT,
+CaiT, XCiT and ConViT papers call "FLOPs" and that ``model-index.yml`` records. Both count
+convolutions, matrix products and attention (torch's CPU flash-attention kernels included);
+norms, activations and pooling are not counted.
+
+:func:`analyse` counts a config's model built and run on the meta device (shapes only: no
+memory, no arithmetic), one image: a classifier's logits, a segmentor's decode head (no
+auxiliary head, as at test time), a detector's backbone, neck and RPN plus its box head on
+``test_cfg.rpn.max_per_img`` proposals and its mask head on ``test_cfg.rcnn.max_per_img``
+boxes (the most a test image gets; RoIAlign itself has no multiply-adds).
 
 Command line: ``tools/analysis_tools/get_flops.py``.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS, DefaultScope
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import build_model, host_of
+
+#: FLOPs of one multiply-add (a multiplication and an addition)
+FLOPS_PER_MULTIPLY_ADD = 2
 
 
 def load_config(config: str) -> Config:
+    """Read ``config`` and register its host library."""
     cfg = Config.fromfile(config)
     host_of(cfg)
     return cfg
-
-
-def build_model(cfg: Config, device: str = 'meta') -> torch.nn.Module:
-    """The config's model as deployed: no pretrained weights (not needed to count) and no
-    distillation teacher (a training-time helper, kept out of the student's checkpoints)."""
-    model_cfg = cfg.model.copy()
-    model_cfg.pop('teacher', None)
-    if model_cfg.get('backbone', {}).get('init_cfg') is not None:
-        model_cfg.backbone.init_cfg = None
-    with DefaultScope.overwrite_default_scope(cfg.default_scope), torch.device(device):
-        return MODELS.build(model_cfg)
 
 
 def classification_shape(cfg: Config) -> tuple[int, int]:
@@ -87,27 +86,58 @@ def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> 
         head(images.new_zeros(count, extractor.out_channels, *size))
 
 
+def _cpu_flash_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    # FlopCounterMode passes the shapes of tensor arguments
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def _flop_formulas() -> dict:
+    """Fused attention kernels that ``FlopCounterMode`` does not know (the CPU ones)."""
+    aten = torch.ops.aten
+    formulas = {}
+    if hasattr(aten, '_scaled_dot_product_flash_attention_for_cpu'):
+        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_flash_forward
+        formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
+            _cpu_flash_backward
+    return formulas
+
+
+def count_flops(step: Callable[[], Any]) -> int:
+    """FLOPs of one call of ``step``, 2 per multiply-add (see the module doc)."""
+    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def count_multiply_adds(step: Callable[[], Any]) -> int:
+    """Multiply-adds of one call of ``step``: :func:`count_flops` over
+    :data:`FLOPS_PER_MULTIPLY_ADD`."""
+    return count_flops(step) // FLOPS_PER_MULTIPLY_ADD
+
+
 @torch.no_grad()
-def count_flops(model: torch.nn.Module, cfg: Config, shape: tuple[int, int]) -> int:
-    """Multiply-accumulates of one forward of a (1, 3, H, W) image (see the module doc)."""
+def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int, int]) -> int:
+    """Multiply-adds of one test-time forward of a (1, 3, H, W) image (see the module doc)."""
     model.eval()
     for param in model.parameters():  # FlopCounterMode's module tracker hooks grad-less inputs
         param.requires_grad_(False)
     device = next(model.parameters()).device
     images = torch.randn(1, 3, *shape, device=device)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        if cfg.default_scope == 'mmdet':
-            _run_detector(model, cfg, images)
-        else:
-            model(images, None, mode='tensor')
-    return counter.get_total_flops() // 2
+    if cfg.default_scope == 'mmdet':
+        return count_multiply_adds(lambda: _run_detector(model, cfg, images))
+    return count_multiply_adds(lambda: model(images, None, mode='tensor'))
 
 
 def analyse(config: str, shape: tuple[int, int] | None = None) -> dict:
-    """``config``'s parameter count and FLOPs at ``shape`` (default: :func:`default_shape`)."""
+    """``config``'s parameter count and multiply-adds at ``shape`` (default:
+    :func:`default_shape`); the latter under the key ``flops``, the model index's name for
+    them."""
     cfg = load_config(config)
     shape = tuple(shape) if shape else default_shape(cfg)
-    model = build_model(cfg, device='meta')
+    model = build_model(cfg, 'count', device='meta')
     return dict(config=config, shape=list(shape), params=count_parameters(model),
-                flops=count_flops(model, cfg, shape))
+                flops=forward_multiply_adds(model, cfg, shape))

@@ -23,6 +23,8 @@ from vitdense.registry import MODELS
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
+#: the files the tools take as images: what both OpenCV (the hosts' inferencers) and PIL read
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 
 
 def read_state_dict(checkpoint: Union[str, os.PathLike, dict]) -> dict:

@@ -36,7 +36,9 @@ import torch.nn.functional as F
 from mmengine.config import Config
 from torch.overrides import TorchFunctionMode
 
-from .complexity import build_model, load_config
+from vitdense.engine.hosts import build_model
+
+from .complexity import load_config
 
 GIB = 1 << 30
 HALF = torch.float16
@@ -318,7 +320,7 @@ def _run_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, ba
                         shape: tuple[int, int], amp: bool, objects: int) -> int:
     heads = copy.copy(model)
     if any(p.is_meta for p in model.parameters()):
-        heads = build_model(cfg, device='cpu').train()
+        heads = build_model(cfg, 'count', device='cpu').train()
     leaves = tuple(torch.randn(f.shape, dtype=torch.bfloat16 if amp else torch.float32,
                                requires_grad=True) for f in features)
     heads.extract_feat = lambda _: leaves
@@ -338,7 +340,7 @@ def account(config: str, batch: Optional[int] = None, shape: Optional[tuple[int,
         cfg.merge_from_dict(overrides)
     batch = batch or cfg.train_dataloader.batch_size
     shape = tuple(shape) if shape else largest_training_input(cfg)
-    model = build_model(cfg, device='meta')
+    model = build_model(cfg, 'count', device='meta')
     trainable = sum(p.numel() * p.element_size() for p in model.parameters()
                     if p.requires_grad)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -362,7 +364,7 @@ def time_step(config: str, batch: int, shape: tuple[int, int], repeats: int = 1,
     cfg = load_config(config)
     if overrides:
         cfg.merge_from_dict(overrides)
-    model = build_model(cfg, device='cpu').train()
+    model = build_model(cfg, 'count', device='cpu').train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     images = torch.randn(batch, 3, *shape)
     if cfg.default_scope == 'mmseg':

@@ -24,6 +24,7 @@ from mmpretrain.registry import MODELS as MMPRETRAIN_MODELS
 from mmpretrain.structures import DataSample
 from torch import nn
 
+from ..engine.hosts import image_normalization
 from ..registry import MODELS
 from .finetune import ATTENTION_ONLY, train_only
 
@@ -115,10 +116,11 @@ def renormalize(inputs: torch.Tensor, src: nn.Module, dst: nn.Module) -> torch.T
     The teacher sees the student's (mixed) batch in its own mean / std / channel order, e.g. a
     BGR-normalised mmpretrain RegNet teaching an RGB-normalised transformer.
     """
-    raw = inputs * src.std + src.mean if src._enable_normalize else inputs
+    src_norm, dst_norm = image_normalization(src), image_normalization(dst)
+    raw = inputs if src_norm is None else inputs * src_norm[1] + src_norm[0]
     if src.to_rgb != dst.to_rgb:
         raw = raw.flip(1)
-    return (raw - dst.mean) / dst.std if dst._enable_normalize else raw
+    return raw if dst_norm is None else (raw - dst_norm[0]) / dst_norm[1]
 
 
 def _drop_teacher_keys(module: nn.Module, state_dict: dict, prefix: str,

@@ -4,8 +4,8 @@
 nothing in torch, mmengine, mmcv or the OpenMMLab libraries. What the shipped configs need
 from a Runner (safe checkpoint loading, atomic saves, SyncBN in CPU process groups) goes
 through the hosts' own extension points: ``vitdense.SafeCheckpointHook`` named in the configs
-and ``vitdense.CPUDistributedDataParallel`` chosen by ``tools/launch.py``. What is left has
-to change a host library and is listed here:
+and ``vitdense.CPUDistributedDataParallel`` chosen by ``vitdense/engine/launch.py``. What is left
+has to change a host library and is listed here:
 
 =========================  =====================  ======================================
 fix                        written for            applied by

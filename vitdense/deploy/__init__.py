@@ -7,8 +7,6 @@ the file need ``onnx``, ``onnxscript`` and ``onnxruntime`` (``bash tools/install
 """
 from __future__ import annotations
 
-import importlib
-
 import torch.nn as nn
 
 from ..models.backbones.base import ColumnarBackbone
@@ -19,7 +17,7 @@ from .graphs import MaskRCNNGraph, Normalize, SegmentorGraph, paste_masks
 PARTS = ('model', 'backbone')
 
 __all__ = ['PARTS', 'FORMATS', 'MIN_SIDE', 'SUFFIXES', 'ExportedModel', 'MaskRCNNGraph',
-           'Normalize', 'SegmentorGraph', 'build_model', 'deployable', 'dynamic_image_shapes',
+           'Normalize', 'SegmentorGraph', 'deployable', 'dynamic_image_shapes',
            'export_module', 'max_abs_differences', 'paste_masks']
 
 
@@ -49,25 +47,3 @@ def deployable(model: nn.Module, part: str = 'model') -> tuple[nn.Module, str]:
     raise ValueError(f'{type(model).__name__}: exported models are mmseg encoder-decoders '
                      f'(UperNet, Semantic FPN) and mmdet Mask R-CNN, or part=backbone')
 
-
-def build_model(cfg, checkpoint: str | None = None) -> nn.Module:
-    """The model of an mmdet / mmseg config (an mmengine ``Config``) in eval mode on the
-    CPU, with the weights of ``checkpoint`` (all of them: a strict load), or initialised
-    as for training when ``checkpoint`` is None."""
-    from mmengine.registry import init_default_scope
-    from mmengine.runner import load_checkpoint
-
-    from vitdense.engine.launch import host_of
-
-    scope = cfg.get('default_scope')
-    if scope not in ('mmdet', 'mmseg'):
-        raise ValueError(f'config default_scope={scope!r}: exported models come from mmdet '
-                         f'or mmseg configs')
-    host_of(cfg)  # vitdense's host fixes, safe checkpoint loading, the host's modules
-    init_default_scope(scope)
-    model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
-    if checkpoint is None:
-        model.init_weights()
-    else:
-        load_checkpoint(model, checkpoint, map_location='cpu', strict=True, logger='silent')
-    return model.eval()

@@ -24,6 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torchvision.ops import nms, roi_align
 
+from ..engine.hosts import image_normalization
+
 
 class Normalize(nn.Module):
     """The data preprocessor's image step in the graph: channel flip (``bgr_to_rgb``),
@@ -34,9 +36,9 @@ class Normalize(nn.Module):
         super().__init__()
         self.flip = bool(getattr(preprocessor, '_channel_conversion', False) or
                          getattr(preprocessor, 'channel_conversion', False))
-        normalize = getattr(preprocessor, '_enable_normalize', False)
-        self.register_buffer('mean', preprocessor.mean.clone() if normalize else None)
-        self.register_buffer('std', preprocessor.std.clone() if normalize else None)
+        mean_std = image_normalization(preprocessor)
+        self.register_buffer('mean', None if mean_std is None else mean_std[0].clone())
+        self.register_buffer('std', None if mean_std is None else mean_std[1].clone())
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         if self.flip:

@@ -1,9 +1,8 @@
 """What the command-line tools share: one config, any of three host libraries.
 
 A vitdense config names its host library in ``default_scope`` (``mmdet``, ``mmseg`` or
-``mmpretrain``). The host is imported and registered here by name, so this module itself
-imports none of them, and the few places where the hosts' tools differ (how test images are
-drawn, how predictions are dumped) are one table.
+``mmpretrain``); :mod:`vitdense.engine.hosts` imports and registers it by name, so this module
+itself imports none of them.
 """
 from __future__ import annotations
 
@@ -12,74 +11,21 @@ import ctypes
 import datetime
 import difflib
 import gc
-import importlib
 import inspect
 import logging
 import os
 import os.path as osp
 import signal
 import sys
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from vitdense.checkpoint_io import safe_load, use_safe_loading
-from vitdense.compat import apply_host_fixes
+from vitdense.checkpoint_io import safe_load
+from vitdense.engine.hosts import HOSTS, Host, host_of  # noqa: F401  (HOSTS: tools/test.py)
 from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
-
-
-def _draw_mmdet(cfg: Config, show_dir: str) -> None:
-    cfg.default_hooks.visualization.update(draw=True, test_out_dir=osp.abspath(show_dir))
-
-
-def _draw_mmseg(cfg: Config, show_dir: str) -> None:
-    cfg.default_hooks.visualization.update(draw=True, interval=1)
-    cfg.visualizer.save_dir = osp.abspath(show_dir)
-
-
-def _draw_mmpretrain(cfg: Config, show_dir: str) -> None:
-    cfg.default_hooks.visualization.update(enable=True, interval=1,
-                                           out_dir=osp.abspath(show_dir))
-
-
-@dataclass(frozen=True)
-class Host:
-    """How one OpenMMLab library's own tools draw (every image) and dump test results."""
-
-    draw: Callable[[Config, str], None]
-    dump_metric: Callable[[str], dict]
-    out_help: str
-
-
-HOSTS = {
-    'mmdet': Host(_draw_mmdet,
-                  lambda out: dict(type='DumpDetResults', out_file_path=out),
-                  'pickle file of the predictions (masks RLE-encoded)'),
-    'mmseg': Host(_draw_mmseg,
-                  lambda out: dict(type='IoUMetric', output_dir=out, format_only=True),
-                  'folder for the predicted label maps (PNG)'),
-    'mmpretrain': Host(_draw_mmpretrain,
-                       lambda out: dict(type='DumpResults', out_file_path=out),
-                       'pickle file of the predictions'),
-}
-
-
-def host_of(cfg: Config) -> Host:
-    """Import and register the library that ``cfg.default_scope`` names, after vitdense's
-    host fixes (``vitdense.compat``); mmengine loads local checkpoints with weights_only=True
-    (``use_safe_loading``), also where no Runner builds a ``SafeCheckpointHook`` (inference)."""
-    scope = cfg.get('default_scope')
-    if scope not in HOSTS:
-        raise ValueError(f'config default_scope={scope!r}: vitdense tools run configs of '
-                         f'{sorted(HOSTS)}')
-    apply_host_fixes()
-    use_safe_loading()
-    importlib.import_module(f'{scope}.utils').register_all_modules(init_default_scope=False)
-    return HOSTS[scope]
 
 
 def tool_parser(description: str) -> argparse.ArgumentParser:

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from common import CHECKOUT_ENV, CONFIGS, REPO_ROOT, require_onnx
 from PIL import Image
 
@@ -56,3 +57,38 @@ def test_an_existing_file_is_not_overwritten(tmp_path):
     result = _run(str(CONFIG), 'none', '--out', str(out))
     assert result.returncode == 2 and 'exists; pass --overwrite' in result.stderr
     assert out.read_text() == 'keep me'
+
+
+def test_evaluate_holds_the_segmentor_labels_to_min_agreement(tmp_path, capsys):
+    """A stand-in for the exported file that gives 4 of a 64 × 64 image's pixels another
+    label: 99.9 % agree, which passes at --min-agreement 0.99 and fails at 0.9995."""
+    from mmengine.config import Config
+
+    from tools.deployment import export
+    from vitdense.demo_data import make_demo_ade
+    from vitdense.deploy import deployable
+    from vitdense.engine.hosts import build_model
+
+    cfg = Config.fromfile(CONFIG)
+    cfg.merge_from_dict(dict(model=dict(
+        backbone=dict(arch=dict(embed_dims=32, num_layers=4, num_heads=2)),
+        decode_head=dict(in_channels=[32] * 4, channels=32),
+        auxiliary_head=dict(in_channels=32, channels=16))))
+    cfg.val_dataloader.dataset.data_root = str(
+        make_demo_ade(tmp_path / 'ade', num_train=1, num_val=2, size=64))
+    cfg.val_dataloader.dataset.pipeline = [
+        step for step in cfg.val_dataloader.dataset.pipeline if step.type != 'Resize']
+    model = build_model(cfg, 'deploy')
+    graph, kind = deployable(model)
+
+    def four_pixels_differ(image):
+        with torch.no_grad():
+            logits, labels = graph(image)
+        labels = labels.clone()
+        labels[..., :2, :2] = (labels[..., :2, :2] + 1) % logits.shape[1]
+        return logits, labels
+
+    assert export.evaluate(cfg, kind, model, four_pixels_differ, min_agreement=0.99)
+    assert 'labels equal on 99.902% of 8192 pixels (>= 99%)' in capsys.readouterr().out
+    assert not export.evaluate(cfg, kind, model, four_pixels_differ, min_agreement=0.9995)
+    assert '(>= 99.95%)' in capsys.readouterr().out

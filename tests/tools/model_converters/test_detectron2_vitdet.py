@@ -9,9 +9,8 @@ import sys
 
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS, DefaultScope
 
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import build_model
 
 from common import CHECKOUT_ENV, REPO_ROOT
 
@@ -41,12 +40,8 @@ def test_detectron2_checkpoint_converts_to_the_vitdet_config(tmp_path):
     small = tmp_path / 'small.py'  # ViT-B's layout at width 32: every key, small tensors
     small.write_text(f"_base_ = '{CONFIG}'\nmodel = dict(backbone=dict(arch=dict(_delete_=True, "
                      f"embed_dims=32, num_layers=12, num_heads=2)), neck=dict(in_channels=32))\n")
-    cfg = Config.fromfile(str(small))
-    host_of(cfg)
-    cfg.model.backbone.init_cfg = None
     torch.manual_seed(0)
-    with DefaultScope.overwrite_default_scope(cfg.default_scope):
-        model = MODELS.build(cfg.model)
+    model = build_model(Config.fromfile(str(small)), 'count')
     ours = {k: v for k, v in model.state_dict().items() if k.startswith(('backbone.', 'neck.'))}
     with torch.no_grad():
         for value in ours.values():

@@ -8,9 +8,8 @@ import sys
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.registry import MODELS, DefaultScope
 
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import build_model
 
 from common import CHECKOUT_ENV, REPO_ROOT
 
@@ -39,13 +38,9 @@ def _official(state_dict: dict) -> dict:
 
 
 def _build(config: str, seed: int):
-    cfg = Config.fromfile(str(REPO_ROOT / config))
-    host_of(cfg)
-    cfg.model.backbone.init_cfg = None
     torch.manual_seed(seed)
-    with DefaultScope.overwrite_default_scope(cfg.default_scope):
-        model = MODELS.build(cfg.model)
-        model.init_weights()
+    model = build_model(Config.fromfile(str(REPO_ROOT / config)), 'count')
+    model.init_weights()
     return model.eval()
 
 

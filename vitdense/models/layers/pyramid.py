@@ -10,20 +10,29 @@ from .norm import build_norm2d
 PYRAMID_STRIDES = (4, 8, 16, 32)
 
 
-def _rescale(dims: int, patch_size: int, stride: int, norm_cfg: dict,
-             ceil_mode: bool) -> nn.Module:
-    """Stride p -> s: 2×2 stride-2 transposed convs (norm + GELU between them) to go up,
-    identity, or max pooling to go down (as in the official XCiT detection code)."""
-    if stride == patch_size:
-        return nn.Identity()
-    if stride > patch_size:
-        return nn.MaxPool2d(stride // patch_size, stride // patch_size, ceil_mode=ceil_mode)
+def rescale(dims: int, scale: float, norm_cfg: dict, ceil_mode: bool = True,
+            halve_width: bool = False) -> tuple[nn.Module, int]:
+    """The module bringing a map of width ``dims`` ``scale`` (a power of two) times finer,
+    and the width it gives.
+
+    Up: 2×2 stride-2 transposed convs with norm + GELU between them, keeping the width (XCiT's
+    official detection code) or halving it at each step (``halve_width``: ViTDet). Down: max
+    pooling; ``ceil_mode`` keeps the level at ceil(H / stride) for inputs that are no multiple
+    of the stride.
+    """
+    if scale == 1:
+        return nn.Identity(), dims
+    if scale < 1:
+        kernel = round(1 / scale)
+        return nn.MaxPool2d(kernel, kernel, ceil_mode=ceil_mode), dims
     layers: list[nn.Module] = []
-    for i in range(int(math.log2(patch_size // stride))):
-        if i:
+    for step in range(int(math.log2(scale))):
+        if step:
             layers += [build_norm2d(norm_cfg, dims), nn.GELU()]
-        layers.append(nn.ConvTranspose2d(dims, dims, 2, stride=2))
-    return nn.Sequential(*layers)
+        out_dims = dims // 2 if halve_width else dims
+        layers.append(nn.ConvTranspose2d(dims, out_dims, 2, stride=2))
+        dims = out_dims
+    return nn.Sequential(*layers), dims
 
 
 def _crop(feature: torch.Tensor, hw: list) -> torch.Tensor:
@@ -53,8 +62,8 @@ class MultiLevelPyramid(nn.Module):
                              f'{patch_size}; use pyramid=False for patch size {patch_size}')
         self.crop = crop
         for level, stride in enumerate(PYRAMID_STRIDES, start=1):
-            self.add_module(f'fpn{level}',
-                            _rescale(embed_dims, patch_size, stride, norm_cfg, ceil_mode=crop))
+            self.add_module(f'fpn{level}', rescale(embed_dims, patch_size / stride, norm_cfg,
+                                                   ceil_mode=crop)[0])
 
     def forward(self, features: list[torch.Tensor],
                 image_hw: tuple[int, int]) -> tuple[torch.Tensor, ...]:

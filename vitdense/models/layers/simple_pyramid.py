@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .norm import build_norm2d
+from .pyramid import rescale
 
 #: scale factors from the patch stride: 4 and 2 up, 1 kept, 0.5 down (ViTDet's)
 SCALE_FACTORS = (4., 2., 1., .5)
@@ -29,23 +30,6 @@ class ConvNorm(nn.Sequential):
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size,
                               padding=kernel_size // 2, bias=False)
         self.norm = build_norm2d(norm_cfg, out_channels)
-
-
-def _rescale(dims: int, scale: float, norm_cfg: dict) -> tuple[nn.Module, int]:
-    """The module bringing a map of width ``dims`` ``scale`` times finer, and its width."""
-    if scale == 1:
-        return nn.Identity(), dims
-    if scale < 1:
-        # ceil mode: the level stays ceil(H / stride) for inputs that are no multiple of it
-        kernel = round(1 / scale)
-        return nn.MaxPool2d(kernel, kernel, ceil_mode=True), dims
-    layers: list[nn.Module] = []
-    for step in range(int(math.log2(scale))):
-        if step:
-            layers += [build_norm2d(norm_cfg, dims), nn.GELU()]
-        layers.append(nn.ConvTranspose2d(dims, dims // 2, 2, stride=2))
-        dims //= 2
-    return nn.Sequential(*layers), dims
 
 
 class SimpleFeaturePyramid(nn.Module):
@@ -78,8 +62,8 @@ class SimpleFeaturePyramid(nn.Module):
         self.lateral_convs = nn.ModuleList()
         self.fpn_convs = nn.ModuleList()
         for scale in scale_factors:
-            rescale, dims = _rescale(in_channels, scale, norm_cfg)
-            self.rescales.append(rescale)
+            layer, dims = rescale(in_channels, scale, norm_cfg, halve_width=True)
+            self.rescales.append(layer)
             self.lateral_convs.append(ConvNorm(dims, out_channels, 1, norm_cfg))
             self.fpn_convs.append(ConvNorm(out_channels, out_channels, 3, norm_cfg))
 
