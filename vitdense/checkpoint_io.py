@@ -54,7 +54,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 __all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
            'load_from_local', 'use_safe_loading', 'atomic_write', 'AtomicLocalBackend',
-           'ATOMIC_BACKEND', 'PLAIN_TAG', 'to_plain', 'from_plain', 'plain_checkpoint',
+           'ATOMIC_BACKEND', 'PLAIN_TAG', 'to_plain', 'from_plain', 'save_plain', 'plain_checkpoint',
            'load_checkpoint']
 
 
@@ -328,19 +328,23 @@ def from_plain(obj: Any) -> Any:
     return _walk(obj, _from_plain)
 
 
+def save_plain(checkpoint: Any, path: str | os.PathLike) -> None:
+    """Save ``checkpoint`` as plain data (:func:`to_plain`) to ``path``, atomically
+    (:func:`atomic_write`): what converters and tools write loads with ``torch.load``'s
+    defaults, and a failed save leaves ``path`` as it was."""
+    buffer = io.BytesIO()
+    torch.save(to_plain(checkpoint), buffer)
+    atomic_write(path, buffer.getvalue())
+
+
 def plain_checkpoint(src: str | os.PathLike, dst: str | os.PathLike,
-                     overwrite: bool = False) -> dict:
+                     overwrite: bool = False) -> None:
     """Rewrite the checkpoint ``src`` (read with :func:`safe_load`) as ``dst`` holding plain
-    data only (:func:`to_plain`), written atomically; ``dst`` may exist only with
-    ``overwrite``. Returns what was written."""
+    data only (:func:`save_plain`); ``dst`` may exist only with ``overwrite``."""
     if osp.exists(dst) and not overwrite:
         raise FileExistsError(f'{os.fspath(dst)} exists; pass overwrite=True (--overwrite) to '
                               'replace it')
-    checkpoint = to_plain(safe_load(src, map_location='cpu'))
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
-    atomic_write(dst, buffer.getvalue())
-    return checkpoint
+    save_plain(safe_load(src, map_location='cpu'), dst)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
