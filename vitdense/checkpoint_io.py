@@ -1,21 +1,32 @@
 """Checkpoint files: safe loading, atomic writing, and errors that name the file.
 
-Loading: torch >= 2.6 loads with ``weights_only=True`` by default, and mmengine 0.10 calls
-``torch.load`` without the argument, so an mmengine checkpoint (``resume``, ``load_from``,
-``init_cfg=dict(type='Pretrained')``) is refused with ``Unsupported global: GLOBAL
-mmengine.logging.history_buffer.HistoryBuffer`` (and numpy arrays / scalars in the message
-hub). Turning ``weights_only`` off would let any checkpoint run code on load. :func:`safe_load`
-keeps ``weights_only=True`` (passed explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot
-turn it off) and allows, for that one call, exactly what ``Runner.save_checkpoint`` writes
-besides tensors and builtins (:data:`ALLOWED_GLOBALS`, found by saving a real checkpoint and
-listing ``torch.serialization.get_unsafe_globals_in_checkpoint``): numpy arrays, dtypes and
-scalars, mmengine's ``HistoryBuffer``, the ``getattr(HistoryBuffer, 'min')``-style references
-that ``HistoryBuffer.__getstate__`` pickles (served by a ``getattr`` that resolves nothing but
-HistoryBuffer's own statistics methods), and ``bytes()``, as the data of an empty array
-pickles (``bytes(n)`` would let a file allocate any amount of memory). Nothing is added to
-torch's process-wide allow-list. :func:`use_safe_loading` makes mmengine's local-file scheme
-(``CheckpointLoader``) load through :func:`safe_load`; :class:`vitdense.SafeCheckpointHook`
-and vitdense's tools call it, so a config naming that hook gets it.
+Plain data: what vitdense writes (:class:`vitdense.SafeCheckpointHook`, the converters) holds
+tensors and Python builtins only, so ``torch.load`` with torch's defaults (``weights_only=True``
+since torch 2.6, no allow-list) reads it wherever it runs, e.g. in the hosts' own tools and
+inferencers. :func:`to_plain` writes the message hub's ``HistoryBuffer`` s and numpy arrays and
+scalars as tagged dicts of tensors; :func:`from_plain` rebuilds them exactly (dtype, shape,
+numbers), so resuming stays exact. :func:`plain_checkpoint` rewrites a checkpoint mmengine wrote.
+
+Loading: mmengine 0.10 calls ``torch.load`` without ``weights_only``, so a checkpoint that
+mmengine's own hook wrote (``resume``, ``load_from``, ``init_cfg=dict(type='Pretrained')``) is
+refused with ``Unsupported global: GLOBAL mmengine.logging.history_buffer.HistoryBuffer`` (and
+numpy arrays / scalars in the message hub). Turning ``weights_only`` off would let any
+checkpoint run code on load. :func:`safe_load` keeps ``weights_only=True`` (passed
+explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off) and allows, for that
+one call, exactly what ``Runner.save_checkpoint`` writes besides tensors and builtins
+(:data:`ALLOWED_GLOBALS`, found by saving a real checkpoint and listing
+``torch.serialization.get_unsafe_globals_in_checkpoint``): numpy arrays, dtypes and scalars,
+mmengine's ``HistoryBuffer`` (as :class:`_HistoryBufferFromFile`, which accepts only the state
+mmengine writes and leaves the class-wide statistics table alone), the
+``getattr(HistoryBuffer, 'min')``-style references that ``HistoryBuffer.__getstate__`` pickles
+(served by a ``getattr`` that resolves nothing but HistoryBuffer's own statistics methods), and
+``bytes()``, as the data of an empty array pickles (``bytes(n)`` would let a file allocate any
+amount of memory). Nothing is added to torch's process-wide allow-list.
+:func:`use_safe_loading` makes mmengine's local-file scheme (``CheckpointLoader``) load
+through :func:`safe_load`; :class:`vitdense.SafeCheckpointHook` and vitdense's tools call it,
+so a config naming that hook gets it. :func:`load_checkpoint` loads one file the same way
+without registering anything, for library code (``Pretrained`` initialisation of our
+backbones, :func:`vitdense.cls.build_teacher`).
 
 Errors: a file asking for a global outside the allow-list raises
 :class:`UnsafeCheckpointError` naming the file and the global, without torch's advice to
