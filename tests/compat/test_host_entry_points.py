@@ -98,9 +98,10 @@ def _assert_plain(work_dir: Path) -> int:
 
 @pytest.mark.parametrize('task', ['mmdet', 'mmseg'])
 def test_host_train_resume_and_test_tools(task, demo_sets, tmp_path):
-    config, options = CONFIGS[task], _options(task, demo_sets[task], iters=2)
-    # the run names our resume hook, as a user's config would
-    options += ["custom_hooks=[dict(type='vitdense.ExactResumeHook')]"]
+    options = _options(task, demo_sets[task], iters=2)
+    config = tmp_path / 'config.py'  # a user's config on ours, naming our resume hook
+    config.write_text(f"_base_ = '{REPO_ROOT / CONFIGS[task]}'\n"
+                      "custom_hooks = [dict(type='vitdense.ExactResumeHook')]\n")
     train = _host_tool(task, 'train.py')
     whole, resumed = tmp_path / 'whole', tmp_path / 'resumed'
     _python(train, config, '--work-dir', whole, *options)
@@ -120,31 +121,35 @@ def test_host_train_resume_and_test_tools(task, demo_sets, tmp_path):
     assert _assert_plain(tmp_path) == 4
 
 
-INFERENCERS = """
+# one host's inferencer (each in its own interpreter: the hosts' default scopes clash in one)
+INFERENCER = """
 import json, sys
 import numpy as np
-from mmdet.apis import DetInferencer
-from mmpretrain.apis import ImageClassificationInferencer
-from mmseg.apis import MMSegInferencer
-configs, checkpoints, image = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-det = DetInferencer(model=configs['mmdet'], weights=checkpoints['mmdet'], device='cpu',
-                    show_progress=False)(image, return_datasamples=False)['predictions'][0]
-det.pop('masks', None)
-seg = MMSegInferencer(model=configs['mmseg'], weights=checkpoints['mmseg'], device='cpu')(image)
-cls = ImageClassificationInferencer(model=configs['mmpretrain'], pretrained=checkpoints[
-    'mmpretrain'], device='cpu')(image)[0]
-print('PREDICTIONS', json.dumps(dict(mmdet=det, mmseg=np.asarray(seg['predictions']).tolist(),
-                                     mmpretrain=np.asarray(cls['pred_scores']).tolist())))
+task, config, checkpoint, image = sys.argv[1:]
+if task == 'mmdet':
+    from mmdet.apis import DetInferencer
+    result = DetInferencer(model=config, weights=checkpoint, device='cpu', show_progress=False)(
+        image)['predictions'][0]
+    result.pop('masks', None)
+elif task == 'mmseg':
+    from mmseg.apis import MMSegInferencer
+    result = np.asarray(MMSegInferencer(model=config, weights=checkpoint, device='cpu')(image)[
+        'predictions']).tolist()
+else:
+    from mmpretrain.apis import ImageClassificationInferencer
+    result = np.asarray(ImageClassificationInferencer(model=config, pretrained=checkpoint,
+                                                      device='cpu')(image)[0]['pred_scores'])
+    result = result.tolist()
+print('PREDICTIONS', json.dumps(result))
 """
 
 
 def test_inferencers_predict_what_our_infer_tool_does(our_checkpoints, image_folder, tmp_path):
     image = image_folder / IMAGE
     configs = {task: str(REPO_ROOT / config) for task, config in CONFIGS.items()}
-    output = _python('-c', INFERENCERS, json.dumps(configs),
-                     json.dumps({task: str(path) for task, path in our_checkpoints.items()}),
-                     image, cwd=tmp_path)
-    hosts = json.loads(output.split('PREDICTIONS ', 1)[1].splitlines()[0])
+    hosts = {task: json.loads(_python('-c', INFERENCER, task, configs[task], our_checkpoints[task],
+                                      image, cwd=tmp_path).split('PREDICTIONS ', 1)[1]
+                              .splitlines()[0]) for task in CONFIGS}
     ours = {task: infer.main([configs[task], str(our_checkpoints[task]), str(image),
                               '--out-dir', str(tmp_path / task), '--score-thr', '0',
                               '--device', 'cpu'])['predictions'][IMAGE]
