@@ -65,8 +65,8 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 __all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
            'load_from_local', 'use_safe_loading', 'atomic_write', 'AtomicLocalBackend',
-           'ATOMIC_BACKEND', 'PLAIN_TAG', 'to_plain', 'from_plain', 'save_plain', 'plain_checkpoint',
-           'load_checkpoint']
+           'ATOMIC_BACKEND', 'PLAIN_TAG', 'to_plain', 'from_plain', 'save_plain',
+           'plain_checkpoint', 'load_checkpoint']
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -314,7 +314,7 @@ def _from_plain(obj: Any) -> Any:
         return _KEEP
     kind = obj[PLAIN_TAG]
     if kind in ('ndarray', 'numpy_scalar') and isinstance(obj.get('data'), torch.Tensor):
-        array = obj['data'].numpy()
+        array = obj['data'].cpu().numpy()  # Runner.resume maps the whole file to its device
         return array if kind == 'ndarray' else array[()]
     if kind == 'HistoryBuffer' and isinstance(obj.get('max_length'), int):
         buffer = HistoryBuffer(max_length=obj['max_length'])

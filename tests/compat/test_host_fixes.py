@@ -128,7 +128,8 @@ def test_python_m_vitdense_compat_runs_a_script_with_the_fix(tmp_path):
     script.write_text('import sys\n'
                       'import mmcv.ops\n'
                       "finders = [f for f in sys.meta_path if 'vitdense' in type(f).__module__]\n"
-                      "print(__name__, sys.argv[1:], len(finders), sys.modules['mmcv._ext'].__file__)\n")
+                      "print(__name__, sys.argv[1:], len(finders), "
+                      "sys.modules['mmcv._ext'].__file__)\n")
     result = subprocess.run([sys.executable, '-m', 'vitdense.compat', str(script), 'a', '--b'],
                             cwd=tmp_path, capture_output=True, text=True, env=CHECKOUT_ENV)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections import OrderedDict
 
 from mmengine.config import Config
