@@ -4,6 +4,7 @@ named, and saves are atomic, without touching torch's own allow-list."""
 from __future__ import annotations
 
 import builtins
+import io
 import os
 from pathlib import Path
 
@@ -12,14 +13,16 @@ import pytest
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.hooks import Hook
+from mmengine.registry import DefaultScope
 from mmengine.runner import Runner, load_checkpoint
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 from torch.utils.data import Dataset
 
-from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError,
-                                   atomic_write, load_from_local, safe_load, use_safe_loading)
+from vitdense.checkpoint_io import (ALLOWED_GLOBALS, PLAIN_TAG, CorruptCheckpointError,
+                                   UnsafeCheckpointError, atomic_write, from_plain,
+                                   load_from_local, safe_load, to_plain, use_safe_loading)
 
 from common import RegressToOne
 
@@ -65,16 +68,54 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     return work_dir / 'epoch_1.pth', weights
 
 
-def test_safe_load_allows_mmengine_globals_for_its_own_call_only(trained):
+def test_checkpoints_hold_only_tensors_and_builtins(trained):
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(trained[0]) == []
+    plain = torch.load(trained[0])  # torch's defaults: weights_only, no allow-list
+    loss = plain['message_hub']['log_scalars']['train/loss']
+    assert loss[PLAIN_TAG] == 'HistoryBuffer' and loss['log_history']['data'].dtype == torch.float64
+    assert plain['meta']['dataset_meta'] == Ones.metainfo
+
+
+@pytest.fixture(scope='module')
+def old_style(trained, tmp_path_factory) -> Path:
+    """A checkpoint as mmengine writes it: HistoryBuffers and numpy values as objects."""
+    path = tmp_path_factory.mktemp('old') / 'epoch_1.pth'
+    torch.save(safe_load(trained[0]), path)
+    return path
+
+
+def test_safe_load_allows_mmengine_globals_for_its_own_call_only(old_style):
     # The premise: torch refuses mmengine checkpoints with weights_only=True; safe_load
     # reads them and leaves torch's process-wide allow-list as it was.
     allowed = set(torch.serialization.get_safe_globals())
     with pytest.raises(Exception, match='numpy|HistoryBuffer'):
-        torch.load(trained[0], weights_only=True)
-    assert safe_load(trained[0])['meta']['epoch'] == 1
+        torch.load(old_style, weights_only=True)
+    assert safe_load(old_style)['meta']['epoch'] == 1
     assert set(torch.serialization.get_safe_globals()) == allowed
     with pytest.raises(Exception, match='numpy|HistoryBuffer'):
-        torch.load(trained[0], weights_only=True)
+        torch.load(old_style, weights_only=True)
+
+
+def test_plain_data_round_trips_exactly():
+    buffer = HistoryBuffer(max_length=5)
+    for value, count in [(1.5, 1), (2, 3)]:
+        buffer.update(value, count)
+    data = {'hub': buffer, 'scalars': (np.float32(1.25), np.int64(-3), np.bool_(True)),
+            'arrays': [np.arange(6, dtype=np.uint16).reshape(2, 3).T, np.zeros((0, 2))],
+            'text': 'kept', 'tensor': torch.ones(2)}
+    plain = to_plain(data)
+    path = io.BytesIO()
+    torch.save(plain, path)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(path.getvalue())) == []
+    back = from_plain(torch.load(io.BytesIO(path.getvalue())))
+    assert isinstance(back['hub'], HistoryBuffer) and back['hub'].max_length == 5
+    for got, want in [(back['hub']._log_history, buffer._log_history),
+                      (back['hub']._count_history, buffer._count_history),
+                      *zip(back['scalars'], data['scalars']), *zip(back['arrays'], data['arrays'])]:
+        assert type(got) is type(want) and got.dtype == want.dtype
+        assert got.shape == want.shape and np.array_equal(got, want)
+    assert back['text'] == 'kept' and torch.equal(back['tensor'], data['tensor'])
+    assert to_plain(back)['tensor'] is back['tensor']  # nothing copied that needs no change
 
 
 @pytest.fixture
@@ -298,3 +339,83 @@ def test_old_checkpoints_removed_only_after_new_one(tmp_path):
     runner.train()
     assert sorted(p.name for p in tmp_path.glob('*.pth')) == ['epoch_2.pth', 'epoch_3.pth']
     assert (tmp_path / 'last_checkpoint').read_text() == str(tmp_path / 'epoch_3.pth')
+
+
+@pytest.fixture
+def statistics_table():
+    """HistoryBuffer's class-wide statistics table, restored after the test."""
+    saved = dict(HistoryBuffer._statistics_methods)
+    yield HistoryBuffer._statistics_methods
+    HistoryBuffer._statistics_methods.clear()
+    HistoryBuffer._statistics_methods.update(saved)
+
+
+@pytest.mark.parametrize('state', [
+    {'statistics_methods': {'mean': HistoryBuffer.max}},  # every later mean a max
+    {'statistics_methods': {}, 'update': HistoryBuffer.max},  # an instance attribute
+    {'statistics_methods': {}, '_log_history': 'not an array'},
+])
+def test_history_buffer_state_sets_only_what_mmengine_writes(state, tmp_path, statistics_table,
+                                                             monkeypatch):
+    state = dict({'max_length': 10, '_log_history': np.zeros(1), '_count_history': np.ones(1)},
+                 **state)
+    path = tmp_path / 'hub.pth'
+    with monkeypatch.context() as crafting:  # a file holding a HistoryBuffer with this state
+        crafting.setattr(HistoryBuffer, '__getstate__', lambda self: state)
+        torch.save({'message_hub': {'log_scalars': {'train/loss': HistoryBuffer()}}}, path)
+    before = dict(statistics_table)
+    with pytest.raises(UnsafeCheckpointError, match='HistoryBuffer state other than mmengine '
+                                                    'writes') as info:
+        safe_load(path)
+    assert str(path) in str(info.value)
+    assert statistics_table == before
+
+
+def test_history_buffer_state_as_mmengine_writes_it_loads(tmp_path, statistics_table):
+    buffer = HistoryBuffer()
+    buffer.update(3.0)
+    path = tmp_path / 'hub.pth'
+    torch.save({'buffer': buffer}, path)  # mmengine's own pickling: the full statistics table
+    loaded = safe_load(path)['buffer']
+    assert type(loaded) is HistoryBuffer and loaded.statistics('mean') == 3.0
+    assert 'statistics_methods' not in loaded.__dict__
+
+
+def test_allow_list_is_exactly_what_mmengine_checkpoints_need():
+    names = sorted(entry[1] if isinstance(entry, tuple) else
+                   f'{entry.__module__}.{entry.__qualname__}' for entry in ALLOWED_GLOBALS)
+    numeric = ['Bool', 'Int8', 'UInt8', 'Int16', 'UInt16', 'Int32', 'UInt32', 'Int64', 'UInt64',
+               'Float16', 'Float32', 'Float64', 'LongDouble', 'Complex64', 'Complex128']
+    assert names == sorted([
+        'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr', 'builtins.bytes',
+        'numpy.ndarray', 'numpy.dtype',
+        *[f'numpy.{core}.multiarray.{name}' for core in ('_core', 'core')
+          for name in ('_reconstruct', 'scalar')],
+        *[f'numpy.dtypes.{kind}DType' for kind in numeric]])
+    # the names a file can use resolve to our guarded stand-ins, not to the builtins
+    resolved = {entry[1]: entry[0] for entry in ALLOWED_GLOBALS if isinstance(entry, tuple)}
+    assert resolved['builtins.getattr'] is not getattr
+    assert resolved['builtins.bytes'] is not bytes
+    assert resolved['mmengine.logging.history_buffer.HistoryBuffer'] is not HistoryBuffer
+
+
+@pytest.mark.parametrize('how', ['pretrained_backbone', 'build_teacher'])
+def test_library_loads_are_weights_only_whatever_the_environment(
+        how, tmp_path, marker, monkeypatch, mmengine_local_loader):
+    from vitdense.cls import build_teacher
+    from vitdense.registry import MODELS
+
+    from common import TINY_BACKBONES
+    evil = _write(tmp_path / 'evil.pth', _RunsCode(os.system, f'touch {marker}'))
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    with pytest.raises(UnsafeCheckpointError) as info:
+        if how == 'pretrained_backbone':
+            MODELS.build(dict(TINY_BACKBONES['vit'], init_cfg=dict(
+                type='Pretrained', checkpoint=evil))).init_weights()
+        else:  # the scope a Runner of this module left behind is not mmpretrain's
+            with DefaultScope.overwrite_default_scope('mmpretrain'):
+                build_teacher(dict(type='ImageClassifier', backbone=TINY_BACKBONES['vit'],
+                                   head=dict(type='LinearClsHead', num_classes=2,
+                                             in_channels=32)), evil)
+    assert not marker.exists(), 'the payload ran'
+    assert evil in str(info.value) and 'system' in str(info.value)

@@ -9,7 +9,9 @@
 #
 # Default: mmcv-lite is mmcv without its compiled extension; vitdense serves the ops our
 # configs call (nms, RoIAlign) on torchvision's CPU / CUDA kernels (vitdense/compat/mmcv_ext.py)
-# and every other compiled op raises an error naming it.  --full-mmcv builds mmcv's C++ ops
+# and every other compiled op raises an error naming it.  A one-line start-up file,
+# site-packages/vitdense-mmcv-ext.pth, makes every interpreter of the environment find them
+# as mmcv._ext (delete it to stop that; --full-mmcv removes it).  --full-mmcv builds mmcv's C++ ops
 # (and CUDA ops where torch sees a GPU; FORCE_CUDA=1 forces them) from the PyPI source,
 # ~10-25 min on 2 cores, needs g++ (and nvcc for CUDA), and caches the wheel, keyed by the
 # torch version, in $VITDENSE_CACHE (default ~/.cache/vitdense) so later installs take seconds.
@@ -149,12 +151,14 @@ step "vitdense (editable)"
 "$PY" -I -c 'import importlib.util as u, sys; s = u.find_spec("vitdense")
 sys.exit(not (s and s.origin == sys.argv[1]))' "$ROOT/vitdense/__init__.py" 2>/dev/null || \
   "${PIP[@]}" --quiet --no-deps --no-build-isolation -e "$ROOT"
-# vitdense runs nothing at interpreter start-up: a start-up hook left by an older install goes.
-rm -f "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vitdense-startup.pth"
+# mmcv-lite: every interpreter of the environment finds vitdense's torch-native ops as
+# mmcv._ext (vitdense/compat/mmcv_finder.py registers its finder from a one-line start-up file
+# in site-packages, without importing torch or vitdense); with the compiled mmcv it goes.
+if [ "$FULL_MMCV" = 1 ]; then STARTUP=remove_startup_file; else STARTUP=write_startup_file; fi
+"$PY" -c "import sysconfig; from vitdense.compat.mmcv_finder import $STARTUP
+$STARTUP(sysconfig.get_paths()['purelib'])"
 
 "$PY" - <<'PYEOF'
-import vitdense.compat
-vitdense.compat.apply_host_fixes()  # mmcv-lite: the torch-native mmcv ops
 import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm
 ops = mmcv.ops.get_compiler_version()
 ops = 'torch-native ops' if ops.startswith('none') else 'compiled ops (' + ops + ')'

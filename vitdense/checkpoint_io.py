@@ -1,21 +1,32 @@
 """Checkpoint files: safe loading, atomic writing, and errors that name the file.
 
-Loading: torch >= 2.6 loads with ``weights_only=True`` by default, and mmengine 0.10 calls
-``torch.load`` without the argument, so an mmengine checkpoint (``resume``, ``load_from``,
-``init_cfg=dict(type='Pretrained')``) is refused with ``Unsupported global: GLOBAL
-mmengine.logging.history_buffer.HistoryBuffer`` (and numpy arrays / scalars in the message
-hub). Turning ``weights_only`` off would let any checkpoint run code on load. :func:`safe_load`
-keeps ``weights_only=True`` (passed explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot
-turn it off) and allows, for that one call, exactly what ``Runner.save_checkpoint`` writes
-besides tensors and builtins (:data:`ALLOWED_GLOBALS`, found by saving a real checkpoint and
-listing ``torch.serialization.get_unsafe_globals_in_checkpoint``): numpy arrays, dtypes and
-scalars, mmengine's ``HistoryBuffer``, the ``getattr(HistoryBuffer, 'min')``-style references
-that ``HistoryBuffer.__getstate__`` pickles (served by a ``getattr`` that resolves nothing but
-HistoryBuffer's own statistics methods), and ``bytes()``, as the data of an empty array
-pickles (``bytes(n)`` would let a file allocate any amount of memory). Nothing is added to
-torch's process-wide allow-list. :func:`use_safe_loading` makes mmengine's local-file scheme
-(``CheckpointLoader``) load through :func:`safe_load`; :class:`vitdense.SafeCheckpointHook`
-and vitdense's tools call it, so a config naming that hook gets it.
+Plain data: what vitdense writes (:class:`vitdense.SafeCheckpointHook`, the converters) holds
+tensors and Python builtins only, so ``torch.load`` with torch's defaults (``weights_only=True``
+since torch 2.6, no allow-list) reads it wherever it runs, e.g. in the hosts' own tools and
+inferencers. :func:`to_plain` writes the message hub's ``HistoryBuffer`` s and numpy arrays and
+scalars as tagged dicts of tensors; :func:`from_plain` rebuilds them exactly (dtype, shape,
+numbers), so resuming stays exact. :func:`plain_checkpoint` rewrites a checkpoint mmengine wrote.
+
+Loading: mmengine 0.10 calls ``torch.load`` without ``weights_only``, so a checkpoint that
+mmengine's own hook wrote (``resume``, ``load_from``, ``init_cfg=dict(type='Pretrained')``) is
+refused with ``Unsupported global: GLOBAL mmengine.logging.history_buffer.HistoryBuffer`` (and
+numpy arrays / scalars in the message hub). Turning ``weights_only`` off would let any
+checkpoint run code on load. :func:`safe_load` keeps ``weights_only=True`` (passed
+explicitly, so ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` cannot turn it off) and allows, for that
+one call, exactly what ``Runner.save_checkpoint`` writes besides tensors and builtins
+(:data:`ALLOWED_GLOBALS`, found by saving a real checkpoint and listing
+``torch.serialization.get_unsafe_globals_in_checkpoint``): numpy arrays, dtypes and scalars,
+mmengine's ``HistoryBuffer`` (as :class:`_HistoryBufferFromFile`, which accepts only the state
+mmengine writes and leaves the class-wide statistics table alone), the
+``getattr(HistoryBuffer, 'min')``-style references that ``HistoryBuffer.__getstate__`` pickles
+(served by a ``getattr`` that resolves nothing but HistoryBuffer's own statistics methods), and
+``bytes()``, as the data of an empty array pickles (``bytes(n)`` would let a file allocate any
+amount of memory). Nothing is added to torch's process-wide allow-list.
+:func:`use_safe_loading` makes mmengine's local-file scheme (``CheckpointLoader``) load
+through :func:`safe_load`; :class:`vitdense.SafeCheckpointHook` and vitdense's tools call it,
+so a config naming that hook gets it. :func:`load_checkpoint` loads one file the same way
+without registering anything, for library code (``Pretrained`` initialisation of our
+backbones, :func:`vitdense.cls.build_teacher`).
 
 Errors: a file asking for a global outside the allow-list raises
 :class:`UnsafeCheckpointError` naming the file and the global, without torch's advice to
@@ -35,7 +46,9 @@ folder) leaves a path with either its old or its new content, never a half-writt
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import io
 import os
 import os.path as osp
 import pickle
@@ -52,7 +65,8 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 __all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
            'load_from_local', 'use_safe_loading', 'atomic_write', 'AtomicLocalBackend',
-           'ATOMIC_BACKEND']
+           'ATOMIC_BACKEND', 'PLAIN_TAG', 'to_plain', 'from_plain', 'save_plain',
+           'plain_checkpoint', 'load_checkpoint']
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -79,18 +93,46 @@ class CorruptCheckpointError(ValueError):
 
 # The statistics HistoryBuffer registers for itself (``HistoryBuffer.__init__``).
 _HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
+# What ``HistoryBuffer.__getstate__`` writes: its ``__dict__`` and the statistics table.
+_HISTORY_BUFFER_STATE = {'max_length', '_log_history', '_count_history', 'statistics_methods'}
+
+
+class _HistoryBufferFromFile(HistoryBuffer):
+    """What a file's ``mmengine.logging.history_buffer.HistoryBuffer`` unpickles as.
+
+    mmengine's ``HistoryBuffer.__setstate__`` merges the file's ``statistics_methods`` into a
+    table shared by the class (a file could make every later ``statistics('mean')`` return
+    the max) and puts any other key of the state on the instance. This stand-in accepts the
+    state mmengine writes and nothing else (each statistic named by its own method, the
+    history arrays, ``max_length``), leaves the class table alone and becomes a plain
+    ``HistoryBuffer``.
+    """
+
+    def __setstate__(self, state: Any) -> None:
+        methods = state.get('statistics_methods', {}) if isinstance(state, dict) else None
+        if not (isinstance(methods, dict) and set(state) <= _HISTORY_BUFFER_STATE and
+                all(name in _HISTORY_BUFFER_STATISTICS and method is HistoryBuffer.__dict__[name]
+                    for name, method in methods.items()) and
+                isinstance(state.get('max_length'), int) and
+                all(isinstance(state.get(key), np.ndarray)
+                    for key in ('_log_history', '_count_history'))):
+            raise pickle.UnpicklingError(
+                'Unsupported state: a HistoryBuffer state other than mmengine writes '
+                f'(keys {sorted(state) if isinstance(state, dict) else type(state).__name__}, '
+                f'statistics {methods!r:.200})')
+        self.__dict__.update({key: value for key, value in state.items()
+                              if key != 'statistics_methods'})
+        self.__class__ = HistoryBuffer
 
 
 def _history_buffer_getattr(obj: Any, name: str) -> Callable:
     """``getattr`` as HistoryBuffer pickles need it, and nothing else.
 
     ``HistoryBuffer.__getstate__`` stores its statistics methods, which pickle as
-    ``getattr(HistoryBuffer, 'mean')``, and ``__setstate__`` merges them into a class-level
-    table that mmengine later calls.  A general ``getattr`` would let a crafted file plant
-    arbitrary attributes there (e.g. ``ndarray.tofile``), so only the built-in statistics
-    of HistoryBuffer itself resolve.
+    ``getattr(HistoryBuffer, 'mean')`` (``HistoryBuffer`` resolving to
+    :class:`_HistoryBufferFromFile`); only those built-in statistics resolve.
     """
-    if obj is HistoryBuffer and name in _HISTORY_BUFFER_STATISTICS:
+    if obj is _HistoryBufferFromFile and name in _HISTORY_BUFFER_STATISTICS:
         return HistoryBuffer.__dict__[name]
     raise pickle.UnpicklingError(
         f'Unsupported call: GETATTR {getattr(obj, "__name__", type(obj).__name__)}.{name}'
@@ -130,14 +172,14 @@ def _numpy_globals() -> list[tuple[Any, str]]:
 
 
 ALLOWED_GLOBALS: list[Any] = [
-    HistoryBuffer,
+    (_HistoryBufferFromFile, 'mmengine.logging.history_buffer.HistoryBuffer'),
     (_history_buffer_getattr, 'builtins.getattr'),
     (_empty_bytes, 'builtins.bytes'),
     *_numpy_globals(),
 ]
 
 _GLOBAL_RE = re.compile(r'GLOBAL (\S+)|GETATTR (\S+)|unrecognized function (.+?)(?: which|$)|'
-                        r"but got <class '([^']+)'>", re.M)
+                        r"but got <class '([^']+)'>|Unsupported state: (.+?) \(", re.M)
 
 
 def _offending(message: str) -> str:
@@ -151,7 +193,9 @@ def _offending(message: str) -> str:
         return f'the attribute `{match.group(2)}` (via getattr)'
     if match.group(3):
         return f'a call to `{match.group(3)}`'
-    return f'an instance of `{match.group(4)}`'
+    if match.group(4):
+        return f'an instance of `{match.group(4)}`'
+    return match.group(5)
 
 
 def _detail(message: str) -> str:
@@ -188,7 +232,8 @@ def _corruption(filename: str, err: BaseException) -> str | None:
 
 
 def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
-    """``torch.load(f, weights_only=True)`` with the allow-list and a clear refusal.
+    """``torch.load(f, weights_only=True)`` with the allow-list and a clear refusal; plain
+    data written by :func:`to_plain` comes back as the numpy values and HistoryBuffers it was.
 
     Raises :class:`UnsafeCheckpointError` for a file that asks for a global outside the
     allow-list and :class:`CorruptCheckpointError` for an empty, truncated or garbled file.
@@ -200,7 +245,7 @@ def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
     name = os.fsdecode(f) if is_path else repr(f)
     try:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
-            return torch.load(f, map_location=map_location, weights_only=True, mmap=mmap)
+            loaded = torch.load(f, map_location=map_location, weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, zipfile.BadZipFile,
             ValueError) as err:
         if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
@@ -211,6 +256,106 @@ def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
         if isinstance(err, pickle.UnpicklingError):
             raise UnsafeCheckpointError(name, _offending(str(err)), _detail(str(err))) from None
         raise
+    try:
+        return from_plain(loaded)
+    except ValueError as err:
+        raise CorruptCheckpointError(name, str(err)) from None
+
+
+# Key of the dicts that stand for numpy values and HistoryBuffers in a plain checkpoint.
+PLAIN_TAG = '__vitdense_plain__'
+_KEEP = object()
+
+
+def _walk(obj: Any, convert: Callable[[Any], Any]) -> Any:
+    """``obj`` with ``convert`` applied top-down to every value of its dicts, lists and tuples
+    (``convert`` returns ``_KEEP`` to descend). A container none of whose members changed is
+    returned as it is, so tensors and an ``OrderedDict``'s ``_metadata`` stay untouched."""
+    new = convert(obj)
+    if new is not _KEEP:
+        return new
+    if isinstance(obj, dict):
+        items = {key: _walk(value, convert) for key, value in obj.items()}
+        if all(items[key] is obj[key] for key in obj):
+            return obj
+        out = copy.copy(obj)
+        out.update(items)
+        return out
+    if type(obj) in (list, tuple):
+        items = [_walk(value, convert) for value in obj]
+        return obj if all(a is b for a, b in zip(items, obj)) else type(obj)(items)
+    return obj
+
+
+def _numpy_as_tensor(value: np.ndarray | np.generic) -> torch.Tensor | None:
+    """A tensor with ``value``'s dtype, shape and numbers, or None where torch has no such
+    dtype."""
+    try:
+        return torch.from_numpy(np.array(value, order='C'))
+    except TypeError:
+        return None
+
+
+def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, HistoryBuffer):
+        return {PLAIN_TAG: 'HistoryBuffer', 'max_length': int(obj.max_length),
+                'log_history': to_plain(obj._log_history),
+                'count_history': to_plain(obj._count_history)}
+    if isinstance(obj, (np.ndarray, np.generic)):
+        data = _numpy_as_tensor(obj)
+        if data is not None:
+            return {PLAIN_TAG: 'ndarray' if isinstance(obj, np.ndarray) else 'numpy_scalar',
+                    'data': data}
+    return _KEEP
+
+
+def _from_plain(obj: Any) -> Any:
+    if not (isinstance(obj, dict) and PLAIN_TAG in obj):
+        return _KEEP
+    kind = obj[PLAIN_TAG]
+    if kind in ('ndarray', 'numpy_scalar') and isinstance(obj.get('data'), torch.Tensor):
+        array = obj['data'].cpu().numpy()  # Runner.resume maps the whole file to its device
+        return array if kind == 'ndarray' else array[()]
+    if kind == 'HistoryBuffer' and isinstance(obj.get('max_length'), int):
+        buffer = HistoryBuffer(max_length=obj['max_length'])
+        logs, counts = from_plain(obj['log_history']), from_plain(obj['count_history'])
+        if isinstance(logs, np.ndarray) and isinstance(counts, np.ndarray) and \
+                logs.shape == counts.shape:
+            buffer._log_history, buffer._count_history = logs, counts
+            return buffer
+    raise ValueError(f'not plain checkpoint data vitdense writes: {PLAIN_TAG}={kind!r} with '
+                     f'keys {sorted(obj)}')
+
+
+def to_plain(obj: Any) -> Any:
+    """``obj`` with its numpy arrays and scalars and mmengine ``HistoryBuffer`` s as dicts of
+    tensors and builtins, which ``torch.load`` reads with its defaults (``weights_only=True``,
+    no allow-list); :func:`from_plain` rebuilds them exactly (dtype, shape, numbers)."""
+    return _walk(obj, _to_plain)
+
+
+def from_plain(obj: Any) -> Any:
+    """What :func:`to_plain` was given; data without its dicts is returned as it is."""
+    return _walk(obj, _from_plain)
+
+
+def save_plain(checkpoint: Any, path: str | os.PathLike) -> None:
+    """Save ``checkpoint`` as plain data (:func:`to_plain`) to ``path``, atomically
+    (:func:`atomic_write`): what converters and tools write loads with ``torch.load``'s
+    defaults, and a failed save leaves ``path`` as it was."""
+    buffer = io.BytesIO()
+    torch.save(to_plain(checkpoint), buffer)
+    atomic_write(path, buffer.getvalue())
+
+
+def plain_checkpoint(src: str | os.PathLike, dst: str | os.PathLike,
+                     overwrite: bool = False) -> None:
+    """Rewrite the checkpoint ``src`` (read with :func:`safe_load`) as ``dst`` holding plain
+    data only (:func:`save_plain`); ``dst`` may exist only with ``overwrite``."""
+    if osp.exists(dst) and not overwrite:
+        raise FileExistsError(f'{os.fspath(dst)} exists; pass overwrite=True (--overwrite) to '
+                              'replace it')
+    save_plain(safe_load(src, map_location='cpu'), dst)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
@@ -300,6 +445,19 @@ def use_safe_loading() -> None:
     for prefix, loader in list(CheckpointLoader._schemes.items()):
         if prefix and not getattr(loader, _SAFE_SCHEME_ATTR, False):
             CheckpointLoader.register_scheme(prefix, _weights_only_scheme(loader), force=True)
+
+
+def load_checkpoint(filename: str, map_location: Any = 'cpu') -> Any:
+    """``CheckpointLoader.load_checkpoint`` loading weights-only for every scheme, registering
+    nothing: a local file through :func:`safe_load`, any other scheme weights-only with a
+    refusal naming the file. For library code that loads a file it was given
+    (``Pretrained`` initialisation of our backbones, :func:`vitdense.cls.build_teacher`)."""
+    loader = CheckpointLoader._get_checkpoint_loader(filename)
+    if loader is CheckpointLoader._schemes.get(''):
+        return load_from_local(filename, map_location)
+    if not getattr(loader, _SAFE_SCHEME_ATTR, False):
+        loader = _weights_only_scheme(loader)
+    return loader(filename, map_location)
 
 
 ATOMIC_BACKEND = 'vitdense_atomic_local'

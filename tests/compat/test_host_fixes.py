@@ -1,17 +1,20 @@
-"""The host fixes (``vitdense.compat``): applied on request only, host libraries import and
-resolve package config bases without vitdense, mmdet's and mmseg's own ``tools/train.py``
-train our configs through ``python -m vitdense.compat``, and a fix meets a library version it
-was not written for by turning itself off with a warning naming it."""
+"""The host fixes (``vitdense.compat``): the default install's start-up file serves mmcv-lite's
+ops to every interpreter without importing vitdense, ``import vitdense`` applies nothing, host
+libraries import and resolve package config bases without vitdense, ``python -m
+vitdense.compat`` runs a script with the fix, and a fix meets a library version it was not
+written for by turning itself off with a warning naming it."""
 from __future__ import annotations
 
 import importlib.util
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
-from vitdense.demo_data import make_demo_ade, make_demo_coco
+from vitdense.compat.mmcv_finder import (STARTUP_FILE, STARTUP_LINE, remove_startup_file,
+                                         write_startup_file)
 
 from common import CHECKOUT_ENV, REPO_ROOT
 
@@ -38,8 +41,42 @@ def test_host_libraries_load_our_configs_without_vitdense(tmp_path):
 
 
 @pytest.mark.skipif(not MMCV_LITE, reason='a compiled mmcv._ext is installed')
-def test_mmcv_ops_are_served_only_after_apply_host_fixes():
-    result = _python('import sys, vitdense\n'
+def test_default_install_serves_mmcv_ext_to_every_interpreter():
+    result = _python('import sys\n'
+                     "finders = [type(f).__module__ for f in sys.meta_path if 'vitdense' in "
+                     'type(f).__module__]\n'
+                     "loaded = sorted(n for n in sys.modules if n.split('.')[0] in "
+                     "('torch', 'mmcv', 'vitdense'))\n"
+                     'import mmdet.models, mmdet.apis, mmseg.models, mmseg.apis\n'
+                     "print(finders, loaded, sys.modules['mmcv._ext'].__file__, "
+                     "'vitdense' in sys.modules)\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    # at start-up: one finder, loaded from its own file, and nothing else of ours or torch's
+    assert result.stdout.split() == [
+        "['vitdense.compat.mmcv_finder']", "['vitdense.compat.mmcv_finder']",
+        str(REPO_ROOT / 'vitdense/compat/mmcv_ext.py'), 'False']
+
+
+def test_startup_file_is_the_one_line_and_rewriting_it_is_idempotent(tmp_path):
+    site = sysconfig.get_paths()['purelib']
+    assert (Path(site) / STARTUP_FILE).read_text() == STARTUP_LINE  # tools/install.sh wrote it
+    path = Path(write_startup_file(str(tmp_path)))
+    stamp = path.stat().st_mtime_ns
+    assert write_startup_file(str(tmp_path)) == str(path) and path.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [STARTUP_FILE]
+    remove_startup_file(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+WITHOUT_STARTUP_FINDER = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if 'vitdense' not in type(f).__module__]
+"""
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason='a compiled mmcv._ext is installed')
+def test_without_the_startup_file_mmcv_ops_are_served_only_after_apply_host_fixes():
+    result = _python(WITHOUT_STARTUP_FINDER +
+                     'import vitdense\n'
                      'try:\n'
                      '    import mmcv.ops\n'
                      'except ImportError as error:\n'
@@ -57,6 +94,25 @@ def test_mmcv_ops_are_served_only_after_apply_host_fixes():
 
 
 @pytest.mark.skipif(not MMCV_LITE, reason='a compiled mmcv._ext is installed')
+def test_finder_steps_aside_for_a_compiled_extension_and_for_another_mmcv(tmp_path):
+    (tmp_path / '_ext.py').write_text('COMPILED = True\n')
+    result = _python('import sys, mmcv\n'
+                     'mmcv.__path__.append(sys.argv[1])\n'
+                     'import mmcv._ext\n'
+                     "print(getattr(mmcv._ext, 'COMPILED', False))\n", str(tmp_path))
+    assert result.returncode == 0 and result.stdout.split() == ['True'], result.stderr[-2000:]
+    result = _python('import importlib.metadata, sys\n'
+                     'real = importlib.metadata.distribution\n'
+                     'def distribution(name):\n'
+                     "    if name == 'mmcv-lite':\n"
+                     '        raise importlib.metadata.PackageNotFoundError(name)\n'
+                     '    return real(name)\n'
+                     'importlib.metadata.distribution = distribution  # mmcv, not mmcv-lite\n'
+                     'import mmcv.ops\n')
+    assert result.returncode != 0 and "No module named 'mmcv._ext'" in result.stderr
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason='a compiled mmcv._ext is installed')
 def test_fix_for_another_mmcv_version_is_off_with_a_warning():
     result = _python("import mmcv; mmcv.__version__ = '2.2.0'\n"
                      'from vitdense.compat import apply_host_fixes\n'
@@ -67,32 +123,15 @@ def test_fix_for_another_mmcv_version_is_off_with_a_warning():
             'mmcv>=2.0.0,<2.2.0 and mmcv 2.2.0 is installed') in result.stderr
 
 
-def _host_train(package: str, config: str, data_root: Path, work: Path,
-                options: list[str]) -> str:
-    """Train ``config`` for one iteration with the host library's own tools/train.py."""
-    tool = Path(importlib.util.find_spec(package).origin).parent / '.mim/tools/train.py'
-    loaders = [f'{split}_dataloader.dataset.data_root={data_root}'
-               for split in ('train', 'val', 'test')]
-    workers = [f'{split}_dataloader.{key}' for split in ('train', 'val', 'test')
-               for key in ('num_workers=0', 'persistent_workers=False')]
-    result = subprocess.run(
-        [sys.executable, '-m', 'vitdense.compat', str(tool), str(REPO_ROOT / config),
-         '--work-dir', str(work), '--cfg-options', *loaders, *workers, 'train_cfg.max_iters=1',
-         'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1',
-         'train_dataloader.batch_size=2', *options],
-        cwd=work.parent, capture_output=True, text=True, env=CHECKOUT_ENV)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert (work / 'iter_1.pth').exists()
-    assert (work / 'last_checkpoint').read_text() == str(work / 'iter_1.pth')
-    return result.stdout + result.stderr
-
-
-def test_mmdet_and_mmseg_train_tools_run_our_configs(tmp_path):
-    coco = make_demo_coco(tmp_path / 'coco', num_train=2, num_val=1, size=64)
-    annotations = coco / 'annotations/instances_val.json'
-    _host_train('mmdet', 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py', coco,
-                tmp_path / 'det', [f'val_evaluator.ann_file={annotations}',
-                                   f'test_evaluator.ann_file={annotations}'])
-    ade = make_demo_ade(tmp_path / 'ade', num_train=2, num_val=1, size=64)
-    _host_train('mmseg', 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py', ade, tmp_path / 'seg',
-                ['model.data_preprocessor.size=(64,64)'])
+def test_python_m_vitdense_compat_runs_a_script_with_the_fix(tmp_path):
+    script = tmp_path / 'script.py'
+    script.write_text('import sys\n'
+                      'import mmcv.ops\n'
+                      "finders = [f for f in sys.meta_path if 'vitdense' in type(f).__module__]\n"
+                      "print(__name__, sys.argv[1:], len(finders), "
+                      "sys.modules['mmcv._ext'].__file__)\n")
+    result = subprocess.run([sys.executable, '-m', 'vitdense.compat', str(script), 'a', '--b'],
+                            cwd=tmp_path, capture_output=True, text=True, env=CHECKOUT_ENV)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ['__main__', "['a',", "'--b']", '1',
+                                     str(REPO_ROOT / 'vitdense/compat/mmcv_ext.py')]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from vitdense.checkpoint_io import safe_load
+from vitdense.checkpoint_io import safe_load, save_plain
 from vitdense.engine.hosts import build_model
 from vitdense.models.backbones.vit import convert_detectron2_vitdet
 
@@ -41,8 +41,12 @@ class _NumpyUnpickler(pickle.Unpickler):
 def read_detectron2(path: str) -> dict:
     """The state dict of a detectron2 checkpoint as tensors."""
     if path.endswith('.pkl'):
-        with open(path, 'rb') as file:
-            checkpoint = _NumpyUnpickler(file, encoding='latin1').load()
+        try:
+            with open(path, 'rb') as file:
+                checkpoint = _NumpyUnpickler(file, encoding='latin1').load()
+        except (pickle.UnpicklingError, EOFError) as err:
+            raise SystemExit(f'refused to load {path}: {err or "the pickle ends early"}. '
+                             'Nothing from the file was executed.') from None
     else:
         checkpoint = safe_load(path, map_location='cpu')
     if not isinstance(checkpoint, dict):
@@ -78,7 +82,7 @@ def main() -> None:
         raise SystemExit(f'{args.src}: no backbone.simfp_* tensors: not a ViTDet checkpoint')
     if args.config:
         check_against_config(converted, args.config)
-    torch.save(dict(state_dict=converted, meta=dict(converted_from=args.src)), args.dst)
+    save_plain(dict(state_dict=converted, meta=dict(converted_from=args.src)), args.dst)
     print(f'wrote {len(converted)} tensors to {args.dst} ({len(source) - len(converted)} '
           f'head tensors of detectron2 left out)')
 

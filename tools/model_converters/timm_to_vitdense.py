@@ -11,9 +11,7 @@ and ``head.fc.*``), otherwise as a bare backbone state dict for ``init_cfg=Pretr
 import argparse
 import json
 
-import torch
-
-from vitdense.checkpoint_io import safe_load
+from vitdense.checkpoint_io import safe_load, save_plain
 from vitdense.models import backbone_families
 
 
@@ -52,7 +50,7 @@ def main() -> None:
                       **{f'head.fc.{k[len("head."):]}': v for k, v in head.items()}}
     meta = dict(family=args.family, arch=args.arch, patch_size=args.patch_size,
                 img_size=args.img_size, source=args.src)
-    torch.save(dict(state_dict=state_dict, meta=meta), args.dst)
+    save_plain(dict(state_dict=state_dict, meta=meta), args.dst)
     print(f'wrote {len(state_dict)} tensors to {args.dst} ({meta})')
 
 

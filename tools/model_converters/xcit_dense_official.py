@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections import OrderedDict
 
-import torch
 from mmengine.config import Config
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.checkpoint_io import safe_load
+from vitdense.checkpoint_io import safe_load, save_plain
 from vitdense.engine.hosts import build_model
 from vitdense.models import XCiT
 
@@ -68,7 +66,7 @@ def main() -> None:
         check_against_config(converted, args.config)
     meta = dict(checkpoint.get('meta') or {}, converted_from=args.src)
     meta.pop('config', None)  # an mmdet 2.x / mmseg 0.x config that our tools cannot read
-    torch.save(dict(state_dict=converted, meta=meta), args.dst)
+    save_plain(dict(state_dict=converted, meta=meta), args.dst)
     print(f'wrote {len(converted)} tensors to {args.dst}')
 
 

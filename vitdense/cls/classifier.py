@@ -19,11 +19,13 @@ import torch
 from mmengine.config import Config
 from mmengine.hub import get_config
 from mmengine.logging import MMLogger
+from mmengine.runner.checkpoint import _load_checkpoint_to_model
 from mmpretrain.models import ImageClassifier
 from mmpretrain.registry import MODELS as MMPRETRAIN_MODELS
 from mmpretrain.structures import DataSample
 from torch import nn
 
+from ..checkpoint_io import load_checkpoint
 from ..engine.hosts import image_normalization
 from ..registry import MODELS
 from .finetune import ATTENTION_ONLY, train_only
@@ -36,7 +38,8 @@ def build_teacher(config: Union[str, dict], checkpoint: Optional[str] = None) ->
 
     ``config`` is a path, a package config such as ``'mmpretrain::regnet/...py'`` (whose
     ``model`` and ``data_preprocessor`` are used) or a model dict. The checkpoint is loaded
-    through the teacher's own ``init_cfg`` right away, which marks it initialised, so the
+    weights-only (:func:`vitdense.checkpoint_io.load_checkpoint`, whatever the environment
+    says) after the teacher's own initialisation, which marks it initialised, so the
     student's ``init_weights`` leaves it alone.
     """
     if isinstance(config, str):
@@ -47,9 +50,12 @@ def build_teacher(config: Union[str, dict], checkpoint: Optional[str] = None) ->
     else:
         model_cfg = Config(config)
     if checkpoint is not None:
-        model_cfg.init_cfg = dict(type='Pretrained', checkpoint=checkpoint)
+        model_cfg.init_cfg = None  # the checkpoint replaces the config's own initialisation
     teacher = MMPRETRAIN_MODELS.build(model_cfg)
     teacher.init_weights()
+    if checkpoint is not None:
+        _load_checkpoint_to_model(teacher, load_checkpoint(checkpoint), strict=False,
+                                  logger='current')
     teacher.requires_grad_(False)
     return teacher.eval()
 

@@ -25,7 +25,8 @@ import torch
 import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 from torch import Tensor
 
-from vitdense.compat import MissingCompiledOpError
+# loaded as mmcv._ext: the finder module is in sys.modules, vitdense itself need not be
+from vitdense.compat.mmcv_finder import MissingCompiledOpError
 
 __all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'roi_align_forward',
            'roi_align_backward', 'get_compiler_version', 'get_compiling_cuda_version']

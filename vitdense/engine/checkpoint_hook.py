@@ -10,7 +10,11 @@ and removes checkpoints beyond ``max_keep_ckpts`` only after that. Building it (
 Runner does before loading anything) makes mmengine's local checkpoint scheme load through
 :func:`~vitdense.checkpoint_io.safe_load` (:func:`~vitdense.checkpoint_io.use_safe_loading`),
 so ``load_from``, ``resume`` and ``Pretrained`` initialisation read mmengine checkpoints
-with ``weights_only=True``. Our runtime configs name it: ``default_hooks.checkpoint.type =
+with ``weights_only=True``. What it saves holds tensors and Python builtins only: the message
+hub's ``HistoryBuffer`` s and the numpy values of meta and runtime information are written as
+plain data (:func:`~vitdense.checkpoint_io.to_plain`) and rebuilt when a checkpoint is loaded,
+so ``torch.load`` with torch's defaults reads every checkpoint and resuming stays exact. Our
+runtime configs name it: ``default_hooks.checkpoint.type =
 'vitdense.SafeCheckpointHook'``.
 """
 from __future__ import annotations
@@ -22,7 +26,8 @@ from mmengine.dist import is_main_process
 from mmengine.fileio import LocalBackend, get_file_backend
 from mmengine.hooks import CheckpointHook
 
-from vitdense.checkpoint_io import ATOMIC_BACKEND, atomic_write, use_safe_loading
+from vitdense.checkpoint_io import (ATOMIC_BACKEND, atomic_write, from_plain, to_plain,
+                                    use_safe_loading)
 from vitdense.registry import HOOKS
 
 
@@ -40,6 +45,14 @@ class SafeCheckpointHook(CheckpointHook):
         if self.file_client_args is None and type(self.file_backend) is LocalBackend:
             self.backend_args = dict(self.backend_args or {}, backend=ATOMIC_BACKEND)
             self.file_backend = get_file_backend(self.out_dir, backend_args=self.backend_args)
+
+    def before_save_checkpoint(self, runner: Any, checkpoint: dict) -> None:
+        """Numpy values and ``HistoryBuffer`` s as plain data (tensors and builtins)."""
+        checkpoint.update({key: to_plain(value) for key, value in checkpoint.items()})
+
+    def after_load_checkpoint(self, runner: Any, checkpoint: dict) -> None:
+        """Rebuild what :meth:`before_save_checkpoint` wrote as plain data."""
+        checkpoint.update({key: from_plain(value) for key, value in checkpoint.items()})
 
     def _save_checkpoint_with_step(self, runner: Any, step: int, meta: dict) -> None:
         """Save the new checkpoint, point ``last_checkpoint`` at it, and only then remove

@@ -25,7 +25,8 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner import IterBasedTrainLoop
 
-from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
+from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
+                                    safe_load, to_plain)
 from vitdense.registry import HOOKS
 
 RNG_KEY = 'rng_state'
@@ -111,13 +112,15 @@ class ExactResumeHook(Hook):
         runner.save_checkpoint = save_with_every_rank_state
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        checkpoint[RNG_KEY] = rng_state()
+        """The random state as plain data (numpy's key array as a tensor), whichever of this
+        hook and ``SafeCheckpointHook`` runs first."""
+        checkpoint[RNG_KEY] = to_plain(rng_state())
         if self.every_rank is not None:
-            checkpoint[PER_RANK_KEY] = self.every_rank
+            checkpoint[PER_RANK_KEY] = to_plain(self.every_rank)
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        self.pending = checkpoint.get(RNG_KEY)
-        per_rank = checkpoint.get(PER_RANK_KEY)
+        self.pending = from_plain(checkpoint.get(RNG_KEY))
+        per_rank = from_plain(checkpoint.get(PER_RANK_KEY))
         if per_rank is not None and len(per_rank) == get_world_size():
             self.pending = per_rank[get_rank()]
         elif get_world_size() > 1 and self.pending is not None:

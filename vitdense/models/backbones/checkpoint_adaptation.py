@@ -143,16 +143,20 @@ class CheckpointAdaptation:
                         map_location: str = 'cpu') -> None:
         """Load a checkpoint file as ``init_cfg=dict(type='Pretrained', checkpoint=...,
         prefix=...)`` does: ``prefix`` selects a part of a whole-model checkpoint (e.g.
-        ``'backbone.'`` of a classifier)."""
+        ``'backbone.'`` of a classifier). The file is read weights-only whatever the
+        environment says (:func:`vitdense.checkpoint_io.load_checkpoint`)."""
+        # imported here: importing the models registers no file backend (checkpoint_io does)
+        from vitdense.checkpoint_io import load_checkpoint
         logger = MMLogger.get_current_instance()
-        if prefix is None:
-            logger.info(f'load model from: {checkpoint}')
-            state_dict = mmengine_checkpoint._load_checkpoint(checkpoint,
-                                                              map_location=map_location)
-        else:
-            logger.info(f'load {prefix} in model from: {checkpoint}')
-            state_dict = mmengine_checkpoint._load_checkpoint_with_prefix(
-                prefix, checkpoint, map_location=map_location)
+        logger.info(f'load {prefix or "model"} from: {checkpoint}')
+        state_dict = load_checkpoint(checkpoint, map_location=map_location)
+        if prefix is not None:
+            state_dict = state_dict.get('state_dict', state_dict)
+            prefix = prefix if prefix.endswith('.') else f'{prefix}.'
+            state_dict = {key[len(prefix):]: value for key, value in state_dict.items()
+                          if key.startswith(prefix)}
+            if not state_dict:
+                raise ValueError(f"no tensor of {checkpoint} starts with '{prefix}'")
         mmengine_checkpoint.load_state_dict(self, self.adapt_checkpoint(state_dict),
                                             strict=False, logger='current')
 

@@ -1,0 +1,120 @@
+"""The import finder that serves ``compat/mmcv_ext.py`` as ``mmcv._ext`` under mmcv-lite.
+
+This module imports nothing but the standard library, so that the start-up line
+:data:`STARTUP_LINE` (which ``tools/install.sh`` writes into the environment's
+``site-packages`` as :data:`STARTUP_FILE`) can load it in every interpreter without importing
+torch or the ``vitdense`` package. The finder answers one import, ``mmcv._ext``, and only when
+mmcv-lite is the installed mmcv, no other finder has a compiled ``mmcv._ext`` and mmcv's
+version is one the ops were written for; until something imports ``mmcv.ops`` it does nothing.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import os.path as osp
+import sys
+import warnings
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Sequence
+
+MMCV_EXT_WRITTEN_FOR = '>=2.0.0,<2.2.0'   # op signatures of mmcv 2.1.0
+
+#: the start-up file in ``site-packages``; deleting it removes the finder from new interpreters
+STARTUP_FILE = 'vitdense-mmcv-ext.pth'
+# One line that ``site`` executes at start-up: load this file (found through vitdense's
+# installed location, without importing the package) and register the finder. It does
+# nothing when vitdense is not installed.
+STARTUP_LINE = (
+    "import importlib.util as u, os.path as p, sys; n = 'vitdense.compat.mmcv_finder'; "
+    "s = u.find_spec('vitdense'); f = s and s.submodule_search_locations and p.join("
+    "s.submodule_search_locations[0], 'compat', 'mmcv_finder.py'); m = f and p.isfile(f) "
+    "and n not in sys.modules and u.spec_from_file_location(n, f); m and ("
+    "sys.modules.__setitem__(n, u.module_from_spec(m)) or m.loader.exec_module("
+    "sys.modules[n]) or sys.modules[n].register())\n")
+
+
+class MissingCompiledOpError(NotImplementedError):
+    """An mmcv op that needs mmcv's compiled extension, which is not installed."""
+
+    BACKEND = 'vitdense torch-native mmcv ops (torchvision kernels)'
+
+    def __init__(self, op: str, detail: str = '') -> None:
+        self.op = op
+        super().__init__(
+            f"mmcv op '{op}'{detail} needs mmcv's compiled extension, which is not installed: "
+            f'this environment runs mmcv-lite with the {self.BACKEND}, which cover nms and '
+            'RoIAlign (avg mode) only. Install the compiled mmcv with '
+            '`bash tools/install.sh --full-mmcv` (builds mmcv 2.1.0 from source: a C++ '
+            'compiler, and nvcc for CUDA ops, are needed).')
+
+
+def written_for(fix: str, package: str, installed: str, versions: str) -> bool:
+    """Whether ``installed`` (a version of ``package``) is in ``versions``; warn naming
+    ``fix`` if not."""
+    from packaging.specifiers import SpecifierSet
+    if SpecifierSet(versions).contains(installed, prereleases=True):
+        return True
+    warnings.warn(f'vitdense host fix "{fix}" is off: it was written for {package}'
+                  f'{versions} and {package} {installed} is installed', stacklevel=3)
+    return False
+
+
+def _mmcv_lite_installed() -> bool:
+    """Whether the installed mmcv distribution is mmcv-lite (mmcv without compiled ops)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    try:
+        distribution('mmcv-lite')
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+class _MmcvExtFinder:
+    """Serves ``compat/mmcv_ext.py`` as ``mmcv._ext`` where mmcv-lite has no compiled one."""
+
+    def __init__(self) -> None:
+        self._asking_others = False  # other finders that ask the whole meta path ask us too
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname != 'mmcv._ext' or self._asking_others or not _mmcv_lite_installed():
+            return None
+        self._asking_others = True
+        try:
+            compiled = any(finder.find_spec(fullname, path, target) is not None
+                           for finder in sys.meta_path
+                           if finder is not self and hasattr(finder, 'find_spec'))
+        finally:
+            self._asking_others = False
+        if compiled or not written_for('torch-native mmcv ops', 'mmcv',
+                                       sys.modules['mmcv'].__version__, MMCV_EXT_WRITTEN_FOR):
+            return None
+        return importlib.util.spec_from_file_location(
+            'mmcv._ext', osp.join(osp.dirname(__file__), 'mmcv_ext.py'))
+
+
+def register() -> None:
+    """Put the finder first on ``sys.meta_path`` unless it is there (idempotent)."""
+    if not any(isinstance(finder, _MmcvExtFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _MmcvExtFinder())
+
+
+def write_startup_file(site_packages: str) -> str:
+    """Write :data:`STARTUP_FILE` into ``site_packages`` (atomically; unchanged when it
+    already holds :data:`STARTUP_LINE`); returns its path."""
+    path = osp.join(site_packages, STARTUP_FILE)
+    if osp.isfile(path) and open(path).read() == STARTUP_LINE:
+        return path
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'w') as f:
+        f.write(STARTUP_LINE)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_startup_file(site_packages: str) -> None:
+    """Delete :data:`STARTUP_FILE` from ``site_packages`` if it is there."""
+    path = osp.join(site_packages, STARTUP_FILE)
+    if osp.exists(path):
+        os.remove(path)
