@@ -96,8 +96,17 @@ def coco_multiscale_sizes() -> list[tuple[int, int]]:
 ANTIALIASED_TABLE = pytest.mark.xfail(
     strict=True, raises=torch._dynamo.exc.BackendCompilerFailed,
     reason='antialiased bicubic backward does not trace with symbolic sizes')
-MULTISCALE = [pytest.param(family, layout, marks=[ANTIALIASED_TABLE] * (
-                  layout == 'pyramid' and family != 'xcit'))
+# ViTDet's layout with windows: the symbolic-size graph of ViT and ConViT fails when run
+# ("view size is not compatible with input tensor's size and stride")
+WINDOWED_VIEW = pytest.mark.xfail(
+    strict=True, raises=RuntimeError,
+    reason='windowed symbolic-size graph fails with a view of incompatible strides')
+EXPECTED_FAILURES = {('vit', 'pyramid'): ANTIALIASED_TABLE,
+                     ('cait', 'pyramid'): ANTIALIASED_TABLE,
+                     ('convit', 'pyramid'): ANTIALIASED_TABLE,
+                     ('vit', 'vitdet'): WINDOWED_VIEW, ('convit', 'vitdet'): WINDOWED_VIEW}
+MULTISCALE = [pytest.param(family, layout, marks=[EXPECTED_FAILURES[family, layout]]
+                           if (family, layout) in EXPECTED_FAILURES else [])
               for family in FAMILIES for layout in ('pyramid', 'vitdet')]
 
 
