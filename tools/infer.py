@@ -1,7 +1,7 @@
 """Run a trained vitdense model on your own images or video: pictures and JSON out.
 
     python tools/infer.py CONFIG CHECKPOINT INPUT [--out-dir DIR] [--device cpu]
-        [--score-thr 0.3]
+        [--score-thr 0.3] [--compile [BACKEND]]
 
 INPUT is an image, a folder of images or a video. The host library is chosen by the
 config's ``default_scope``, as in train / test: mmdet's ``DetInferencer`` (boxes and masks),
@@ -30,6 +30,7 @@ from mmengine.utils import ProgressBar
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.analysis.loading import IMAGE_SUFFIXES
 from vitdense.checkpoint_io import safe_load
+from vitdense.engine.compile import add_compile_argument, compile_model
 from vitdense.engine.launch import host_of
 
 VIDEO_SUFFIXES = ('.mp4', '.avi', '.mov', '.mkv', '.webm')
@@ -195,6 +196,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--score-thr', type=float, default=0.3,
                         help='detection: keep and draw boxes scoring at least this')
+    add_compile_argument(parser)
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = osp.join('work_dirs', 'infer',
@@ -214,6 +216,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     os.makedirs(args.out_dir, exist_ok=True)
     images, video = list_images(args.input, args.out_dir)
     predict = Predictor(cfg, args.checkpoint, args.device, args.out_dir, args.score_thr)
+    if args.compile:
+        compile_model(predict.inferencer.model, backend=args.compile)
     predictions = {}
     progress = ProgressBar(len(images))
     for image in images:

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint of any vitdense config (mmdet, mmseg or mmpretrain).
 
-    python tools/test.py CONFIG CHECKPOINT [--show-dir DIR] [--out FILE_OR_DIR]
+    python tools/test.py CONFIG CHECKPOINT [--show-dir DIR] [--out FILE_OR_DIR] [--compile]
     bash tools/dist_test.sh CONFIG CHECKPOINT 8
 """
 import argparse
@@ -11,6 +11,7 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.launch import (HOSTS, add_test_metric, close_process_group, load_config,
                                     parse_tool_args, tool_parser)
+from vitdense.engine.compile import add_compile_argument, add_compile_hook
 
 
 def parse_args() -> argparse.Namespace:
@@ -19,6 +20,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--out', help='save predictions: ' + '; '.join(
         f'{scope}: {host.out_help}' for scope, host in HOSTS.items()))
     parser.add_argument('--show-dir', help='save pictures of the predictions here')
+    add_compile_argument(parser)
     return parse_tool_args(parser)
 
 
@@ -31,6 +33,8 @@ def main() -> None:
         host.draw(cfg, args.show_dir)
     if args.out:
         add_test_metric(cfg, host.dump_metric(args.out))
+    if args.compile:
+        add_compile_hook(cfg, args.compile)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.test()
 

@@ -1,7 +1,7 @@
 """Train any vitdense config (mmdet, mmseg or mmpretrain, chosen by its ``default_scope``).
 
     python tools/train.py configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py
-    bash tools/dist_train.sh CONFIG 8 [--amp] [--resume]
+    bash tools/dist_train.sh CONFIG 8 [--amp] [--resume] [--compile]
 
 Before training the data is checked (datasets not empty, annotation files parse, the first
 batches load). Checkpoints carry the random state, so ``--resume`` continues a killed run
@@ -17,6 +17,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.launch import (add_safety_hooks, apply_resume, close_process_group,
                                     load_config, log_to_tensorboard, parse_tool_args,
                                     tool_parser)
+from vitdense.engine.compile import add_compile_argument, add_compile_hook
 from vitdense.engine.preflight import check_data
 
 
@@ -35,6 +36,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--tensorboard', action='store_true',
                         help='also log to TensorBoard (event files in the run\'s vis_data)')
     parser.add_argument('--amp', action='store_true', help='mixed precision (GPU only)')
+    add_compile_argument(parser)
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the lr by total batch / auto_scale_lr.base_batch_size')
     return parse_tool_args(parser)
@@ -53,6 +55,8 @@ def main() -> None:
         cfg.auto_scale_lr.enable = True
     if args.tensorboard:
         log_to_tensorboard(cfg)
+    if args.compile:
+        add_compile_hook(cfg, args.compile)
     add_safety_hooks(cfg, max_nonfinite=args.max_nonfinite)
     apply_resume(cfg, args.resume)
     if not args.skip_data_check:

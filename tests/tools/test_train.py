@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from vitdense.checkpoint_io import safe_load
-from vitdense.demo_data import make_demo_ade
+from vitdense.demo_data import make_demo_ade, make_demo_coco
 
 from common import CHECKOUT_ENV, REPO_ROOT
 
 CONFIG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
+DET_CONFIG = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
 
 
 @pytest.fixture(scope='module')
@@ -88,3 +89,38 @@ def test_dist_train_two_cpu_processes(data_root, tmp_path):
                *_options(data_root, 2), env=dict(PYTHON=sys.executable, PORT='29533'))
     assert 'Distributed training: True' in log and 'rank 0 of 2 runs on CPU with the gloo' in log
     assert (work / 'iter_2.pth').exists()
+
+
+@pytest.fixture(scope='module')
+def coco_root(tmp_path_factory) -> Path:
+    return make_demo_coco(tmp_path_factory.mktemp('coco'), num_train=4, num_val=2, size=64)
+
+
+def _det_options(coco_root: Path, iters: int) -> list:
+    """--cfg-options for the demo Mask R-CNN on ``coco_root``'s 64 px images."""
+    loaders = [f'{split}_dataloader.dataset.data_root={coco_root}'
+               for split in ('train', 'val', 'test')]
+    annotations = coco_root / 'annotations' / 'instances_val.json'
+    return ['--cfg-options', *loaders, f'val_evaluator.ann_file={annotations}',
+            f'test_evaluator.ann_file={annotations}',
+            'train_dataloader.dataset.pipeline.2.scale=(64,64)',
+            f'train_cfg.max_iters={iters}', 'train_dataloader.batch_size=2',
+            'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+            'randomness.seed=0', 'randomness.deterministic=True',
+            'default_hooks.logger.interval=1']
+
+
+@pytest.mark.parametrize('config', [DET_CONFIG, CONFIG], ids=['mask-rcnn', 'upernet'])
+def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tmp_path):
+    # aot_eager traces backbone, neck and heads as inductor would and runs the graphs with
+    # the eager kernels: the graphs are checked without a C++ build on the CPU
+    options = (_det_options(coco_root, 20) if config == DET_CONFIG else
+               _options(data_root, 20)) + ['train_cfg.val_begin=21']  # no evaluation
+    eager, compiled = tmp_path / 'eager', tmp_path / 'compiled'
+    _run(sys.executable, 'tools/train.py', config, '--work-dir', eager, *options)
+    log = _run(sys.executable, 'tools/train.py', config, '--work-dir', compiled,
+               '--compile', 'aot_eager', *options)
+    assert 'torch.compile (aot_eager): backbone, neck' in log
+    want, got = _losses(eager), _losses(compiled)
+    assert sorted(want) == sorted(got) == list(range(1, 21))
+    assert all(got[i] == pytest.approx(want[i], rel=1e-4) for i in want)

@@ -1,5 +1,6 @@
 """Training machinery shared by the dense and classification recipes."""
 from .checkpoint_hook import SafeCheckpointHook
+from .compile import CompileHook, compile_model
 from .distributed import CPUDistributedDataParallel
 from .nonfinite import NonFiniteGuardHook, NonFiniteLossError
 from .optim_constructor import LayerDecayOptimWrapperConstructor
@@ -7,7 +8,8 @@ from .preflight import CheckedDataset, DataError, check_data
 from .resume import ExactResumeHook, find_resumable_checkpoint
 from .time_budget import TimeBudgetHook, TimeBudgetLogProcessor, train_on_time_budget
 
-__all__ = ['CPUDistributedDataParallel', 'CheckedDataset', 'DataError', 'ExactResumeHook',
-           'LayerDecayOptimWrapperConstructor', 'NonFiniteGuardHook', 'NonFiniteLossError',
-           'SafeCheckpointHook', 'TimeBudgetHook', 'TimeBudgetLogProcessor', 'check_data',
-           'find_resumable_checkpoint', 'train_on_time_budget']
+__all__ = ['CPUDistributedDataParallel', 'CheckedDataset', 'CompileHook', 'DataError',
+           'ExactResumeHook', 'LayerDecayOptimWrapperConstructor', 'NonFiniteGuardHook',
+           'NonFiniteLossError', 'SafeCheckpointHook', 'TimeBudgetHook',
+           'TimeBudgetLogProcessor', 'check_data', 'compile_model', 'find_resumable_checkpoint',
+           'train_on_time_budget']

@@ -1,0 +1,120 @@
+"""``torch.compile`` for the models of the three host libraries, part by part.
+
+A detector, segmentor or classifier is compiled where its work is tensor arithmetic of a
+steady shape: the backbone, the neck and the heads' ``forward`` (:data:`COMPILED_PARTS`).
+Everything between them stays eager: the data preprocessor, anchor / proposal / RoI
+sampling, target assignment and loss assembly, whose Python logic and data-dependent sizes
+would break a graph at every step. mmengine's own ``cfg.compile`` compiles the whole
+``train_step`` (optimizer step included) and only for training; :class:`CompileHook` serves
+training, validation and testing alike and is chosen by the config like any hook.
+
+Each part's ``forward`` is replaced in place by its compiled version, so the module tree,
+the state dict keys and checkpoints stay as they are, and calls through ``module(x)`` or
+``module.forward(x)`` (mmseg's heads call the latter) both run compiled. Input sizes vary in
+multi-scale training: with ``dynamic=None`` (torch's automatic dynamic shapes) the first
+size compiles a static graph and the second a graph with symbolic sizes that serves every
+later size.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from torch import nn
+
+from vitdense.registry import HOOKS
+
+#: dotted paths of the submodules compiled when the model has them: mmdet (backbone, neck,
+#: RPN, RoI box and mask heads), mmseg (decode and auxiliary heads), mmpretrain (head)
+COMPILED_PARTS = ('backbone', 'neck', 'rpn_head', 'roi_head.bbox_head', 'roi_head.mask_head',
+                  'decode_head', 'auxiliary_head', 'head')
+#: the ``torch.compile`` backend of ``--compile`` without a value
+DEFAULT_BACKEND = 'inductor'
+
+
+def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
+    for name in path.split('.'):
+        model = getattr(model, name, None)
+        if not isinstance(model, nn.Module):
+            return None
+    return model
+
+
+def compile_model(model: nn.Module, backend: str = DEFAULT_BACKEND, mode: Optional[str] = None,
+                  dynamic: Optional[bool] = None,
+                  parts: tuple[str, ...] = COMPILED_PARTS) -> list[str]:
+    """Compile the ``forward`` of each of ``parts`` that ``model`` (or the model inside a
+    wrapper such as DDP) has, in place; returns the compiled paths. A list of heads
+    (mmseg's auxiliary heads) is compiled head by head; a part compiled before is left
+    as it is, so calling this twice compiles nothing more."""
+    if is_model_wrapper(model):
+        model = model.module
+    compiled = []
+    for path in parts:
+        part = _submodule(model, path)
+        if part is None:
+            continue
+        members = ([(f'{path}.{i}', m) for i, m in enumerate(part)]
+                   if isinstance(part, nn.ModuleList) else [(path, part)])
+        for name, module in members:
+            if 'forward' in vars(module):  # compiled already
+                continue
+            module.forward = torch.compile(module.forward, backend=backend, mode=mode,
+                                           dynamic=dynamic)
+            compiled.append(name)
+    return compiled
+
+
+@HOOKS.register_module()
+class CompileHook(Hook):
+    """Compile the runner's model (:func:`compile_model`) before training, validation or
+    testing runs.
+
+    It runs after the other hooks' ``before_run`` (lowest priority), so a copy made there,
+    such as an EMA hook's averaged model, is a copy of the eager model, not one whose
+    ``forward`` would still be bound to the original's compiled one.
+
+    Args:
+        backend: ``torch.compile`` backend: 'inductor' (generated kernels), 'aot_eager'
+            (traced and run by eager kernels: no compiler needed, for checking graphs).
+        mode: ``torch.compile`` mode, e.g. 'max-autotune-no-cudagraphs'; None: default.
+        dynamic: ``torch.compile``'s ``dynamic``; None: static first, symbolic sizes
+            from the first change of input size on.
+    """
+
+    priority = 'LOWEST'
+
+    def __init__(self, backend: str = DEFAULT_BACKEND, mode: Optional[str] = None,
+                 dynamic: Optional[bool] = None) -> None:
+        self.options = dict(backend=backend, mode=mode, dynamic=dynamic)
+
+    def before_run(self, runner) -> None:
+        compiled = compile_model(runner.model, **self.options)
+        if compiled:
+            print_log(f'torch.compile ({self.options["backend"]}): {", ".join(compiled)}; '
+                      f'the first iterations (and the first of each new input size) compile',
+                      logger='current')
+
+
+def add_compile_argument(parser: argparse.ArgumentParser) -> None:
+    """``--compile [BACKEND]``, the same in every tool."""
+    parser.add_argument('--compile', nargs='?', const=DEFAULT_BACKEND, metavar='BACKEND',
+                        help='torch.compile the backbone, neck and heads (backend: default '
+                             f'{DEFAULT_BACKEND}; aot_eager needs no C++ compiler)')
+
+
+def add_compile_hook(cfg: Config, backend: str) -> None:
+    """Have the runner of ``cfg`` compile its model with ``backend`` (:class:`CompileHook`);
+    a hook the config has already keeps its other options."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    present = [hook for hook in hooks if str(hook.get('type')).split('.')[-1] == 'CompileHook']
+    if not present:
+        present = [dict(type='vitdense.CompileHook')]
+        hooks += present
+    present[0]['backend'] = backend
+    cfg.custom_hooks = hooks
