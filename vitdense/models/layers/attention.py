@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .branched import make_linear
 from .grid import Grid
+from .recompute import recomputed_in_backward
 from .talking_heads import (LogitTerms, talking_heads_attention, use_fused, with_logit_terms,
                             written_out_weights)
 from .window_attention import DecomposedRelativePosition
@@ -246,7 +247,8 @@ class GatedPositionalSelfAttention(nn.Module):
     a term of the row offset, so their softmax over the grid is the product of a softmax
     over key columns and one over key rows: the positional term is a (cols × cols) map
     applied along the grid's rows, then a (rows × rows) map along its columns, exactly,
-    with H·N·(rows + cols) work instead of H·N² and no N × N map. Nothing is stored on the
+    with H·N·(rows + cols) work instead of H·N² and no N × N map; backward recomputes it
+    from the values. Nothing is stored on the
     module, so a forward changes no state (export with a dynamic grid).
     ``rel_pos_grid``: ViTDet's relative position bias on the content term.
     """
@@ -302,7 +304,9 @@ class GatedPositionalSelfAttention(nn.Module):
         (v,) = _split_heads(self.v(x), 1, self.num_heads)
         content = _fused_attention(q, k, v, q.shape[-1] ** -0.5,
                                    _logit_terms(self.rel_pos, q, hw))
-        positional = self.positional_values(v, hw)
+        # recomputed in backward (a few percent of the content term's work) rather than
+        # keeping the value-sized intermediates of its two axis passes
+        positional = recomputed_in_backward(self.positional_values, v, hw)
         # under autocast the two terms are half precision and the gate a float32 parameter
         gate = torch.sigmoid(self.gating).view(-1, 1, 1).to(content.dtype)
         out = torch.lerp(content, positional.to(content.dtype), gate)

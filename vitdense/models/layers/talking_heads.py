@@ -25,7 +25,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+
+from .recompute import recomputed_in_backward
 
 #: token count from which the folded call is taken (below it the written-out maps are
 #: small and a few large matmuls are faster; ``benchmarks/benchmark_attention.py``)
@@ -109,10 +110,10 @@ def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     :data:`KEEP_FOLDED_ON` (GPUs, whose memory is the limit) the call is recomputed in
     backward from q, k, v and the terms instead, one more forward of it."""
     args = (q, k, v, scale, mix_logits.weight, mix_weights.weight, terms)
-    if torch.is_grad_enabled() and q.device.type not in KEEP_FOLDED_ON:
-        out = checkpoint(_mixed_attention, *args, use_reentrant=False)
-    else:
+    if q.device.type in KEEP_FOLDED_ON:
         out = _mixed_attention(*args)
+    else:
+        out = recomputed_in_backward(_mixed_attention, *args)
     out = out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
     # the logit mix's bias cancels in the softmax: its gradient is exactly zero, given
     # explicitly so that it stays a parameter that takes part (as DDP wants)
