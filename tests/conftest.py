@@ -64,10 +64,15 @@ def iteration_clock(monkeypatch):
     monkeypatch.setitem(TimeBudgetHook.CLOCKS, 'iterations', lambda: IterationClock.now[0])
 
 
-@pytest.fixture(autouse=True)
-def default_scope_as_found():
-    """Restore mmengine's default scope after each test, as its own
-    ``DefaultScope.overwrite_default_scope`` does."""
+def _restore_default_scope():
     saved = DefaultScope._instance_dict.copy()
     yield
     DefaultScope._instance_dict = saved
+
+
+#: mmengine's default scope restored after each test, as its own
+#: ``DefaultScope.overwrite_default_scope`` does, and after each module (module-scoped
+#: fixtures, such as runners shared by a module's tests, set it before any test starts)
+default_scope_as_found = pytest.fixture(autouse=True)(_restore_default_scope)
+module_default_scope_as_found = pytest.fixture(autouse=True, scope='module')(
+    _restore_default_scope)

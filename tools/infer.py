@@ -31,7 +31,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.analysis.loading import IMAGE_SUFFIXES
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine.compile import add_compile_argument, compile_model
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import host_of
 
 VIDEO_SUFFIXES = ('.mp4', '.avi', '.mov', '.mkv', '.webm')
 TOP_K = 5

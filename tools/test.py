@@ -9,9 +9,10 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.engine.launch import (HOSTS, add_test_metric, close_process_group, load_config,
-                                    parse_tool_args, tool_parser)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
+from vitdense.engine.hosts import HOSTS
+from vitdense.engine.launch import (add_test_metric, close_process_group, load_config,
+                                    parse_tool_args, tool_parser)
 
 
 def parse_args() -> argparse.Namespace:

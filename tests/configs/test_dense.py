@@ -17,7 +17,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
 from vitdense.compat.mmcv_ext import IMPLEMENTED
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import host_of
 
 from common import REPO_ROOT
 

@@ -9,7 +9,7 @@ from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
-from vitdense.engine.launch import host_of
+from vitdense.engine.hosts import host_of
 
 from common import REPO_ROOT
 

@@ -7,7 +7,8 @@ from mmengine.config import Config
 from mmengine.registry import VISUALIZERS, init_default_scope
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from vitdense.engine.launch import host_of, log_to_tensorboard
+from vitdense.engine.hosts import host_of
+from vitdense.engine.launch import log_to_tensorboard
 
 from common import REPO_ROOT
 

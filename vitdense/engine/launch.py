@@ -24,7 +24,7 @@ from mmengine.logging import print_log
 from mmengine.runner import Runner
 
 from vitdense.checkpoint_io import safe_load
-from vitdense.engine.hosts import HOSTS, Host, host_of  # noqa: F401  (HOSTS: tools/test.py)
+from vitdense.engine.hosts import Host, host_of
 from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
 
 
