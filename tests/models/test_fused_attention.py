@@ -213,12 +213,13 @@ def written_out_positional(pos_proj: torch.nn.Linear, hw: tuple[int, int]) -> to
     return pos_proj(offsets).permute(2, 0, 1).softmax(-1)
 
 
-def gpsa_case() -> GatedPositionalSelfAttention:
+def gpsa_case(rel_pos_grid=None) -> GatedPositionalSelfAttention:
     torch.manual_seed(0)
-    mixer = GatedPositionalSelfAttention(24, 3)
+    mixer = GatedPositionalSelfAttention(24, 3, rel_pos_grid=rel_pos_grid)
     mixer.convolutional_init()
     with torch.no_grad():
-        for param in (mixer.gating, mixer.pos_proj.bias):
+        for param in (mixer.gating, mixer.pos_proj.bias,
+                      *(mixer.rel_pos.parameters() if rel_pos_grid else ())):
             param.normal_()
         mixer.pos_proj.weight.add_(torch.randn(3, 3) * 0.3)  # trained-like, off the init
         mixer.v.weight.normal_(std=0.2)
@@ -243,9 +244,8 @@ def test_separable_positional_attention_equals_the_written_out_map(hw):
 @pytest.mark.parametrize('rel_pos', [False, True])
 def test_gpsa_equals_its_written_out_weights(rel_pos, dtype):
     """The whole mixer: content (with relative positions) and positional terms, gated."""
-    mixer, hw = gpsa_case(), (5, 7)
-    if rel_pos:
-        mixer.rel_pos = DecomposedRelativePosition(8, hw, zero_init=False)
+    hw = (5, 7)
+    mixer = gpsa_case(hw if rel_pos else None)
     x = torch.randn(2, 35, 24, requires_grad=True)
     inputs = dict(x=x, **dict(mixer.named_parameters()))
     with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
