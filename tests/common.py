@@ -69,3 +69,16 @@ class IterationClock(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         self.now[0] = float(runner.iter + 1)
+
+
+def reference_bias(rel_pos: nn.Module, q: torch.Tensor,
+                   hw: tuple[int, int]) -> torch.Tensor:
+    """(..., N, N) bias written out pair by pair, for tables sized for the grid ``hw``."""
+    rows, cols = hw
+    bias = q.new_zeros(*q.shape[:-1], rows * cols)
+    for query in range(rows * cols):
+        for key in range(rows * cols):
+            (qi, qj), (ki, kj) = divmod(query, cols), divmod(key, cols)
+            bias[..., query, key] = q[..., query, :] @ (rel_pos.height[qi - ki + rows - 1] +
+                                                        rel_pos.width[qj - kj + cols - 1])
+    return bias

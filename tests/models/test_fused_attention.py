@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import TINY_ARCH, TINY_CONVIT_ARCH
+from common import TINY_ARCH, reference_bias
 from vitdense.analysis.memory import fused_attention_on_meta
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 from vitdense.models.layers import GatedPositionalSelfAttention, talking_heads
@@ -65,19 +65,6 @@ def written_out_talking_heads(q, k, v, scale, mix_logits, mix_weights, bias=None
     return weights @ v
 
 
-def relative_bias(rel_pos: DecomposedRelativePosition, q: torch.Tensor,
-                  hw: tuple[int, int]) -> torch.Tensor:
-    """(..., N, N) bias of ViTDet's relative positions, pair by pair."""
-    rows, cols = hw
-    bias = q.new_zeros(*q.shape[:-1], rows * cols)
-    for query in range(rows * cols):
-        for key in range(rows * cols):
-            (qi, qj), (ki, kj) = divmod(query, cols), divmod(key, cols)
-            bias[..., query, key] = q[..., query, :] @ (rel_pos.height[qi - ki + rows - 1] +
-                                                        rel_pos.width[qj - kj + cols - 1])
-    return bias
-
-
 def talking_heads_case(hw, rel_pos: bool, class_token: bool, dtype=torch.float32) -> dict:
     """Inputs of one talking-heads call: batch 2, 3 heads of 8, the grid's tokens (and a
     class token in front), relative positions or none."""
@@ -102,7 +89,7 @@ def run_talking_heads(case: dict, hw, fused: bool, dtype=None) -> dict:
             terms = None if table is None else table(q, hw)
             out = talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights, terms)
         else:
-            bias = None if table is None else relative_bias(table, q, hw)
+            bias = None if table is None else reference_bias(table, q, hw)
             out = written_out_talking_heads(q, k, v, 8 ** -0.5, mix_logits, mix_weights, bias)
     result = grads(out, inputs)
     # softmax is shift-invariant: the logit mix's bias gets no gradient on either path
@@ -174,7 +161,7 @@ def test_windowed_talking_heads_block_equals_its_windows_written_out(fused, monk
         q, k, v = attn.qkv(windows).view(*windows.shape[:2], 3, heads, dims).permute(
             2, 0, 3, 1, 4)
         out = written_out_talking_heads(q, k, v, attn.scale, attn.mix_logits,
-                                        attn.mix_weights, relative_bias(attn.rel_pos, q, grid))
+                                        attn.mix_weights, reference_bias(attn.rel_pos, q, grid))
         return attn.proj(out.transpose(1, 2).flatten(-2))
 
     inputs = dict(x=x, **dict(attn.named_parameters()))

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import TINY_ARCH, TINY_CONVIT_ARCH
+from common import TINY_ARCH, TINY_CONVIT_ARCH, reference_bias
 from vitdense.models import CaiT, ConViT, SimpleFeaturePyramid, ViT, XCiT
 from vitdense.models.backbones.vit import convert_detectron2_vitdet
 from vitdense.models.layers import talking_heads
@@ -79,19 +79,6 @@ def test_padded_windows_attend_as_separate_zero_padded_images():
         x = tokens.view(1, 4, 5, -1)[:, 3:4, 3:5] + mixed
         expected = x + block.mlp(block.norm2(x))
     assert torch.allclose(out.view(1, 4, 5, -1)[:, 3:4, 3:5], expected, atol=1e-6)
-
-
-def reference_bias(rel_pos: DecomposedRelativePosition, q: torch.Tensor,
-                   hw: tuple[int, int]) -> torch.Tensor:
-    """(..., N, N) bias written out pair by pair, for tables sized for the grid ``hw``."""
-    rows, cols = hw
-    bias = q.new_zeros(*q.shape[:-1], rows * cols)
-    for query in range(rows * cols):
-        for key in range(rows * cols):
-            (qi, qj), (ki, kj) = divmod(query, cols), divmod(key, cols)
-            bias[..., query, key] = q[..., query, :] @ (rel_pos.height[qi - ki + rows - 1] +
-                                                        rel_pos.width[qj - kj + cols - 1])
-    return bias
 
 
 def test_logit_terms_add_q_dot_the_offset_rows():
