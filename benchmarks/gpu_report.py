@@ -20,8 +20,9 @@ skipped):
   the fixed-size 224² classification step of the first model.
 
 Writes a JSON results file and a Markdown table with the device and versions. Without a
-GPU the same code runs small (tiny archs, small inputs, few repetitions, the ``aot_eager``
-backend, which needs no C++ build): a check that the report works, not a measurement.
+GPU the same code runs small (one tiny arch per family, tiny inputs, one repetition, the
+``aot_eager`` backend, which needs no C++ build): a check that the report works, not a
+measurement.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ DENSE_CONFIGS = ('configs/xcit/mask-rcnn_xcit-s12-p16_fpn_3x_coco.py',
 SMALL_DENSE_CONFIGS = ('configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py',
                        'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 ANCHOR = 'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
-TINY_ARCH = dict(embed_dims=48, num_layers=4, num_heads=2)
+TINY_ARCH = dict(embed_dims=32, num_layers=4, num_heads=2)  # 4 blocks: the pyramid's 4 outputs
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,14 @@ class Setting:
     dense_size: tuple[int, int]
     backend: str
     repeats: int
+    warmup: int  # untimed steps before the samples (at least 1)
     gemm_size: int
     dense_configs: tuple[str, ...]
     dense_shape: Optional[tuple[int, int]]  # None: the config's own input
 
 
-GPU = Setting('cuda', 64, 224, 2, (800, 1344), 'inductor', 5, 8192, DENSE_CONFIGS, None)
-CPU = Setting('cpu', 2, 32, 1, (64, 96), 'aot_eager', 2, 512, SMALL_DENSE_CONFIGS, (64, 96))
+GPU = Setting('cuda', 64, 224, 2, (800, 1344), 'inductor', 5, 2, 8192, DENSE_CONFIGS, None)
+CPU = Setting('cpu', 1, 32, 1, (32, 64), 'aot_eager', 1, 1, 256, SMALL_DENSE_CONFIGS, (64, 96))
 
 
 def half_types(setting: Setting) -> dict[str, torch.dtype]:
@@ -81,7 +83,8 @@ def matmul_rate(setting: Setting, dtype: torch.dtype) -> float:
     """FLOP/s of an n × n matmul in ``dtype`` (2 FLOPs per multiply-add)."""
     n = setting.gemm_size
     a, b = (torch.randn(n, n, device=setting.device, dtype=dtype) for _ in range(2))
-    seconds = min(time_interleaved({'mm': lambda: a @ b}, repeats=setting.repeats,
+    seconds = min(time_interleaved({'mm': lambda: a @ b}, warmup=setting.warmup,
+                                   repeats=setting.repeats,
                                    sync=synchronizer(setting.device))['mm'])
     return 2 * n ** 3 / seconds
 
@@ -146,7 +149,8 @@ def measure_backbone(spec: BackboneSpec, task: str, setting: Setting, rate: floa
         steps[f'{OURS} compiled + fused AdamW'] = _with_fused_adamw(
             models[OURS], steps[f'{OURS} compiled'])
     flops = count_flops(steps[f'{OURS} eager'])
-    samples = time_interleaved(steps, repeats=setting.repeats, sync=synchronizer(device))
+    samples = time_interleaved(steps, warmup=setting.warmup, repeats=setting.repeats,
+                               sync=synchronizer(device))
     record['gflop_step'] = flops / 1e9
     for name, times in samples.items():
         seconds = sorted(times)[len(times) // 2]
@@ -172,6 +176,7 @@ def measure_dense(config: str, setting: Setting) -> dict:
     from mmengine.registry import DefaultScope
 
     from vitdense.analysis import memory
+    from vitdense.engine.hosts import build_model
 
     cfg = memory.load_config(config)
     shape = setting.dense_shape or memory.largest_training_input(cfg)
@@ -183,7 +188,7 @@ def measure_dense(config: str, setting: Setting) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else 0
-    model = memory.build_model(cfg, device=setting.device).train()
+    model = build_model(cfg, 'train', device=setting.device).train()
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     images = torch.randn(batch, 3, *shape, device=setting.device)
@@ -245,10 +250,12 @@ def run(setting: Setting, models: tuple[str, ...], budget_s: float, overhead: bo
         if time.perf_counter() - start > budget_s:
             record = dict(case=name, skipped=f'past the {budget_s:.0f} s budget')
         else:
+            case_start = time.perf_counter()
             try:
                 record = dict(case=name, **measure())
             except Exception as error:  # one case's failure is recorded, the rest go on
                 record = dict(case=name, error=repr(error)[:300])
+            record['case_s'] = time.perf_counter() - case_start
         results.append(record)
         log(record)
         torch._dynamo.reset()
