@@ -22,11 +22,14 @@ def data_root(tmp_path_factory) -> Path:
     return make_demo_ade(tmp_path_factory.mktemp('ade'), num_train=4, num_val=2, size=64)
 
 
+def _data_roots(root: Path) -> list:
+    """--cfg-options pointing every split's data set at ``root``."""
+    return [f'{split}_dataloader.dataset.data_root={root}' for split in ('train', 'val', 'test')]
+
+
 def _options(data_root: Path, iters: int) -> list:
     """--cfg-options for a few 64 px iterations on ``data_root``."""
-    loaders = [f'{split}_dataloader.dataset.data_root={data_root}'
-               for split in ('train', 'val', 'test')]
-    return ['--cfg-options', *loaders, f'train_cfg.max_iters={iters}',
+    return ['--cfg-options', *_data_roots(data_root), f'train_cfg.max_iters={iters}',
             f'train_cfg.val_interval={iters}', f'default_hooks.checkpoint.interval={iters}',
             'model.data_preprocessor.size=(64,64)', 'train_dataloader.batch_size=2',
             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
@@ -98,10 +101,8 @@ def coco_root(tmp_path_factory) -> Path:
 
 def _det_options(coco_root: Path, iters: int) -> list:
     """--cfg-options for the demo Mask R-CNN on ``coco_root``'s 64 px images."""
-    loaders = [f'{split}_dataloader.dataset.data_root={coco_root}'
-               for split in ('train', 'val', 'test')]
     annotations = coco_root / 'annotations' / 'instances_val.json'
-    return ['--cfg-options', *loaders, f'val_evaluator.ann_file={annotations}',
+    return ['--cfg-options', *_data_roots(coco_root), f'val_evaluator.ann_file={annotations}',
             f'test_evaluator.ann_file={annotations}',
             'train_dataloader.dataset.pipeline.2.scale=(64,64)',
             f'train_cfg.max_iters={iters}', 'train_dataloader.batch_size=2',
