@@ -20,7 +20,7 @@ def test_cells_are_the_layouts_of_the_demo_recipe(family, tmp_path):
         assert 'simple-window' not in configs
     else:
         window = configs['simple-window'].model.backbone
-        assert window.window_size == 5 and window.rel_pos
+        assert window.window_size == 5 and window.use_rel_pos
     for cfg in configs.values():
         assert cfg.randomness == dict(seed=3)
         assert cfg.train_cfg.max_iters == cfg.train_cfg.val_interval == 80
