@@ -49,7 +49,7 @@ DETECTION_BACKBONES = (
     ('ViT', 'base', 16), ('XCiT', 'small_12', 16), ('ViT', 'small', 16),
 )
 #: talking heads' path: the token count from which they are folded (None: the library's)
-PATHS = {'written-out': 10 ** 9, 'chosen': None, 'fused': 0}
+PATHS = {'written-out': talking_heads.NEVER, 'chosen': None, 'fused': 0}
 PEAK_BACKBONES = (('ViT', 'small'), ('CaiT', 'xxs24'), ('XCiT', 'small_12'),
                   ('ConViT', 'tiny'))
 #: (batch, token grid) of the layer steps: 224² batch 8 and 800 × 1344 batch 2 at patch 16
@@ -61,12 +61,9 @@ LAYER_WIDTH, LAYER_HEADS = 192, 4
 def attention_path(name: str) -> Iterator[None]:
     """Within: talking heads take the path ``name`` of :data:`PATHS`."""
     threshold = PATHS[name]
-    original = talking_heads.MIN_FUSED_TOKENS
-    talking_heads.MIN_FUSED_TOKENS = original if threshold is None else threshold
-    try:
+    with talking_heads.fused_from(talking_heads.MIN_FUSED_TOKENS if threshold is None
+                                  else threshold):
         yield
-    finally:
-        talking_heads.MIN_FUSED_TOKENS = original
 
 
 def backbone(family: str, arch: str, patch_size: int = 16, device: str = 'cpu',

@@ -6,7 +6,9 @@ One meaning each: :func:`count_flops` counts FLOPs, 2 per multiply-add (torch's
 multiply-adds, FLOPs divided by :data:`FLOPS_PER_MULTIPLY_ADD`, the number the ViT, DeiT,
 CaiT, XCiT and ConViT papers call "FLOPs" and that ``model-index.yml`` records. Both count
 convolutions, matrix products and attention (torch's CPU flash-attention kernels included);
-norms, activations and pooling are not counted.
+norms, activations and pooling are not counted. Talking heads are counted written out (the
+architecture's products, as the papers count them), not as the fused call that does heads ×
+those products; GPSA's positional term is counted as it runs, separable along the grid.
 
 :func:`analyse` counts a config's model built and run on the meta device (shapes only: no
 memory, no arithmetic), one image: a classifier's logits, a segmentor's decode head (no
@@ -25,6 +27,7 @@ from mmengine.config import Config
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from vitdense.engine.hosts import build_model, host_of
+from vitdense.models.layers.talking_heads import NEVER, fused_from
 
 #: FLOPs of one multiply-add (a multiplication and an addition)
 FLOPS_PER_MULTIPLY_ADD = 2
@@ -127,9 +130,10 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
         param.requires_grad_(False)
     device = next(model.parameters()).device
     images = torch.randn(1, 3, *shape, device=device)
-    if cfg.default_scope == 'mmdet':
-        return count_multiply_adds(lambda: _run_detector(model, cfg, images))
-    return count_multiply_adds(lambda: model(images, None, mode='tensor'))
+    with fused_from(NEVER):
+        if cfg.default_scope == 'mmdet':
+            return count_multiply_adds(lambda: _run_detector(model, cfg, images))
+        return count_multiply_adds(lambda: model(images, None, mode='tensor'))
 
 
 def analyse(config: str, shape: tuple[int, int] | None = None) -> dict:

@@ -20,7 +20,8 @@ heads-times-larger operands. Below :data:`MIN_FUSED_TOKENS` tokens one written-o
 is faster (``benchmarks/benchmark_attention.py``, docs/memory.md), and attention dropout on
 the mixed weights has no fold: both take :func:`written_out_weights`.
 """
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -48,6 +49,23 @@ def use_fused(num_tokens: int, dropout: float) -> bool:
     if dropout or torch.compiler.is_exporting():
         return False
     return torch.compiler.is_compiling() or num_tokens >= MIN_FUSED_TOKENS
+
+
+#: a token count no input reaches: with it as the threshold, talking heads stay written out
+NEVER = 1 << 62
+
+
+@contextlib.contextmanager
+def fused_from(num_tokens: int) -> Iterator[None]:
+    """Within: talking heads take the fold from ``num_tokens`` tokens (0: always;
+    :data:`NEVER`: the written-out maps, whose products are the architecture's arithmetic,
+    where the fold does heads × as many)."""
+    global MIN_FUSED_TOKENS
+    threshold, MIN_FUSED_TOKENS = MIN_FUSED_TOKENS, num_tokens
+    try:
+        yield
+    finally:
+        MIN_FUSED_TOKENS = threshold
 
 
 def with_logit_terms(queries: torch.Tensor, keys: torch.Tensor,
