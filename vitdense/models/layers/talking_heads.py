@@ -32,6 +32,8 @@ from .recompute import recomputed_in_backward
 #: token count from which the folded call is taken (below it the written-out maps are
 #: small and a few large matmuls are faster; ``benchmarks/benchmark_attention.py``)
 MIN_FUSED_TOKENS = 2048
+#: a token count no input reaches: with it as the threshold, talking heads stay written out
+NEVER = 1 << 62
 #: device types on which the fold keeps its operands for backward rather than recomputing
 #: them (host memory is plentiful; recomputing costs a third more of the call)
 KEEP_FOLDED_ON = ('cpu',)
@@ -49,10 +51,6 @@ def use_fused(num_tokens: int, dropout: float) -> bool:
     if dropout or torch.compiler.is_exporting():
         return False
     return torch.compiler.is_compiling() or num_tokens >= MIN_FUSED_TOKENS
-
-
-#: a token count no input reaches: with it as the threshold, talking heads stay written out
-NEVER = 1 << 62
 
 
 @contextlib.contextmanager
