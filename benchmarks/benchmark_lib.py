@@ -107,9 +107,10 @@ def attention_backend(attention: str) -> Iterator[None]:
 
 # ---------------------------------------------------------------------- steps
 def make_step(model: nn.Module, inputs: torch.Tensor, mode: str,
-              attention: str = 'fused') -> Step:
+              attention: str = 'fused', dtype: Optional[torch.dtype] = None) -> Step:
     """One inference forward (no grad) or one training step (forward, a scalar loss over
-    all outputs, backward; gradients are dropped before each step).
+    all outputs, backward; gradients are dropped before each step); with ``dtype``, the
+    forward runs under autocast to it on the inputs' device.
 
     For inference the parameters are frozen as in deployment; besides, views of parameters
     taken under ``no_grad`` still claim ``requires_grad``, which breaks FLOP counting.
@@ -119,15 +120,19 @@ def make_step(model: nn.Module, inputs: torch.Tensor, mode: str,
     model.train(mode == 'train')
     model.requires_grad_(mode == 'train')
 
+    def autocast() -> torch.autocast:
+        return torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None)
+
     def infer() -> None:
-        with torch.no_grad(), attention_backend(attention):
+        with torch.no_grad(), attention_backend(attention), autocast():
             model(inputs)
 
     def train() -> None:
         model.zero_grad(set_to_none=True)
         with attention_backend(attention):
-            loss = sum(out.float().mean() for out in flatten_outputs(model(inputs)))
-            loss.backward()
+            with autocast():
+                outputs = flatten_outputs(model(inputs))
+            sum(out.float().mean() for out in outputs).backward()
 
     return infer if mode == 'infer' else train
 

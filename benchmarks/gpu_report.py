@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from benchmarks.benchmark_lib import (OURS, TIMM, BackboneSpec, build_backbone_pair,
-                                      count_flops, environment, flatten_outputs, synchronizer,
+                                      count_flops, environment, make_step, synchronizer,
                                       time_interleaved, write_json)
 
 DEFAULT_MODELS = ('vit_small_patch16_224', 'vit_base_patch16_224', 'cait_xxs24_224',
@@ -104,16 +104,6 @@ def backbone_specs(names: tuple[str, ...], setting: Setting) -> list[BackboneSpe
     return [specs[name] for name in names]
 
 
-def training_step(model: Callable, images: torch.Tensor, dtype: torch.dtype,
-                  device: str) -> Callable[[], None]:
-    """Forward under autocast, the mean of every output as the loss, backward."""
-    def step() -> None:
-        with torch.autocast(device, dtype=dtype):
-            outputs = flatten_outputs(model(images))
-        sum(out.float().mean() for out in outputs).backward()
-    return step
-
-
 def first_call_s(step: Callable[[], None], device: str) -> float:
     start = time.perf_counter()
     step()
@@ -137,13 +127,13 @@ def measure_backbone(spec: BackboneSpec, task: str, setting: Setting, rate: floa
                              input=list(images.shape[2:]), dtype=str(dtype).split('.')[-1])
     for name, model in models.items():
         model.to(device).train()
-        steps[f'{name} eager'] = training_step(model, images, dtype, device)
+        steps[f'{name} eager'] = make_step(model, images, 'train', dtype=dtype)
         compiled = torch.compile(model, backend=setting.backend)
-        steps[f'{name} compiled'] = training_step(compiled, images, dtype, device)
+        steps[f'{name} compiled'] = make_step(compiled, images, 'train', dtype=dtype)
         record[f'{name} compile_s'] = first_call_s(steps[f'{name} compiled'], device)
     if overhead and task == 'cls' and device == 'cuda':
         graphs = torch.compile(models[OURS], mode='reduce-overhead')
-        steps[f'{OURS} cudagraphs'] = training_step(graphs, images, dtype, device)
+        steps[f'{OURS} cudagraphs'] = make_step(graphs, images, 'train', dtype=dtype)
         record[f'{OURS} cudagraphs compile_s'] = first_call_s(steps[f'{OURS} cudagraphs'],
                                                               device)
         steps[f'{OURS} compiled + fused AdamW'] = _with_fused_adamw(
