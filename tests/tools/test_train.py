@@ -111,6 +111,10 @@ def _det_options(coco_root: Path, iters: int) -> list:
             'default_hooks.logger.interval=1']
 
 
+def _relative_gaps(losses: dict[int, float], reference: dict[int, float]) -> dict[int, float]:
+    return {i: abs(losses[i] - reference[i]) / abs(reference[i]) for i in reference}
+
+
 @pytest.mark.parametrize('config', [DET_CONFIG, CONFIG], ids=['mask-rcnn', 'upernet'])
 def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tmp_path):
     # aot_eager traces backbone, neck and heads as inductor would and runs the graphs with
@@ -121,16 +125,23 @@ def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tm
                _options(data_root, 20) + ['model.decode_head.dropout_ratio=0',
                                           'model.auxiliary_head.dropout_ratio=0']
                ) + ['train_cfg.val_begin=21']
-    eager, compiled = tmp_path / 'eager', tmp_path / 'compiled'
-    _run(sys.executable, 'tools/train.py', config, '--work-dir', eager, *options)
-    log = _run(sys.executable, 'tools/train.py', config, '--work-dir', compiled,
-               '--compile', 'aot_eager', *options)
-    assert 'torch.compile (aot_eager): backbone, ' in log
-    want, got = _losses(eager), _losses(compiled)
-    assert sorted(want) == sorted(got) == list(range(1, 21))
-    # Mask R-CNN: every iteration within 1e-4. UperNet: the compiled decode head rounds
-    # differently (equal to 1e-7 for the first iterations), and training amplifies that:
-    # 4.8e-7 at iteration 12, 7.3e-4 at 20 (measured), so the later ones are held to 2e-3
+    runs = {}
+    for name, threads, compile_options in (('eager', 2, ()), ('one-thread', 1, ()),
+                                           ('compiled', 2, ('--compile', 'aot_eager'))):
+        runs[name] = _run(sys.executable, 'tools/train.py', config, '--work-dir',
+                          tmp_path / name, *compile_options, *options,
+                          env=dict(OMP_NUM_THREADS=str(threads)))
+    assert 'torch.compile (aot_eager): backbone, ' in runs['compiled']
+    want = _losses(tmp_path / 'eager')
+    compiled = _relative_gaps(_losses(tmp_path / 'compiled'), want)
+    one_thread = _relative_gaps(_losses(tmp_path / 'one-thread'), want)
+    assert sorted(want) == sorted(compiled) == list(range(1, 21))
+    # Equal arithmetic: within 1e-4 at every iteration for Mask R-CNN, and for UperNet over
+    # the first ten. Later, AdamW's first steps (nearly the gradient's sign) turn rounding
+    # into real differences: eager itself, on one thread instead of two, moves the losses by
+    # up to ~1e-3 by iteration 20 (measured: Mask R-CNN 1.0e-3, UperNet 9.5e-4, where the
+    # compiled UperNet moves 7.3e-4). The compiled run stays within that spread.
     close = list(want) if config == DET_CONFIG else range(1, 11)
-    assert all(got[i] == pytest.approx(want[i], rel=1e-4) for i in close)
-    assert all(got[i] == pytest.approx(want[i], rel=2e-3) for i in want)
+    assert all(compiled[i] <= 1e-4 for i in close), compiled
+    assert max(compiled.values()) <= max(1e-4, 2 * max(one_thread.values())), (compiled,
+                                                                                one_thread)
