@@ -167,6 +167,15 @@ def time_interleaved(steps: dict[str, Step], warmup: int = 2, repeats: int = 5,
     return samples
 
 
+def first_call_s(step: Step, device: str) -> float:
+    """Seconds of one call of ``step``, device work included: for a compiled step's first
+    call, the compile time."""
+    start = time.perf_counter()
+    step()
+    synchronizer(device)()
+    return time.perf_counter() - start
+
+
 def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """Median of ``numerator[i] / denominator[i]``: samples taken next to each other by
     :func:`time_interleaved`, so a slow drift of the machine cancels within each pair."""

@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 from benchmarks.benchmark_lib import (OURS, TIMM, BackboneSpec, build_backbone_pair,
-                                      count_flops, environment, make_step, synchronizer,
-                                      time_interleaved, write_json)
+                                      count_flops, environment, first_call_s, make_step,
+                                      synchronizer, time_interleaved, write_json)
 
 DEFAULT_MODELS = ('vit_small_patch16_224', 'vit_base_patch16_224', 'cait_xxs24_224',
                   'xcit_small_12_p16_224', 'convit_small')
@@ -102,13 +102,6 @@ def backbone_specs(names: tuple[str, ...], setting: Setting) -> list[BackboneSpe
     if unknown:
         raise SystemExit(f'unknown models {unknown}; choose from {sorted(specs)}')
     return [specs[name] for name in names]
-
-
-def first_call_s(step: Callable[[], None], device: str) -> float:
-    start = time.perf_counter()
-    step()
-    synchronizer(device)()
-    return time.perf_counter() - start
 
 
 def measure_backbone(spec: BackboneSpec, task: str, setting: Setting, rate: float,
