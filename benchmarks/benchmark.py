@@ -33,6 +33,7 @@ import torch
 
 from benchmarks import benchmark_lib as bm
 from benchmarks.benchmark_lib import ROOT
+from vitdense.engine.compile import compile_function
 
 #: each family's small model (CaiT: XXS-24, the width of the dense configs, as S-24 would
 #: take an hour at 512x512 batch 8 on 2 cores)
@@ -135,7 +136,7 @@ def build_models(case: bm.Case, args: argparse.Namespace,
     models = {name: model.to(args.device) for name, model in bm.build_backbone_pair(
         spec, case.task, case.img_size, reference_first=reference_first).items()}
     if args.compile:
-        models.update({f'{name}+compile': torch.compile(model)
+        models.update({f'{name}+compile': compile_function(model)
                        for name, model in list(models.items())})
     return models
 
@@ -231,7 +232,7 @@ def probe(spec_json: str) -> None:
         model = bm.build_timm(backbone, case.task, case.img_size)
     model = model.to(spec['device'])
     if spec['impl'].endswith('+compile'):
-        model = torch.compile(model)
+        model = compile_function(model)
     step = bm.make_step(model, build_inputs(case, spec['device']), case.mode, case.attention)
     bm.report_probe(meter.measure(step))
 

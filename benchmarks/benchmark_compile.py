@@ -24,6 +24,7 @@ import torch
 from benchmarks.benchmark_lib import (OURS, backbone_specs, environment, first_call_s,
                                       make_step, paired_ratio, synchronizer,
                                       time_interleaved, write_json)
+from vitdense.engine.compile import compile_function
 
 DEFAULT_MODELS = ('vit_small_patch16_224', 'cait_xxs24_224', 'xcit_small_12_p16_224',
                   'convit_small')
@@ -49,7 +50,7 @@ def measure(name: str, batch: int, size: int, second_size: int, backend: str,
     counters.clear()
     model = build_pyramid_backbone(name, size).to(device)
     images = {s: torch.randn(batch, 3, s, s, device=device) for s in (size, second_size)}
-    compiled = torch.compile(model, backend=backend)
+    compiled = compile_function(model, backend)
     eager_step = make_step(model, images[size], 'train', dtype=dtype)
     compiled_step = make_step(compiled, images[size], 'train', dtype=dtype)
     record = dict(model=name, batch=batch, size=size, second_size=second_size,

@@ -40,6 +40,7 @@ from torch import nn
 from benchmarks.benchmark_lib import (OURS, TIMM, BackboneSpec, build_backbone_pair,
                                       count_flops, environment, first_call_s, make_step,
                                       synchronizer, time_interleaved, write_json)
+from vitdense.engine.compile import compile_function
 
 DEFAULT_MODELS = ('vit_small_patch16_224', 'vit_base_patch16_224', 'cait_xxs24_224',
                   'xcit_small_12_p16_224', 'convit_small')
@@ -121,11 +122,11 @@ def measure_backbone(spec: BackboneSpec, task: str, setting: Setting, rate: floa
     for name, model in models.items():
         model.to(device).train()
         steps[f'{name} eager'] = make_step(model, images, 'train', dtype=dtype)
-        compiled = torch.compile(model, backend=setting.backend)
+        compiled = compile_function(model, setting.backend)
         steps[f'{name} compiled'] = make_step(compiled, images, 'train', dtype=dtype)
         record[f'{name} compile_s'] = first_call_s(steps[f'{name} compiled'], device)
     if overhead and task == 'cls' and device == 'cuda':
-        graphs = torch.compile(models[OURS], mode='reduce-overhead')
+        graphs = compile_function(models[OURS], mode='reduce-overhead')
         steps[f'{OURS} cudagraphs'] = make_step(graphs, images, 'train', dtype=dtype)
         record[f'{OURS} cudagraphs compile_s'] = first_call_s(steps[f'{OURS} cudagraphs'],
                                                               device)

@@ -4,14 +4,18 @@ compile at most twice in the pyramid layout, and compiling changes neither the r
 the module tree.
 
 Graphs are counted by dynamo with the ``aot_eager`` backend (traced like inductor, run by
-the eager kernels: no C++ compiler). Tracing time grows with the number of blocks, not with
+the eager kernels: no C++ compiler); one test runs inductor itself, on a graph with
+symbolic sizes (the C++ compiler, about 90 s). Tracing time grows with the number of blocks, not with
 the input: the models have as few blocks as their layout allows (the pyramid takes 4 block
 outputs, ConViT at least one GPSA and one attention block, ViTDet's layout one windowed and
 one global block), and the pyramid models are compiled once for both tests that use them.
 """
 from __future__ import annotations
 
+import copy
 import functools
+import os
+import shutil
 
 import pytest
 import torch
@@ -128,6 +132,29 @@ def test_multiscale_training_compiles_at_most_twice(family):
     breaks, count = pyramid_run(family)['multiscale_graphs']
     assert breaks == {}
     assert count <= 2
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get('CXX', 'c++')) is None,
+                    reason='inductor on CPU needs a C++ compiler')
+def test_inductor_compiles_symbolic_sizes():
+    # Inductor's own lowering, which aot_eager does not run: one graph with symbolic sizes
+    # serves two input sizes with the eager results. ConViT (a GPSA block, then an
+    # attention block with the class token, one token map out) meets both failures that
+    # INDUCTOR_OPTIONS work around: without them it does not compile, then its backward
+    # fails at the second size.
+    torch.manual_seed(0)
+    model = backbone_families()['convit'](
+        arch=dict(ARCHS['convit'], num_layers=2), img_size=64, pyramid=False,
+        out_indices=(-1,)).train()
+    compiled = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compile_model(nn.ModuleDict(dict(backbone=compiled)), backend='inductor', dynamic=True)
+    for size in coco_multiscale_sizes()[:2]:
+        images = torch.randn(2, 3, *size)
+        (outputs, grads), (want_outputs, want_grads) = (train_step(compiled, images),
+                                                        train_step(model, images))
+        for got, want in zip(outputs + grads, want_outputs + want_grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 class Heads(nn.Module):

@@ -18,7 +18,7 @@ later size.
 from __future__ import annotations
 
 import argparse
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from mmengine.config import Config
@@ -35,6 +35,29 @@ COMPILED_PARTS = ('backbone', 'neck', 'rpn_head', 'roi_head.bbox_head', 'roi_hea
                   'decode_head', 'auxiliary_head', 'head')
 #: the ``torch.compile`` backend of ``--compile`` without a value
 DEFAULT_BACKEND = 'inductor'
+#: inductor settings of every compile made here, each working around a failure of torch
+#: 2.14's inductor once sizes turn symbolic (multi-scale training from its second input size):
+#: ``strict_output_strides``: views that a graph outputs (activations kept for backward among
+#: them) get eager's exact strides; ordering them instead needs the token count to be at
+#: least one, which inductor cannot tell for a count derived from padded image sizes, and
+#: CaiT, XCiT and ConViT fail to compile ("cannot determine truth value of Relational").
+#: ``layout_optimization=False``: no channels-last copies of conv inputs; with them, the
+#: backward graph of every family checks the image's strides against an earlier size and
+#: fails from the third size on ("expected size 2==2, stride ...").
+INDUCTOR_OPTIONS = {'strict_output_strides': True, 'layout_optimization': False}
+
+
+def compile_function(function: Callable, backend: str = DEFAULT_BACKEND,
+                     mode: Optional[str] = None, dynamic: Optional[bool] = None) -> Callable:
+    """``torch.compile(function, backend=backend, mode=mode, dynamic=dynamic)``, with
+    :data:`INDUCTOR_OPTIONS` where the backend is inductor (``mode`` then given as the
+    options it stands for: torch takes a mode or options, not both)."""
+    if backend != 'inductor':
+        return torch.compile(function, backend=backend, mode=mode, dynamic=dynamic)
+    from torch._inductor import config, list_mode_options
+    options = {**list_mode_options(mode or 'default', dynamic),
+               **{key: value for key, value in INDUCTOR_OPTIONS.items() if hasattr(config, key)}}
+    return torch.compile(function, backend=backend, dynamic=dynamic, options=options)
 
 
 def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
@@ -64,8 +87,7 @@ def compile_model(model: nn.Module, backend: str = DEFAULT_BACKEND, mode: Option
         for name, module in members:
             if 'forward' in vars(module):  # compiled already
                 continue
-            module.forward = torch.compile(module.forward, backend=backend, mode=mode,
-                                           dynamic=dynamic)
+            module.forward = compile_function(module.forward, backend, mode, dynamic)
             compiled.append(name)
     return compiled
 
