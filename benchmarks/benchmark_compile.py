@@ -6,7 +6,7 @@
 
 Per model (timm names; ours, in the multi-layer pyramid layout that the dense recipes
 train): the first compiled training step (forward, a scalar loss over the outputs,
-backward), which is the compile time; the first step at a second input size, which compiles
+backward), which is the compile time (inductor's on-disk caches off, as on a first run); the first step at a second input size, which compiles
 the graph with symbolic sizes that multi-scale training reuses; the eager and compiled steps
 timed interleaved; and dynamo's graph and graph-break counts. The GPU report
 (``benchmarks/gpu_report.py``) measures compiled steps on a GPU within its wider report;
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch._inductor.config
 
 from benchmarks.benchmark_lib import (OURS, backbone_specs, environment, first_call_s,
                                       make_step, paired_ratio, synchronizer,
@@ -53,10 +54,13 @@ def measure(name: str, batch: int, size: int, second_size: int, backend: str,
     compiled = compile_function(model, backend)
     eager_step = make_step(model, images[size], 'train', dtype=dtype)
     compiled_step = make_step(compiled, images[size], 'train', dtype=dtype)
-    record = dict(model=name, batch=batch, size=size, second_size=second_size,
-                  compile_s=first_call_s(compiled_step, device),
-                  second_size_compile_s=first_call_s(
-                      make_step(compiled, images[second_size], 'train', dtype=dtype), device))
+    record = dict(model=name, batch=batch, size=size, second_size=second_size)
+    # a first compile: nothing reused from inductor's on-disk caches of earlier runs
+    with torch._inductor.config.patch(force_disable_caches=True):
+        record.update(compile_s=first_call_s(compiled_step, device),
+                      second_size_compile_s=first_call_s(
+                          make_step(compiled, images[second_size], 'train', dtype=dtype),
+                          device))
     record.update(graphs=counters['stats']['unique_graphs'],
                   graph_breaks=sum(counters['graph_break'].values()))
     samples = time_interleaved({'eager': eager_step, 'compiled': compiled_step}, warmup=1,
