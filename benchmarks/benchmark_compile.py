@@ -6,11 +6,12 @@
 
 Per model (timm names; ours, in the multi-layer pyramid layout that the dense recipes
 train): the first compiled training step (forward, a scalar loss over the outputs,
-backward), which is the compile time (inductor's on-disk caches off, as on a first run); the first step at a second input size, which compiles
-the graph with symbolic sizes that multi-scale training reuses; the eager and compiled steps
-timed interleaved; and dynamo's graph and graph-break counts. The GPU report
-(``benchmarks/gpu_report.py``) measures compiled steps on a GPU within its wider report;
-this script answers on any device, the CPU included.
+backward), which is the compile time (inductor's on-disk caches off, as on a first run);
+the first step at a second input size, which compiles the graph with symbolic sizes that
+multi-scale training reuses; the eager and compiled steps timed interleaved; and dynamo's
+graph and graph-break counts. The GPU report (``benchmarks/gpu_report.py``) measures
+compiled steps on a GPU within its wider report; this script answers on any device, the
+CPU included.
 """
 from __future__ import annotations
 
