@@ -5,10 +5,11 @@ the module tree.
 
 Graphs are counted by dynamo with the ``aot_eager`` backend (traced like inductor, run by
 the eager kernels: no C++ compiler); one test runs inductor itself, on a graph with
-symbolic sizes (the C++ compiler, about 90 s). Tracing time grows with the number of blocks, not with
-the input: the models have as few blocks as their layout allows (the pyramid takes 4 block
-outputs, ConViT at least one GPSA and one attention block, ViTDet's layout one windowed and
-one global block), and the pyramid models are compiled once for both tests that use them.
+symbolic sizes (the C++ compiler, about 90 s). Tracing time grows with the number of
+blocks, not with the input: the models have as few blocks as their layout allows (the
+pyramid takes 4 block outputs, ConViT at least one GPSA and one attention block, ViTDet's
+layout one windowed and one global block), and the pyramid models are compiled once for
+both tests that use them.
 """
 from __future__ import annotations
 

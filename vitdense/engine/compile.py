@@ -13,7 +13,8 @@ the state dict keys and checkpoints stay as they are, and calls through ``module
 ``module.forward(x)`` (mmseg's heads call the latter) both run compiled. Input sizes vary in
 multi-scale training: with ``dynamic=None`` (torch's automatic dynamic shapes) the first
 size compiles a static graph and the second a graph with symbolic sizes that serves every
-later size.
+later size. Every compile goes through :func:`compile_function`, which gives inductor the
+settings (:data:`INDUCTOR_OPTIONS`) without which torch 2.14 fails on symbolic sizes.
 """
 from __future__ import annotations
 
