@@ -90,7 +90,7 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     if unknown:
         raise SystemExit(f'unknown models {unknown}; choose from {sorted(backbone_specs())}')
     meta = environment(args.device, torch.get_num_threads())
-    meta.update(backend=args.backend, dtype=args.dtype, mode=OURS + ' multi-layer pyramid')
+    meta.update(backend=args.backend, dtype=args.dtype, layout=f'{OURS} multi-layer pyramid')
     results = []
     for name in args.models:
         record = measure(name, args.batch, args.size, args.second_size, args.backend,
