@@ -125,17 +125,18 @@ def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tm
                _options(data_root, 20) + ['model.decode_head.dropout_ratio=0',
                                           'model.auxiliary_head.dropout_ratio=0']
                ) + ['train_cfg.val_begin=21']
-    runs = {}
+    losses, logs = {}, {}
     for name, threads, compile_options in (('eager', 2, ()), ('one-thread', 1, ()),
                                            ('compiled', 2, ('--compile', 'aot_eager'))):
-        runs[name] = _run(sys.executable, 'tools/train.py', config, '--work-dir',
+        logs[name] = _run(sys.executable, 'tools/train.py', config, '--work-dir',
                           tmp_path / name, *compile_options, *options,
                           env=dict(OMP_NUM_THREADS=str(threads)))
-    assert 'torch.compile (aot_eager): backbone, ' in runs['compiled']
-    want = _losses(tmp_path / 'eager')
-    compiled = _relative_gaps(_losses(tmp_path / 'compiled'), want)
-    one_thread = _relative_gaps(_losses(tmp_path / 'one-thread'), want)
-    assert sorted(want) == sorted(compiled) == list(range(1, 21))
+        losses[name] = _losses(tmp_path / name)
+        assert sorted(losses[name]) == list(range(1, 21)), name
+    assert 'torch.compile (aot_eager): backbone, ' in logs['compiled']
+    want = losses['eager']
+    compiled = _relative_gaps(losses['compiled'], want)
+    one_thread = _relative_gaps(losses['one-thread'], want)
     # Equal arithmetic: within 1e-4 at every iteration for Mask R-CNN, and for UperNet over
     # the first ten. Later, AdamW's first steps (nearly the gradient's sign) turn rounding
     # into real differences: eager itself, on one thread instead of two, moves the losses by
