@@ -6,14 +6,15 @@ a backbone's training step comes to this machine's matrix-product peak.
     python -m benchmarks.benchmark_attention peak     # achieved FLOP/s / measured matmul FLOP/s
 
 memory: what each backbone of the shipped Mask R-CNN configs saves for backward at a COCO
-batch (meta device, SDPA counted as a fused kernel: ``tools/analysis_tools/memory.py``),
-with talking heads' maps written out, as the library chooses (folded into one fused call
-from ``MIN_FUSED_TOKENS`` tokens), and with ``with_cp=True``.
+batch on a GPU (meta device, SDPA counted as a fused kernel:
+``tools/analysis_tools/memory.py``), with talking heads' maps written out, as the library
+chooses (folded into one fused call from 2,048 tokens), and with ``with_cp=True``.
 
 layers: the training step (forward, a loss over the output, backward) of one attention layer
 of CaiT-XXS24's / ConViT-Ti's width (192, 4 heads of 48): plain attention, talking heads as
-chosen and written out, GPSA and GPSA with its positional attention written out as an
-(heads, N, N) map; at 224² batch 8 (14 × 14 tokens) and at 800 × 1344 batch 2 (50 × 84).
+chosen (the CPU operator on a CPU), folded into one fused call and written out, GPSA and
+GPSA with its positional attention written out as an (heads, N, N) map; at 224² batch 8
+(14 × 14 tokens) and at 800 × 1344 batch 2 (50 × 84).
 The steps of one size are interleaved in one run (``benchmark_lib.time_interleaved``); a
 ratio is the median of paired samples, the step's time / plain attention's time.
 
@@ -28,7 +29,7 @@ import argparse
 import contextlib
 import json
 import statistics
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +49,6 @@ DETECTION_BACKBONES = (
     ('XCiT', 'small_24', 8), ('ConViT', 'base', 16), ('ConViT', 'small', 16),
     ('ViT', 'base', 16), ('XCiT', 'small_12', 16), ('ViT', 'small', 16),
 )
-#: talking heads' path: the token count from which they are folded (None: the library's)
-PATHS = {'written-out': talking_heads.NEVER, 'chosen': None, 'fused': 0}
 PEAK_BACKBONES = (('ViT', 'small'), ('CaiT', 'xxs24'), ('XCiT', 'small_12'),
                   ('ConViT', 'tiny'))
 #: (batch, token grid) of the layer steps: 224² batch 8 and 800 × 1344 batch 2 at patch 16
@@ -57,13 +56,10 @@ LAYER_INPUTS = {'224': (8, (14, 14)), 'coco': (2, (50, 84))}
 LAYER_WIDTH, LAYER_HEADS = 192, 4
 
 
-@contextlib.contextmanager
-def attention_path(name: str) -> Iterator[None]:
-    """Within: talking heads take the path ``name`` of :data:`PATHS`."""
-    threshold = PATHS[name]
-    with talking_heads.fused_from(talking_heads.MIN_FUSED_TOKENS if threshold is None
-                                  else threshold):
-        yield
+def attention_path(name: str) -> contextlib.AbstractContextManager:
+    """Within: talking heads take the path ``name`` of ``talking_heads.PATHS``, or
+    ``'chosen'``: the library's choice."""
+    return contextlib.nullcontext() if name == 'chosen' else talking_heads.forced_path(name)
 
 
 def backbone(family: str, arch: str, patch_size: int = 16, device: str = 'cpu',
@@ -79,7 +75,7 @@ def memory_table(batch: int = 2, shape: tuple[int, int] = COCO) -> list[dict]:
     for family, arch, patch in DETECTION_BACKBONES:
         images = torch.empty(batch, 3, *shape, device='meta')
         row = dict(backbone=f'{family}-{arch}/{patch}')
-        for name in ('written-out', 'chosen'):
+        for name in ('maps', 'chosen'):
             with attention_path(name):
                 row[name] = count_backbone(backbone(family, arch, patch, 'meta'), images) / GIB
         row['with_cp'] = count_backbone(backbone(family, arch, patch, 'meta', with_cp=True),
@@ -118,7 +114,8 @@ def layer_steps(batch: int, hw: tuple[int, int]) -> dict[str, bm.Step]:
         return run
 
     return {'plain': step(plain), 'talking heads': step(heads),
-            'talking heads written out': step(heads, 'written-out'),
+            'talking heads fold': step(heads, 'fold'),
+            'talking heads written out': step(heads, 'maps'),
             'gpsa': step(gpsa),
             'gpsa written out': step(lambda x, hw: written_out_gpsa(gpsa, x, hw))}
 
@@ -172,7 +169,7 @@ def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> lis
         for family, arch in (b for b in PEAK_BACKBONES if b[0] in families):
             model = backbone(family, arch)
             step = bm.make_step(model, torch.randn(batch, 3, *shape), 'train')
-            with attention_path('written-out'):  # the model's FLOPs, without the fold's
+            with attention_path('maps'):  # the model's FLOPs, without the fold's
                 flops = bm.count_flops(step)
             samples = bm.time_interleaved({'step': step, 'matmul': matmul}, warmup=1,
                                           repeats=repeats)

@@ -23,39 +23,40 @@ def tiny(family: str) -> torch.nn.Module:
     return MODELS.build(TINY_BACKBONES[family])
 
 
-@pytest.mark.parametrize('fused', [False, True])
+@pytest.mark.parametrize('path', ['maps', 'fold'])
 @pytest.mark.parametrize('amp', [False, True])
 @pytest.mark.parametrize('family', list(TINY_BACKBONES))
-def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, fused, monkeypatch):
+def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, path):
     """Same storages on both devices: the fused-attention stand-in keeps what torch's CPU
     kernel keeps, and the half-precision policy casts alike (float16 on meta, bfloat16 on
     the CPU: the same sizes)."""
-    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
-    # what a GPU keeps: the fold recomputed in backward, on the CPU too
-    monkeypatch.setattr(talking_heads, 'KEEP_FOLDED_ON', ())
     model = tiny(family)
     images = torch.randn(2, 3, 64, 96)
-    real = memory.count_backbone(model, images, amp)
+    # talking heads as a GPU takes them (the fold recomputed in backward, or the maps), on
+    # the CPU too
+    with talking_heads.forced_path(path):
+        real = memory.count_backbone(model, images, amp)
+        meta = memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'), amp)
     assert real > 0
-    assert memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'), amp) == real
+    assert meta == real
 
 
-@pytest.mark.parametrize('fused', [False, True])
+@pytest.mark.parametrize('path', ['maps', 'fold'])
 @pytest.mark.parametrize('family', ['vit', 'cait', 'convit'])
 def test_meta_count_equals_a_real_cpu_step_with_windows_and_relative_positions(
-        family, fused, monkeypatch):
+        family, path):
     """With windows (padded) and relative positions too, the meta count is what a real CPU
     step saves."""
-    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
-    monkeypatch.setattr(talking_heads, 'KEEP_FOLDED_ON', ())
     torch.manual_seed(0)
     model = MODELS.build(dict(TINY_BACKBONES[family], pyramid=False, out_indices=(-1,),
                               dense_class_token=False, window_size=3,
                               window_block_indexes=(0, 2), use_rel_pos=True, rel_pos_img_size=96))
     images = torch.randn(2, 3, 64, 96)
-    real = memory.count_backbone(model, images)
+    with talking_heads.forced_path(path):
+        real = memory.count_backbone(model, images)
+        meta = memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'))
     assert real > 0
-    assert memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta')) == real
+    assert meta == real
 
 
 def test_half_precision_policy_follows_cuda_autocast():

@@ -6,20 +6,20 @@ from benchmarks import benchmark_attention as tool
 from vitdense.models.layers import talking_heads
 
 
-@pytest.mark.parametrize('path, fused', [('written-out', False), ('fused', True)])
-def test_attention_path_switches_and_restores(path, fused):
-    default = talking_heads.MIN_FUSED_TOKENS
+@pytest.mark.parametrize('path', talking_heads.PATHS)
+def test_attention_path_switches_and_restores(path):
+    cpu = torch.device('cpu')
     with tool.attention_path(path):
-        assert talking_heads.use_fused(196, 0.) == fused
+        assert talking_heads.choose_path(cpu, 196, 0.) == path
     with tool.attention_path('chosen'):
-        assert talking_heads.MIN_FUSED_TOKENS == default
-    assert talking_heads.MIN_FUSED_TOKENS == default
+        assert talking_heads.choose_path(cpu, 196, 0.) == 'maps'
+    assert talking_heads.choose_path(cpu, 196, 0.) == 'maps'
 
 
 def test_written_out_gpsa_is_the_layer_it_is_compared_with():
     steps = tool.layer_steps(2, (3, 4))
-    assert set(steps) == {'plain', 'talking heads', 'talking heads written out', 'gpsa',
-                          'gpsa written out'}
+    assert set(steps) == {'plain', 'talking heads', 'talking heads fold',
+                          'talking heads written out', 'gpsa', 'gpsa written out'}
     torch.manual_seed(0)
     gpsa = tool.GatedPositionalSelfAttention(16, 4)
     gpsa.convolutional_init()

@@ -1,5 +1,8 @@
-"""Talking heads and GPSA in fused attention: the written-out maps' outputs and gradients, op
-by op no token-by-token tensor, and as many ops at any token count."""
+"""Talking heads (the CPU operator, the fold into fused attention) and GPSA's separable term:
+the written-out maps' outputs and gradients, op by op no token-by-token tensor, and as many
+ops at any token count."""
+from typing import Optional
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -7,8 +10,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common import TINY_ARCH, reference_bias
 from vitdense.analysis.memory import fused_attention_on_meta
 from vitdense.models import CaiT, ConViT, ViT, XCiT
-from vitdense.models.layers import GatedPositionalSelfAttention, talking_heads
-from vitdense.models.layers.talking_heads import talking_heads_attention
+from vitdense.models.layers import (GatedPositionalSelfAttention, MultiheadSelfAttention,
+                                    talking_heads)
+from vitdense.models.layers import talking_heads_cpu
+from vitdense.models.layers.talking_heads import (PATHS, choose_path, forced_path,
+                                                  talking_heads_attention, with_logit_terms)
 from vitdense.models.layers.window_attention import DecomposedRelativePosition, window_attention
 
 GRIDS = [(4, 4), (3, 5), (5, 7)]  # square, rectangular, odd
@@ -77,7 +83,8 @@ def talking_heads_case(hw, rel_pos: bool, class_token: bool, dtype=torch.float32
     return case
 
 
-def run_talking_heads(case: dict, hw, fused: bool, dtype=None) -> dict:
+def run_talking_heads(case: dict, hw, path: Optional[str], dtype=None) -> dict:
+    """Output and gradients by the library's ``path`` (None: the test's written-out maps)."""
     q, k, v, (mix_logits, mix_weights), table = (case[n] for n in ('q', 'k', 'v', 'mixes',
                                                                   'table'))
     inputs = dict(q=q, k=k, v=v, mix_logits=mix_logits.weight, bias_logits=mix_logits.bias,
@@ -85,12 +92,14 @@ def run_talking_heads(case: dict, hw, fused: bool, dtype=None) -> dict:
     if table is not None:
         inputs.update(height=table.height, width=table.width)
     with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        if fused:
-            terms = None if table is None else table(q, hw)
-            out = talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights, terms)
-        else:
+        if path is None:
             bias = None if table is None else reference_bias(table, q, hw)
             out = written_out_talking_heads(q, k, v, 8 ** -0.5, mix_logits, mix_weights, bias)
+        else:
+            terms = None if table is None else table(q, hw)
+            with forced_path(path):
+                out = talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights,
+                                              terms)
     result = grads(out, inputs)
     # softmax is shift-invariant: the logit mix's bias gets no gradient on either path
     # (rounding noise only: of the logit mix's own gradient's scale under autocast)
@@ -103,50 +112,65 @@ def run_talking_heads(case: dict, hw, fused: bool, dtype=None) -> dict:
 @pytest.mark.parametrize('rel_pos, class_token', [(False, False), (True, False),
                                                   (False, True)])
 @pytest.mark.parametrize('hw', GRIDS)
-def test_talking_heads_fold_equals_the_written_out_maps(hw, rel_pos, class_token):
+@pytest.mark.parametrize('path', PATHS)
+def test_talking_heads_paths_equal_the_written_out_maps(path, hw, rel_pos, class_token):
     case = talking_heads_case(hw, rel_pos, class_token)
-    assert_matches(run_talking_heads(case, hw, fused=True),
-                   run_talking_heads(case, hw, fused=False))
+    assert_matches(run_talking_heads(case, hw, path), run_talking_heads(case, hw, None))
+
+
+@pytest.mark.parametrize('block_elements, blocks', [(1, 3 * 2), (3 * 36 * 36, 2)])
+def test_cpu_operator_in_blocks_of_rows_and_of_images_equals_the_maps(
+        block_elements, blocks, monkeypatch):
+    """Row blocks of 16 (the last one short) and one image per block, against the maps."""
+    monkeypatch.setattr(talking_heads_cpu, 'BLOCK_ELEMENTS', block_elements)
+    monkeypatch.setattr(talking_heads_cpu, 'BLOCK_ROWS', 16)
+    hw = (4, 9)
+    case = talking_heads_case(hw, rel_pos=True, class_token=False)  # 36 tokens, batch 2
+    assert len(list(talking_heads_cpu._blocks(2, 3, 36, 36))) == blocks
+    assert_matches(run_talking_heads(case, hw, 'blocks'), run_talking_heads(case, hw, None))
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
-def test_talking_heads_fold_under_autocast_is_close_to_float32(dtype):
+@pytest.mark.parametrize('path', ['blocks', 'fold'])
+def test_talking_heads_under_autocast_are_close_to_float32(path, dtype):
     hw = (5, 7)
     case = talking_heads_case(hw, rel_pos=True, class_token=False)
-    assert_matches(run_talking_heads(case, hw, fused=True, dtype=dtype),
-                   run_talking_heads(case, hw, fused=False), HALF_TOLERANCE[dtype])
+    assert_matches(run_talking_heads(case, hw, path, dtype=dtype),
+                   run_talking_heads(case, hw, None), HALF_TOLERANCE[dtype])
 
 
-def test_a_thousandth_off_in_any_single_gradient_fails_the_parity_check():
+@pytest.mark.parametrize('path', ['blocks', 'fold'])
+def test_a_thousandth_off_in_any_single_gradient_fails_the_parity_check(path):
     hw = (3, 5)
     case = talking_heads_case(hw, rel_pos=True, class_token=False)
-    fused, reference = (run_talking_heads(case, hw, fused) for fused in (True, False))
+    ours, reference = (run_talking_heads(case, hw, p) for p in (path, None))
     assert {'dq', 'dk', 'dv', 'dmix_logits', 'dmix_weights', 'dbias_weights',
-            'dheight', 'dwidth'} <= fused.keys()
-    for name in fused:
-        wrong = dict(fused, **{name: fused[name] * 1.001})
+            'dheight', 'dwidth'} <= ours.keys()
+    for name in ours:
+        wrong = dict(ours, **{name: ours[name] * 1.001})
         assert worst_error(wrong, reference)[1] > TOLERANCE, name
 
 
-def test_recomputed_fold_equals_the_kept_one_and_keeps_nothing_larger_than_q(monkeypatch):
-    """As on a GPU: the fused call runs again in backward instead of keeping its operands."""
+@pytest.mark.parametrize('path', ['blocks', 'fold'])
+def test_talking_heads_keep_no_map_for_backward(path):
+    """The fold runs again in backward rather than keeping its heads-times-larger operands;
+    the CPU operator keeps its queries and keys (with the relative positions' columns),
+    values and a log-sum-exp per row."""
     hw = (5, 7)
     case = talking_heads_case(hw, rel_pos=True, class_token=False)
-    kept = run_talking_heads(case, hw, fused=True)
-    monkeypatch.setattr(talking_heads, 'KEEP_FOLDED_ON', ())
-    assert_matches(run_talking_heads(case, hw, fused=True), kept)
     q, k, v, (mix_logits, mix_weights), table = (case[n] for n in ('q', 'k', 'v', 'mixes',
                                                                   'table'))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights, table(q, hw))
-    assert max(t.numel() for t in saved) <= q.numel()
+        with forced_path(path):
+            talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights, table(q, hw))
+    queries, _ = with_logit_terms(q, k, table(q, hw))
+    assert max(t.numel() for t in saved) <= (q if path == 'fold' else queries).numel()
 
 
-@pytest.mark.parametrize('fused', [False, True])
-def test_windowed_talking_heads_block_equals_its_windows_written_out(fused, monkeypatch):
+@pytest.mark.parametrize('path', PATHS)
+def test_windowed_talking_heads_block_equals_its_windows_written_out(path):
     """Windows of 3 on a 5 × 7 grid (padded to 6 × 9), relative positions, batch 2."""
-    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0 if fused else 10 ** 9)
     torch.manual_seed(0)
     model = CaiT(TINY_ARCH, pyramid=False, out_indices=(0,), dense_class_token=False,
                  window_size=3, use_rel_pos=True)
@@ -165,26 +189,41 @@ def test_windowed_talking_heads_block_equals_its_windows_written_out(fused, monk
         return attn.proj(out.transpose(1, 2).flatten(-2))
 
     inputs = dict(x=x, **dict(attn.named_parameters()))
-    ours = grads(window_attention(attn, x, (5, 7), 3), inputs)
+    with forced_path(path):
+        ours = grads(window_attention(attn, x, (5, 7), 3), inputs)
     theirs = grads(window_attention(reference, x, (5, 7), 3), inputs)
     ours.pop('dmix_logits.bias'), theirs.pop('dmix_logits.bias')  # zero: shift-invariance
     assert_matches(ours, theirs)
 
 
-def test_the_path_is_chosen_by_token_count_dropout_and_export(monkeypatch):
-    assert talking_heads.use_fused(talking_heads.MIN_FUSED_TOKENS, 0.)
-    assert not talking_heads.use_fused(talking_heads.MIN_FUSED_TOKENS - 1, 0.)
-    assert not talking_heads.use_fused(10 ** 6, 0.1)  # dropout on mixed weights: no fold
+def test_the_path_is_chosen_by_device_token_count_dropout_and_export(monkeypatch):
+    cpu, gpu = torch.device('cpu'), torch.device('cuda')
+    for device, (path, threshold) in ((cpu, talking_heads.FUSED_PATHS['cpu']),
+                                      (gpu, talking_heads.DEFAULT_FUSED_PATH)):
+        assert choose_path(device, threshold, 0.) == path
+        assert choose_path(device, threshold - 1, 0.) == 'maps'
+    assert (talking_heads.FUSED_PATHS['cpu'][0], talking_heads.DEFAULT_FUSED_PATH[0]) == \
+        ('blocks', 'fold')
+    for device in (cpu, gpu):  # dropout on mixed weights: neither fused path has it
+        assert choose_path(device, 10 ** 6, 0.1) == 'maps'
+    with forced_path('fold'):
+        assert choose_path(cpu, 10 ** 6, 0.) == 'fold'
+        assert choose_path(cpu, 10 ** 6, 0.1) == 'maps'
+    with pytest.raises(ValueError, match="unknown talking-heads path 'fused'"):
+        with forced_path('fused'):
+            pass
+    assert choose_path(cpu, 10 ** 6, 0.) == 'blocks'  # restored
 
     class Symbolic(int):
         def __ge__(self, other):
             raise AssertionError('the token count was compared')
 
-    # torch.compile: fused at every size, so multi-scale inputs share one graph
+    # torch.compile: one path at every size, so multi-scale inputs share one graph
     monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
-    assert talking_heads.use_fused(Symbolic(10), 0.)
+    assert choose_path(gpu, Symbolic(10), 0.) == 'fold'
+    assert choose_path(cpu, Symbolic(10), 0.) == 'blocks'
     monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)
-    assert not talking_heads.use_fused(Symbolic(10 ** 6), 0.)
+    assert choose_path(gpu, Symbolic(10 ** 6), 0.) == 'maps'
 
 
 # ---------------------------------------------------------------------- GPSA
@@ -338,3 +377,23 @@ def test_ops_do_not_grow_with_tokens_and_no_token_by_token_tensor(family):
                 batch * 400 * 672 * dims // 8 if family == 'xcit' else 0)
     assert large.largest <= bound
     assert large.largest < batch * tokens * tokens  # far from any N × N map
+
+
+def test_cpu_operator_walks_its_blocks_in_one_op_at_any_token_count(monkeypatch):
+    """A talking-heads layer's training step on CPU: 4 and 16 row blocks per image take as
+    many ops, and no op creates more than the qkv projection's output."""
+    monkeypatch.setattr(talking_heads_cpu, 'BLOCK_ELEMENTS', 1)
+    monkeypatch.setattr(talking_heads_cpu, 'BLOCK_ROWS', 16)
+    torch.manual_seed(0)
+    layer = MultiheadSelfAttention(48, 4, talking_heads=True)
+    records = {}
+    for tokens in (64, 256):
+        x = torch.randn(2, tokens, 48, requires_grad=True)
+        layer.zero_grad(set_to_none=True)
+        records[tokens] = record = OpRecord()
+        with forced_path('blocks'), record:
+            layer(x).square().sum().backward()
+        assert record.largest <= 2 * tokens * 3 * 48
+    assert len(list(talking_heads_cpu._blocks(2, 4, 256, 256))) == 4 * \
+        len(list(talking_heads_cpu._blocks(2, 4, 64, 64))) == 32
+    assert records[64].ops == records[256].ops

@@ -114,21 +114,22 @@ def _written_out(mixer: torch.nn.Module, x: torch.Tensor, hw: tuple[int, int]) -
     return mixer.proj((weights @ values).transpose(1, 2).flatten(-2))
 
 
-@pytest.mark.parametrize('kind', ['plain', 'talking-heads', 'gpsa'])
-def test_folded_bias_equals_the_written_out_bias_and_keeps_no_token_map(kind, monkeypatch):
+@pytest.mark.parametrize('kind', ['plain', 'talking-heads', 'talking-heads on CPU', 'gpsa'])
+def test_folded_bias_equals_the_written_out_bias_and_keeps_no_token_map(kind):
     torch.manual_seed(0)
     if kind == 'gpsa':
         mixer = GatedPositionalSelfAttention(16, 2, rel_pos_grid=(3, 4))
     else:
-        mixer = MultiheadSelfAttention(16, 2, talking_heads=kind == 'talking-heads',
+        mixer = MultiheadSelfAttention(16, 2, talking_heads=kind.startswith('talking-heads'),
                                        rel_pos_grid=(3, 4))
     for table in mixer.rel_pos.parameters():
         torch.nn.init.normal_(table)
-    # the path of dense input sizes: talking heads folded into one fused call
-    monkeypatch.setattr(talking_heads, 'MIN_FUSED_TOKENS', 0)
     x = torch.randn(2, 12, 16, requires_grad=True)
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    # talking heads: as on a GPU at dense input sizes (folded into one fused call), or the
+    # CPU's operator
+    with talking_heads.forced_path('blocks' if kind.endswith('CPU') else 'fold'), \
+            torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         out = mixer(x, (3, 4))
     params = [x, *mixer.parameters()]
     grads = torch.autograd.grad(out.square().sum(), params)

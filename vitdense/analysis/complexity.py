@@ -27,7 +27,7 @@ from mmengine.config import Config
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from vitdense.engine.hosts import build_model, host_of
-from vitdense.models.layers.talking_heads import NEVER, fused_from
+from vitdense.models.layers.talking_heads import forced_path
 
 #: FLOPs of one multiply-add (a multiplication and an addition)
 FLOPS_PER_MULTIPLY_ADD = 2
@@ -130,7 +130,7 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
         param.requires_grad_(False)
     device = next(model.parameters()).device
     images = torch.randn(1, 3, *shape, device=device)
-    with fused_from(NEVER):
+    with forced_path('maps'):
         if cfg.default_scope == 'mmdet':
             return count_multiply_adds(lambda: _run_detector(model, cfg, images))
         return count_multiply_adds(lambda: model(images, None, mode='tensor'))

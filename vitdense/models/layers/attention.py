@@ -2,10 +2,10 @@
 ``hw`` (rows, cols) of the patch tokens, which some of them need (GPSA, relative positions)
 and others ignore.
 
-Token attention runs through ``F.scaled_dot_product_attention``: plain and class attention,
-the content term of GPSA, and talking heads, whose head mixes fold into the operands of one
-call (:mod:`.talking_heads`). GPSA's positional attention is separable along the grid's axes
-and never becomes an N × N map. XCA's attention map is only d×d per head, so it is written
+Token attention runs through ``F.scaled_dot_product_attention``: plain and class attention
+and the content term of GPSA; talking heads run in an operator of their own on CPU and fold
+into the operands of one such call on GPUs (:mod:`.talking_heads`). GPSA's positional
+attention is separable along the grid's axes and never becomes an N × N map. XCA's attention map is only d×d per head, so it is written
 out in a layout that needs no copies besides one of qkv.
 """
 import math
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .branched import make_linear
 from .grid import Grid
 from .recompute import recomputed_in_backward
-from .talking_heads import (LogitTerms, talking_heads_attention, use_fused, with_logit_terms,
+from .talking_heads import (LogitTerms, talking_heads_attention, with_logit_terms,
                             written_out_weights)
 from .window_attention import DecomposedRelativePosition
 
@@ -108,15 +108,11 @@ class MultiheadSelfAttention(nn.Module):
             q = q[..., :num_queries, :]
             terms = None if terms is None else (terms[0][..., :num_queries, :], terms[1])
         drop = self.attn_drop if self.training else 0.
-        if not self.talking_heads:
-            out = _fused_attention(q, k, v, self.scale, terms, drop)
-        elif use_fused(k.shape[-2], drop):
+        if self.talking_heads:
             out = talking_heads_attention(q, k, v, self.scale, self.mix_logits,
-                                          self.mix_weights, terms)
+                                          self.mix_weights, terms, drop)
         else:
-            weights = written_out_weights(*with_logit_terms(q * self.scale, k, terms),
-                                          self.mix_logits, self.mix_weights)
-            out = F.dropout(weights, drop, self.training) @ v
+            out = _fused_attention(q, k, v, self.scale, terms, drop)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
 
     def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:

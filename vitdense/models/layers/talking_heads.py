@@ -1,24 +1,29 @@
-"""Talking-heads attention (CaiT §2) in one fused attention call.
+"""Talking-heads attention (CaiT §2) without a (B, heads, N, N) tensor in the graph.
 
 Talking heads mix the attention logits across heads before the softmax (``Wl``, ``bl``) and
-the weights after it (``Ww``, ``bw``). Both mixes are linear, so they fold into the operands
-of ``F.scaled_dot_product_attention``:
+the weights after it (``Ww``, ``bw``). Three paths compute them (:data:`PATHS`):
 
-- logits: ``Σ_g Wl[h,g] q_g·k_g = q̃_h·k̃`` with ``q̃_h = [Wl[h,1] q_1, …, Wl[h,H] q_H]`` and
-  ``k̃ = [k_1, …, k_H]`` (heads × head width); ``bl`` is constant along a row and cancels in
-  the softmax. Additive logit terms shared by the heads' keys (ViTDet's relative positions)
-  are mixed on the query side only.
-- weights: ``out_h = Σ_g Ww[h,g] P_g v_h + bw_h Σ_j v_h[j]``, and ``P_g [v_1, …, v_H]`` for
-  every g is the same call with the values of all heads side by side; a small mix of its
-  output follows.
+- ``'blocks'``, on CPU from 1,024 tokens: :func:`.talking_heads_cpu.talking_heads_cpu`, one
+  operator that walks blocks of queries with every head's maps in cache; the architecture's
+  own products.
+- ``'fold'``, on GPUs from 2,048 tokens: both mixes fold into the operands of one
+  ``F.scaled_dot_product_attention`` call, so they run in its fused kernels.
 
-Every head's query meets the same keys and values, so the call runs them as grouped-query
-attention: no (B, heads, N, N) tensor exists, and the largest one is the folded queries,
-B × heads × N × (heads · head width). The cost is heads × the attention FLOPs of the model's
-width, in fused kernels; on a GPU the call is recomputed in backward rather than keeping its
-heads-times-larger operands. Below :data:`MIN_FUSED_TOKENS` tokens one written-out map per head
-is faster (``benchmarks/benchmark_attention.py``, docs/memory.md), and attention dropout on
-the mixed weights has no fold: both take :func:`written_out_weights`.
+  - logits: ``Σ_g Wl[h,g] q_g·k_g = q̃_h·k̃`` with ``q̃_h = [Wl[h,1] q_1, …, Wl[h,H] q_H]``
+    and ``k̃ = [k_1, …, k_H]`` (heads × head width). Additive logit terms shared by the
+    heads' keys (ViTDet's relative positions) are mixed on the query side only.
+  - weights: ``out_h = Σ_g Ww[h,g] P_g v_h``, and ``P_g [v_1, …, v_H]`` for every g is the
+    same call with the values of all heads side by side; a small mix of its output follows.
+
+  The largest tensor is the folded queries, B × heads × N × (heads · head width); the cost
+  is heads × the attention FLOPs, and the call runs again in backward rather than keeping
+  its heads-times-larger operands.
+- ``'maps'``: one written-out map per head (:func:`written_out_weights`), the readable form;
+  taken below those token counts (:data:`FUSED_PATHS`), with attention dropout on the mixed
+  weights (which neither fused path has) and under ``torch.export``.
+
+On every path ``bl`` is constant along a row and cancels in the softmax, and ``bw`` adds
+``bw_h Σ_j v_h[j]``.
 """
 import contextlib
 from typing import Iterator, Optional
@@ -28,15 +33,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .recompute import recomputed_in_backward
+from .talking_heads_cpu import talking_heads_cpu
 
-#: token count from which the folded call is taken (below it the written-out maps are
-#: small and a few large matmuls are faster; ``benchmarks/benchmark_attention.py``)
-MIN_FUSED_TOKENS = 2048
-#: a token count no input reaches: with it as the threshold, talking heads stay written out
-NEVER = 1 << 62
-#: device types on which the fold keeps its operands for backward rather than recomputing
-#: them (host memory is plentiful; recomputing costs a third more of the call)
-KEEP_FOLDED_ON = ('cpu',)
+#: the ways talking heads are computed (see the module doc)
+PATHS = ('blocks', 'fold', 'maps')
+#: per device type, the fused path and the token count from which it replaces the maps:
+#: the CPU's measured layer step against layer step, the fold where it beat the maps on a
+#: CPU (``benchmarks/benchmark_attention.py``; on a GPU unmeasured)
+FUSED_PATHS = {'cpu': ('blocks', 1024)}
+#: every other device's (GPUs, and the meta device of the memory account)
+DEFAULT_FUSED_PATH = ('fold', 2048)
+#: the path every call takes, where :func:`forced_path` set one
+_forced: Optional[str] = None
 #: head widths the fused kernels take are multiples of this
 WIDTH_MULTIPLE = 8
 
@@ -44,26 +52,31 @@ WIDTH_MULTIPLE = 8
 LogitTerms = tuple[torch.Tensor, torch.Tensor]
 
 
-def use_fused(num_tokens: int, dropout: float) -> bool:
-    """Whether talking heads take the folded call: without attention dropout, always under
-    torch.compile and never under ``torch.export`` (a graph for every size never branches
-    on its symbolic token count), else from :data:`MIN_FUSED_TOKENS` tokens."""
+def choose_path(device: torch.device, num_tokens: int, dropout: float) -> str:
+    """The path of :data:`PATHS` talking heads take: the maps with attention dropout and
+    under ``torch.export``; else the forced one, if any; else the device's fused path
+    (:data:`FUSED_PATHS`) from its token count and always under ``torch.compile`` (one
+    graph for every size never branches on its token count), the maps below."""
     if dropout or torch.compiler.is_exporting():
-        return False
-    return torch.compiler.is_compiling() or num_tokens >= MIN_FUSED_TOKENS
+        return 'maps'
+    if _forced is not None:
+        return _forced
+    path, min_tokens = FUSED_PATHS.get(device.type, DEFAULT_FUSED_PATH)
+    return path if torch.compiler.is_compiling() or num_tokens >= min_tokens else 'maps'
 
 
 @contextlib.contextmanager
-def fused_from(num_tokens: int) -> Iterator[None]:
-    """Within: talking heads take the fold from ``num_tokens`` tokens (0: always;
-    :data:`NEVER`: the written-out maps, whose products are the architecture's arithmetic,
-    where the fold does heads × as many)."""
-    global MIN_FUSED_TOKENS
-    threshold, MIN_FUSED_TOKENS = MIN_FUSED_TOKENS, num_tokens
+def forced_path(path: str) -> Iterator[None]:
+    """Within: talking heads take ``path`` of :data:`PATHS` on every device (``'maps'``: the
+    products are the architecture's arithmetic, where the fold does heads × as many)."""
+    global _forced
+    if path not in PATHS:
+        raise ValueError(f'unknown talking-heads path {path!r}; expected one of {PATHS}')
+    previous, _forced = _forced, path
     try:
         yield
     finally:
-        MIN_FUSED_TOKENS = threshold
+        _forced = previous
 
 
 def with_logit_terms(queries: torch.Tensor, keys: torch.Tensor,
@@ -82,18 +95,13 @@ def with_logit_terms(queries: torch.Tensor, keys: torch.Tensor,
 def shared_key_attention(queries: torch.Tensor, keys: torch.Tensor,
                          values: torch.Tensor) -> torch.Tensor:
     """Attention (scale 1) of (B, heads, Nq, W) queries over (B, 1, N, W) keys and values
-    shared by the heads; values narrower than W are zero-padded and cut back, as the fused
-    kernels take one width. On CPU the call is grouped-query attention (its flash kernel
-    reads the shared keys in place); elsewhere the keys are expanded, which every fused GPU
-    kernel takes whatever the width (flash attention stops at 256)."""
-    width = values.shape[-1]
+    shared by the heads, expanded to every head, which every fused GPU kernel takes whatever
+    the width (flash attention stops at 256); values narrower than W are zero-padded and
+    cut back, as the fused kernels take one width."""
+    width, heads = values.shape[-1], queries.shape[1]
     values = F.pad(values, (0, queries.shape[-1] - width))
-    if queries.device.type == 'cpu':
-        out = F.scaled_dot_product_attention(queries, keys, values, scale=1., enable_gqa=True)
-    else:
-        heads = queries.shape[1]
-        out = F.scaled_dot_product_attention(queries, keys.expand(-1, heads, -1, -1),
-                                             values.expand(-1, heads, -1, -1), scale=1.)
+    out = F.scaled_dot_product_attention(queries, keys.expand(-1, heads, -1, -1),
+                                         values.expand(-1, heads, -1, -1), scale=1.)
     return out[..., :width]
 
 
@@ -117,19 +125,22 @@ def _mixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                             mix_logits: nn.Linear, mix_weights: nn.Linear,
-                            terms: Optional[LogitTerms] = None) -> torch.Tensor:
+                            terms: Optional[LogitTerms] = None,
+                            dropout: float = 0.) -> torch.Tensor:
     """Talking-heads attention of (B, heads, Nq, d) queries over (B, heads, N, d) keys and
-    values, with logits ``scale·q·k`` plus ``terms``; output (B, heads, Nq, d).
-
-    The fused call's folded operands and output are heads × larger than q, k and v: kept
-    for backward they would nearly double a CaiT detector's activations. On devices not in
-    :data:`KEEP_FOLDED_ON` (GPUs, whose memory is the limit) the call is recomputed in
-    backward from q, k, v and the terms instead, one more forward of it."""
-    args = (q, k, v, scale, mix_logits.weight, mix_weights.weight, terms)
-    if q.device.type in KEEP_FOLDED_ON:
-        out = _mixed_attention(*args)
+    values, with logits ``scale·q·k`` plus ``terms`` and ``dropout`` on the mixed weights;
+    output (B, heads, Nq, d), by the path :func:`choose_path` picks."""
+    path = choose_path(q.device, k.shape[-2], dropout)
+    if path == 'maps':
+        weights = written_out_weights(*with_logit_terms(q * scale, k, terms), mix_logits,
+                                      mix_weights)
+        return (F.dropout(weights, dropout) if dropout else weights) @ v
+    if path == 'blocks':
+        queries, keys = with_logit_terms(q * scale, k, terms)
+        out = talking_heads_cpu(queries, keys, v, mix_logits.weight, mix_weights.weight)[0]
     else:
-        out = recomputed_in_backward(_mixed_attention, *args)
+        out = recomputed_in_backward(_mixed_attention, q, k, v, scale, mix_logits.weight,
+                                     mix_weights.weight, terms)
     out = out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
     # the logit mix's bias cancels in the softmax: its gradient is exactly zero, given
     # explicitly so that it stays a parameter that takes part (as DDP wants)
