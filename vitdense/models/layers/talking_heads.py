@@ -136,8 +136,10 @@ def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
                                       mix_weights)
         return (F.dropout(weights, dropout) if dropout else weights) @ v
     if path == 'blocks':
+        # contiguous heads, as the operator reads them and as compiled graphs then save them
         queries, keys = with_logit_terms(q * scale, k, terms)
-        out = talking_heads_cpu(queries, keys, v, mix_logits.weight, mix_weights.weight)[0]
+        out = talking_heads_cpu(queries.contiguous(), keys.contiguous(), v.contiguous(),
+                                mix_logits.weight, mix_weights.weight)[0]
     else:
         out = recomputed_in_backward(_mixed_attention, q, k, v, scale, mix_logits.weight,
                                      mix_weights.weight, terms)

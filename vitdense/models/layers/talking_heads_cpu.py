@@ -142,7 +142,8 @@ def _(queries: Tensor, keys: Tensor, values: Tensor, logit_mix: Tensor,
 @_talking_heads_cpu_backward.register_fake
 def _(grad: Tensor, queries: Tensor, keys: Tensor, values: Tensor, logit_mix: Tensor,
       weight_mix: Tensor, log_sum_exp: Tensor) -> tuple[Tensor, ...]:
-    return tuple(torch.empty_like(t) for t in (queries, keys, values, logit_mix, weight_mix))
+    # contiguous, as the operator returns them, whatever the inputs' strides
+    return tuple(t.new_empty(t.shape) for t in (queries, keys, values, logit_mix, weight_mix))
 
 
 def _setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, Tensor]) -> None:
