@@ -3,6 +3,7 @@ a backbone's training step comes to this machine's matrix-product peak.
 
     python -m benchmarks.benchmark_attention memory   # saved activations at 2 x 3 x 800 x 1344
     python -m benchmarks.benchmark_attention layers   # one attention layer's training step
+    python -m benchmarks.benchmark_attention crossover  # talking heads' paths by grid size
     python -m benchmarks.benchmark_attention peak     # achieved FLOP/s / measured matmul FLOP/s
 
 memory: what each backbone of the shipped Mask R-CNN configs saves for backward at a COCO
@@ -17,6 +18,10 @@ GPSA with its positional attention written out as an (heads, N, N) map; at 224²
 (14 × 14 tokens) and at 800 × 1344 batch 2 (50 × 84).
 The steps of one size are interleaved in one run (``benchmark_lib.time_interleaved``); a
 ratio is the median of paired samples, the step's time / plain attention's time.
+
+crossover: the same layer's talking heads on each fused path against the written-out maps
+at square grids of 14² to 40² tokens (batch 1,600 // tokens, at least 2): where each path
+starts to pay (``talking_heads.FUSED_PATHS``).
 
 peak: FLOPs of a backbone training step (``benchmark_lib.count_flops``, 2 per multiply-add)
 per second, as a fraction of a float32 matrix product's FLOP/s on the same threads, per
@@ -137,6 +142,35 @@ def layers(repeats: int, sizes: tuple[str, ...]) -> list[dict]:
     return rows
 
 
+CROSSOVER_SIDES = (14, 20, 24, 28, 32, 40)
+
+
+def crossover(repeats: int, sides: tuple[int, ...] = CROSSOVER_SIDES) -> list[dict]:
+    rows = []
+    for side in sides:
+        tokens = side * side
+        batch = max(2, 1600 // tokens)
+        torch.manual_seed(0)
+        x = torch.randn(batch, tokens, LAYER_WIDTH, requires_grad=True)
+        layer = MultiheadSelfAttention(LAYER_WIDTH, LAYER_HEADS, talking_heads=True)
+
+        def step(path: str) -> bm.Step:
+            def run() -> None:
+                with attention_path(path):
+                    layer(x, (side, side)).square().mean().backward()
+            return run
+
+        samples = bm.time_interleaved({path: step(path) for path in talking_heads.PATHS},
+                                      warmup=1, repeats=repeats)
+        row = dict(batch=batch, grid=[side, side],
+                   **{f'{path} s': statistics.median(times) for path, times in samples.items()},
+                   **{f'{path} / maps': bm.paired_ratio(samples[path], samples['maps'])
+                      for path in talking_heads.PATHS if path != 'maps'})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 MATMUL_SIZE = 2048
 
 
@@ -191,7 +225,7 @@ def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> lis
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('what', choices=('memory', 'layers', 'peak'))
+    parser.add_argument('what', choices=('memory', 'layers', 'crossover', 'peak'))
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--sizes', nargs='+', choices=('224', '512', 'coco'),
                         help='layers: 224 (batch 8) and / or coco (800 x 1344, batch 2); '
@@ -205,6 +239,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         memory_table()
     elif args.what == 'layers':
         layers(args.repeats, tuple(args.sizes or ('224', 'coco')))
+    elif args.what == 'crossover':
+        crossover(args.repeats)
     else:
         peak(args.repeats, tuple(args.sizes or ('224', '512')), tuple(args.families))
 

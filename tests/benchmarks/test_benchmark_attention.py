@@ -36,3 +36,10 @@ def test_operator_shares_name_where_a_step_spends_its_time():
     shares = tool.operator_shares(step)
     assert 0 < sum(shares.values()) <= 1 + 1e-9
     assert any('mm' in name for name in shares)
+
+
+def test_crossover_times_every_path_against_the_maps():
+    (row,) = tool.crossover(repeats=1, sides=(3,))
+    assert row['batch'] == 177 and row['grid'] == [3, 3]
+    assert {'blocks s', 'fold s', 'maps s'} <= row.keys()
+    assert all(row[f'{path} / maps'] > 0 for path in ('blocks', 'fold'))
