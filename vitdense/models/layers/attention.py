@@ -5,8 +5,9 @@ and others ignore.
 Token attention runs through ``F.scaled_dot_product_attention``: plain and class attention
 and the content term of GPSA; talking heads run in an operator of their own on CPU and fold
 into the operands of one such call on GPUs (:mod:`.talking_heads`). GPSA's positional
-attention is separable along the grid's axes and never becomes an N × N map. XCA's attention map is only d×d per head, so it is written
-out in a layout that needs no copies besides one of qkv.
+attention is separable along the grid's axes and never becomes an N × N map. XCA's
+attention map is only d×d per head, so it is written out in a layout that needs no copies
+besides one of qkv.
 """
 import math
 from typing import Optional

@@ -1,4 +1,4 @@
-"""Talking-heads attention (CaiT §2) without a (B, heads, N, N) tensor in the graph.
+"""Talking-heads attention (CaiT §2): a CPU operator, a fold into fused attention, or maps.
 
 Talking heads mix the attention logits across heads before the softmax (``Wl``, ``bl``) and
 the weights after it (``Ww``, ``bw``). Three paths compute them (:data:`PATHS`):
@@ -37,11 +37,12 @@ from .talking_heads_cpu import talking_heads_cpu
 
 #: the ways talking heads are computed (see the module doc)
 PATHS = ('blocks', 'fold', 'maps')
-#: per device type, the fused path and the token count from which it replaces the maps:
-#: the CPU's measured layer step against layer step, the fold where it beat the maps on a
-#: CPU (``benchmarks/benchmark_attention.py``; on a GPU unmeasured)
+#: per device type, the fused path and the token count from which it replaces the maps
+#: (``benchmarks/benchmark_attention.py crossover`` on a CPU; docs/memory.md)
 FUSED_PATHS = {'cpu': ('blocks', 1024)}
-#: every other device's (GPUs, and the meta device of the memory account)
+#: every other device's (GPUs, and the meta device of the memory account): COCO-sized inputs
+#: and ViTDet's global blocks folded, whose maps would not fit a GPU; ADE20k's crop and
+#: ViTDet's windows written out (which is faster there is unmeasured on a GPU)
 DEFAULT_FUSED_PATH = ('fold', 2048)
 #: the path every call takes, where :func:`forced_path` set one
 _forced: Optional[str] = None

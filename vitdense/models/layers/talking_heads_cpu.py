@@ -1,12 +1,12 @@
 """Talking heads on CPU: one operator that walks blocks of queries.
 
 For a block of queries, every head's logit map, both head mixes and the softmax stay within
-this CPU's cache (:data:`BLOCK_ROWS`, :data:`BLOCK_ELEMENTS`), and the products are the architecture's own: one
-``q·k`` and one ``P·v`` per head, where the fold into one fused call (:mod:`.talking_heads`)
-does heads × as many. Backward recomputes each block's maps from q, k, v and each row's
-log-sum-exp, the only tensors kept. The loop is inside one registered operator
-(``vitdense::talking_heads``): autograd, ``torch.compile`` and dispatch modes see one call
-whatever the token count.
+this CPU's cache (:data:`BLOCK_ROWS`, :data:`BLOCK_ELEMENTS`), and the products are the
+architecture's own: one ``q·k`` and one ``P·v`` per head, where the fold into one fused call
+(:mod:`.talking_heads`) does heads × as many. Backward recomputes each block's maps from q,
+k, v and each row's log-sum-exp, the only tensors kept. The loop is inside one registered
+operator (``vitdense::talking_heads``): autograd, ``torch.compile`` and dispatch modes see
+one call whatever the token count.
 """
 from typing import Iterator, Optional
 
