@@ -146,6 +146,8 @@ CROSSOVER_SIDES = (14, 20, 24, 28, 32, 40)
 
 
 def crossover(repeats: int, sides: tuple[int, ...] = CROSSOVER_SIDES) -> list[dict]:
+    """One row per square grid: each talking-heads path's step time and its paired ratio
+    to the written-out maps'."""
     rows = []
     for side in sides:
         tokens = side * side
