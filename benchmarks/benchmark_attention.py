@@ -4,6 +4,7 @@ a backbone's training step comes to this machine's matrix-product peak.
     python -m benchmarks.benchmark_attention memory   # saved activations at 2 x 3 x 800 x 1344
     python -m benchmarks.benchmark_attention layers   # one attention layer's training step
     python -m benchmarks.benchmark_attention crossover  # talking heads' paths by grid size
+    python -m benchmarks.benchmark_attention block-rows  # the CPU operator's block height
     python -m benchmarks.benchmark_attention peak     # achieved FLOP/s / measured matmul FLOP/s
 
 memory: what each backbone of the shipped Mask R-CNN configs saves for backward at a COCO
@@ -22,6 +23,10 @@ ratio is the median of paired samples, the step's time / plain attention's time.
 crossover: the same layer's talking heads on each fused path against the written-out maps
 at square grids of 14² to 40² tokens (batch 1,600 // tokens, at least 2): where each path
 starts to pay (``talking_heads.FUSED_PATHS``).
+
+block-rows: talking heads' CPU operator in the layer step at 800 × 1344 batch 2, at 4 and 8
+heads of 48 (CaiT-XXS24's and CaiT-S24's widths), per row count of its blocks
+(``talking_heads_cpu.BLOCK_ROWS``), against plain attention of the same width.
 
 peak: FLOPs of a backbone training step (``benchmark_lib.count_flops``, 2 per multiply-add)
 per second, as a fraction of a float32 matrix product's FLOP/s on the same threads, per
@@ -43,7 +48,7 @@ import vitdense  # noqa: F401  (registers the backbones)
 from benchmarks import benchmark_lib as bm
 from vitdense.analysis.memory import count_backbone
 from vitdense.models.layers import (GatedPositionalSelfAttention, MultiheadSelfAttention,
-                                    talking_heads)
+                                    talking_heads, talking_heads_cpu)
 from vitdense.registry import MODELS
 
 GIB = 1 << 30
@@ -173,6 +178,43 @@ def crossover(repeats: int, sides: tuple[int, ...] = CROSSOVER_SIDES) -> list[di
     return rows
 
 
+BLOCK_ROW_COUNTS = (16, 32, 48, 64, 96, 128)
+
+
+def block_rows(repeats: int, counts: tuple[int, ...] = BLOCK_ROW_COUNTS,
+               hw: tuple[int, int] = (50, 84), batch: int = 2) -> list[dict]:
+    """One row per width: the operator's step time per block height and its paired ratio
+    to plain attention's."""
+    rows = []
+    for heads in (LAYER_HEADS, 2 * LAYER_HEADS):
+        width = heads * LAYER_WIDTH // LAYER_HEADS
+        torch.manual_seed(0)
+        x = torch.randn(batch, hw[0] * hw[1], width, requires_grad=True)
+        plain = MultiheadSelfAttention(width, heads)
+        layer = MultiheadSelfAttention(width, heads, talking_heads=True)
+
+        def step(count: int) -> bm.Step:
+            def run() -> None:
+                default, talking_heads_cpu.BLOCK_ROWS = talking_heads_cpu.BLOCK_ROWS, count
+                try:
+                    with attention_path('blocks'):
+                        layer(x, hw).square().mean().backward()
+                finally:
+                    talking_heads_cpu.BLOCK_ROWS = default
+            return run
+
+        steps = {'plain': lambda: plain(x, hw).square().mean().backward(),
+                 **{f'{count} rows': step(count) for count in counts}}
+        samples = bm.time_interleaved(steps, warmup=1, repeats=repeats)
+        row = dict(heads=heads, width=width, batch=batch, grid=list(hw),
+                   **{f'{name} s': statistics.median(times) for name, times in samples.items()},
+                   **{f'{name} / plain': bm.paired_ratio(times, samples['plain'])
+                      for name, times in samples.items() if name != 'plain'})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 MATMUL_SIZE = 2048
 
 
@@ -227,7 +269,7 @@ def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> lis
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('what', choices=('memory', 'layers', 'crossover', 'peak'))
+    parser.add_argument('what', choices=('memory', 'layers', 'crossover', 'block-rows', 'peak'))
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--sizes', nargs='+', choices=('224', '512', 'coco'),
                         help='layers: 224 (batch 8) and / or coco (800 x 1344, batch 2); '
@@ -243,6 +285,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         layers(args.repeats, tuple(args.sizes or ('224', 'coco')))
     elif args.what == 'crossover':
         crossover(args.repeats)
+    elif args.what == 'block-rows':
+        block_rows(args.repeats)
     else:
         peak(args.repeats, tuple(args.sizes or ('224', '512')), tuple(args.families))
 

@@ -43,3 +43,11 @@ def test_crossover_times_every_path_against_the_maps():
     assert row['batch'] == 177 and row['grid'] == [3, 3]
     assert {'blocks s', 'fold s', 'maps s'} <= row.keys()
     assert all(row[f'{path} / maps'] > 0 for path in ('blocks', 'fold'))
+
+
+def test_block_rows_times_the_operator_per_block_height_and_restores_it():
+    default = tool.talking_heads_cpu.BLOCK_ROWS
+    rows = tool.block_rows(repeats=1, counts=(16, 32), hw=(3, 30), batch=1)
+    assert [(row['heads'], row['width']) for row in rows] == [(4, 192), (8, 384)]
+    assert all(row['16 rows / plain'] > 0 and row['32 rows s'] > 0 for row in rows)
+    assert tool.talking_heads_cpu.BLOCK_ROWS == default
