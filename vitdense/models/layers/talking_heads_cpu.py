@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 #: query rows per block where one image's maps exceed :data:`BLOCK_ELEMENTS`: 48-64 were
-#: the fastest on a 2-core server CPU for 4 and 8 heads at 4,200 tokens (16 and 112 were
-#: 1.2-1.6× slower; BLAS products are slow on odd row counts)
+#: the fastest on a 2-core server CPU for 4 and 8 heads at 4,200 tokens, 16 and 128 up to
+#: 1.5× and 1.15× slower (``benchmarks/benchmark_attention.py block-rows``)
 BLOCK_ROWS = 64
 #: images whose (heads, N, N) maps together hold at most this many elements (4 MiB in
 #: float32, within a server CPU's cache) form one block
