@@ -1,6 +1,6 @@
 """The model index (model-index.yml, configs/*/metafile.yml) covers every shipped config, its
 parameter counts are the built models', its FLOPs the analytic multiply-add counts and,
-at the papers' rounding, the papers' (or the difference is stated), and the README's model-zoo tables are generated from it."""
+at the papers' rounding, the papers' (or the difference is stated), and docs/model_zoo.md is generated from it."""
 from pathlib import Path
 
 import pytest
@@ -165,11 +165,11 @@ def test_get_flops_counts_attention():
     assert flops == patches + blocks
 
 
-def test_readme_tables_are_generated_from_the_index():
-    readme = (REPO_ROOT / 'README.md').read_text()
-    assert model_index.readme_tables() in readme
-    using, zoo = readme.index('\n## Using it'), readme.index('\n## Model zoo')
-    assert using < zoo and '\n## ' not in readme[using + 1:zoo]
+def test_model_zoo_page_is_generated_from_the_index():
+    page = (REPO_ROOT / 'docs/model_zoo.md').read_text()
+    assert page == model_index.model_zoo_page(), 'run `python tools/model_index.py`'
+    for config in CONFIGS:
+        assert f'](../{config})' in page, config
 
 
 DENSE = [c for c in CONFIGS if model_index.is_dense(REPO_ROOT / c)]
