@@ -68,6 +68,26 @@ def test_dense_outputs_have_strides_4_to_32(cls, patch_size, image_hw):
 
 
 @pytest.mark.parametrize('cls', FAMILIES)
+@pytest.mark.parametrize('levels', [(1, 2, 3), (2, 3), (0,)])
+def test_pyramid_gives_the_levels_asked_for(cls, levels):
+    """3-level necks (DINO's ChannelMapper, RTMDet's CSPNeXtPAFPN) take strides 8-32: the
+    chosen levels are those of the full pyramid, from XCiT's blocks for those levels."""
+    full = cls(TINY[cls]).eval()
+    part = cls(TINY[cls], pyramid_levels=levels).eval()
+    assert part.out_indices == tuple(full.out_indices[level] for level in levels)
+    assert [name for name, _ in part.pyramid.named_children()] == [
+        f'fpn{level + 1}' for level in levels]
+    own = part.state_dict()
+    part.load_state_dict({k: v for k, v in full.state_dict().items() if k in own})
+    image = torch.randn(1, 3, 72, 100)
+    with torch.no_grad():
+        expected, outs = full(image), part(image)
+    assert len(outs) == len(levels)
+    for level, out in zip(levels, outs):
+        torch.testing.assert_close(out, expected[level], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
 def test_columnar_maps_without_pyramid(cls):
     model = cls(TINY[cls], out_indices=[1, 3], pyramid=False).eval()
     outs = model(torch.randn(2, 3, 100, 70))
@@ -209,8 +229,15 @@ def test_bad_arguments_name_the_problem():
         ViT(dict(embed_dims=32, num_layers=2))
     with pytest.raises(IndexError, match='block 12 out of range for 12 blocks'):
         XCiT('nano_12', out_indices=[3, 5, 7, 12])
-    with pytest.raises(ValueError, match='the pyramid takes 4 out_indices'):
+    with pytest.raises(ValueError, match=r"pyramid's 4 levels \(strides 4/8/16/32"):
         XCiT('nano_12', out_indices=[3, 5])
+    with pytest.raises(ValueError, match=r"pyramid's 3 levels \(strides 8/16/32.*got 4"):
+        XCiT('nano_12', out_indices=[3, 5, 7, 11], pyramid_levels=(1, 2, 3))
+    for levels in [(0, 4), (2, 1), (1, 1), ()]:
+        with pytest.raises(ValueError, match=r'increasing, unique indices into the strides'):
+            XCiT('nano_12', pyramid_levels=levels)
+    with pytest.raises(ValueError, match="pyramid_levels .* but pyramid=False"):
+        XCiT('nano_12', out_indices=[11], pyramid=False, pyramid_levels=(1, 2, 3))
     with pytest.raises(ValueError, match='unknown out_type'):
         XCiT('nano_12', out_type='logits')
     with pytest.raises(ValueError, match='power-of-two patch size'):
@@ -219,6 +246,23 @@ def test_bad_arguments_name_the_problem():
         ConViT(dict(TINY[ConViT], num_local_layers=4))
     with pytest.raises(ValueError, match='with_cp must be True, False or a number of blocks'):
         tiny(ViT, with_cp=-1)
+    with pytest.raises(ValueError, match=r'pretrained=.* and init_cfg=.* both given'):
+        tiny(XCiT, pretrained='xcit.pth', init_cfg=dict(type='Pretrained', checkpoint='a.pth'))
+    with pytest.raises(TypeError, match='pretrained must be a checkpoint path'):
+        tiny(XCiT, pretrained=dict(checkpoint='xcit.pth'))
     model = tiny(ConViT)
     with pytest.raises(ValueError, match=r'images of shape \(B, 3, H, W\), got \(1, 1, 32, 32\)'):
         model(torch.randn(1, 1, 32, 32))
+
+
+def test_mmseg_pretrained_becomes_the_pretrained_init_cfg(tmp_path):
+    """mmseg's EncoderDecoder hands its model-level ``pretrained`` to the backbone, as to
+    mmseg's own VisionTransformer: it loads as ``init_cfg`` Pretrained would, with a warning."""
+    source = tiny(XCiT)
+    torch.save(source.state_dict(), tmp_path / 'xcit.pth')
+    with pytest.warns(FutureWarning, match="read as init_cfg=dict\\(type='Pretrained'"):
+        model = tiny(XCiT, pretrained=str(tmp_path / 'xcit.pth'))
+    assert model.init_cfg == dict(type='Pretrained', checkpoint=str(tmp_path / 'xcit.pth'))
+    model.init_weights()
+    for name, tensor in source.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)

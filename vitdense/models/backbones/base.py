@@ -7,6 +7,7 @@ blocks and class-attention blocks are built, and how official / timm checkpoint 
 ours. Everything else lives here once.
 """
 import re
+import warnings
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -19,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers.blocks import NORM_EPS
 from ..layers.branched import BranchedLinear
 from ..layers.grid import Grid
-from ..layers.pyramid import MultiLevelPyramid
+from ..layers.pyramid import PYRAMID_STRIDES, MultiLevelPyramid, check_levels
 from .checkpoint_adaptation import CheckpointAdaptation
 
 OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
@@ -48,6 +49,25 @@ def default_out_indices(num_layers: int) -> tuple[int, ...]:
     return tuple(max(num_layers * q // 4 - 1, 0) for q in (1, 2, 3, 4))
 
 
+def pretrained_init_cfg(pretrained: Optional[str],
+                        init_cfg: Optional[Union[dict, list]]) -> Optional[Union[dict, list]]:
+    """``init_cfg`` with mmseg's ``pretrained`` argument turned into its ``Pretrained``
+    entry, as mmseg's own backbones (its VisionTransformer) do."""
+    if pretrained is None:
+        return init_cfg
+    if not isinstance(pretrained, str):
+        raise TypeError(f'pretrained must be a checkpoint path or URL (str) or None, got '
+                        f'{type(pretrained).__name__}')
+    if init_cfg is not None:
+        raise ValueError(f'pretrained={pretrained!r} and init_cfg={init_cfg} both given: set '
+                         f'init_cfg=dict(type=\'Pretrained\', checkpoint=...) alone (in an '
+                         f'mmseg config, model.pretrained=None)')
+    warnings.warn(f'pretrained={pretrained!r} (mmseg\'s model-level option) is read as '
+                  f'init_cfg=dict(type=\'Pretrained\', checkpoint={pretrained!r}); say it '
+                  f'with init_cfg, as the backbone\'s own option', FutureWarning)
+    return dict(type='Pretrained', checkpoint=pretrained)
+
+
 class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     """Base of the columnar backbones (see ``docs/backbone_contract.md``).
 
@@ -57,8 +77,13 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         img_size: pretraining resolution; only sizes learned position tables.
         in_channels: image channels.
         out_type: 'featmap' (dense maps), 'cls_token' or 'avg_featmap' (a (B, C) vector).
-        out_indices: 0-based blocks whose outputs form the dense features.
-        pyramid: bring the dense features to strides 4/8/16/32 (needs 4 out indices).
+        out_indices: 0-based blocks whose outputs form the dense features, one per pyramid
+            level (default: XCiT's blocks for those levels, e.g. 3, 5, 7, 11 of 12).
+        pyramid: bring the dense features to strides 4/8/16/32.
+        pyramid_levels: which of the pyramid's levels come out, as indices into the strides
+            (4, 8, 16, 32), as mmdet's ResNet ``out_indices`` picks stages: ``(1, 2, 3)``
+            gives strides 8-32 for 3-level necks (DINO's ChannelMapper, RTMDet's
+            CSPNeXtPAFPN). Default: all four.
         pyramid_norm_cfg: norm inside the pyramid's upsampling branch.
         norm_cfg: type of the BatchNorm layers inside the backbone (XCiT's conv stem and
             LPI, the hMLP stem): ``dict(type='BN')`` or ``dict(type='SyncBN')``, the latter
@@ -98,6 +123,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             (timm's default); False: plain bicubic, as ViTDet (detectron2's ``get_abs_pos``).
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
             through :meth:`adapt_checkpoint` (official, timm or our layout).
+        pretrained: a checkpoint path or URL, as mmseg's own backbones take it (mmseg's
+            ``EncoderDecoder`` passes its model-level ``pretrained`` here): becomes
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``, with a warning that
+            ``init_cfg`` is the way to say it; giving both is an error.
         arch_overrides: settings that replace those of ``arch``: how a family passes its
             own constructor options (ViT's ``depth``, ``stem``, ...) to its builders.
     """
@@ -122,6 +151,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  out_indices: Optional[Sequence[int]] = None,
                  pyramid: bool = True,
                  pyramid_norm_cfg: Optional[dict] = None,
+                 pyramid_levels: Optional[Sequence[int]] = None,
                  norm_cfg: Optional[dict] = None,
                  padding: str = 'image',
                  drop_rate: float = 0.,
@@ -136,8 +166,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  dense_class_token: bool = True,
                  pos_antialias: bool = True,
                  init_cfg: Optional[Union[dict, list]] = None,
+                 pretrained: Optional[str] = None,
                  arch_overrides: Optional[dict] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+        super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
         self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.arch = {**self.resolve_arch(arch), **(arch_overrides or {})}
         self.embed_dims = self.arch['embed_dims']
@@ -149,7 +180,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self._check_options(out_type, padding, with_cp)
         self.out_type = out_type
         self.dense = out_type == 'featmap'
-        self.out_indices = self._check_out_indices(out_indices, pyramid and self.dense)
+        self.pyramid_levels = self._check_pyramid_levels(pyramid_levels,
+                                                         pyramid and self.dense)
+        self.out_indices = self._check_out_indices(out_indices)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
@@ -162,7 +195,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.block_layouts = self._attention_layouts(
             window_size, window_block_indexes, use_rel_pos, rel_pos_img_size or img_size)
         self._build_trunk(drop_path_rate)
-        self._build_outputs(pyramid, pyramid_norm_cfg)
+        self._build_outputs(pyramid_norm_cfg)
         self._set_batch_norm(norm_cfg or dict(type='BN'))
         self._init_parameters()
         self._freeze_stages()
@@ -253,7 +286,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             self.num_layers if self.with_cp is True else min(int(self.with_cp),
                                                              self.num_layers)))
 
-    def _build_outputs(self, pyramid: bool, pyramid_norm_cfg: Optional[dict]) -> None:
+    def _build_outputs(self, pyramid_norm_cfg: Optional[dict]) -> None:
         """Class-attention stage, final norm and class token (classification), or the
         multi-level pyramid (dense)."""
         self.cls_blocks = None
@@ -265,15 +298,31 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         has_cls = self.trunk_has_class_token or self.cls_blocks is not None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
         self.pyramid = None
-        if self.dense and pyramid:
+        if self.pyramid_levels:
             self.pyramid = MultiLevelPyramid(self.embed_dims, self.patch_size,
                                              pyramid_norm_cfg or dict(type='BN'),
-                                             crop=self.padding == 'image')
+                                             crop=self.padding == 'image',
+                                             levels=self.pyramid_levels)
 
-    def _check_out_indices(self, out_indices: Optional[Sequence[int]],
-                           pyramid: bool) -> tuple[int, ...]:
+    @staticmethod
+    def _check_pyramid_levels(pyramid_levels: Optional[Sequence[int]],
+                              pyramid: bool) -> tuple[int, ...]:
+        """The pyramid's levels that come out; () without the multi-layer pyramid."""
+        if not pyramid:
+            if pyramid_levels is not None:
+                raise ValueError(f'pyramid_levels {pyramid_levels} chooses the multi-layer '
+                                 f"pyramid's levels, but pyramid=False (or out_type is not "
+                                 f"'featmap'); ViTDet's simple pyramid chooses its levels by "
+                                 f'its scale_factors')
+            return ()
+        return check_levels(range(len(PYRAMID_STRIDES)) if pyramid_levels is None
+                            else pyramid_levels)
+
+    def _check_out_indices(self, out_indices: Optional[Sequence[int]]) -> tuple[int, ...]:
+        levels = self.pyramid_levels
         if out_indices is None:
             out_indices = default_out_indices(self.num_layers)
+            out_indices = [out_indices[level] for level in levels] if levels else out_indices
         if isinstance(out_indices, int):
             out_indices = [out_indices]
         checked = []
@@ -284,9 +333,12 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             checked.append(index % self.num_layers)
         if len(set(checked)) != len(checked) or checked != sorted(checked):
             raise ValueError(f'out_indices must be increasing and unique, got {out_indices}')
-        if pyramid and len(checked) != 4:
-            raise ValueError(f'the pyramid takes 4 out_indices (strides 4/8/16/32), got '
-                             f'{len(checked)}: {out_indices}; set pyramid=False for others')
+        if levels and len(checked) != len(levels):
+            strides = '/'.join(str(PYRAMID_STRIDES[level]) for level in levels)
+            raise ValueError(f'the pyramid\'s {len(levels)} levels (strides {strides}, '
+                             f'pyramid_levels={levels}) take one out_index each, got '
+                             f'{len(checked)}: {out_indices}; set pyramid_levels to the levels '
+                             f'wanted, or pyramid=False for the blocks\' maps alone')
         return tuple(checked)
 
     def _attention_layouts(self, window_size: int,

@@ -1,6 +1,8 @@
 """The multi-layer pyramid of XCiT §4.2: columnar features taken from several blocks, all
-at the patch stride, are brought to strides 4, 8, 16 and 32 for FPN-style necks."""
+at the patch stride, are brought to strides 4, 8, 16 and 32 for FPN-style necks (or to those
+of the levels a neck asks for)."""
 import math
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -45,8 +47,22 @@ def _crop(feature: torch.Tensor, hw: list) -> torch.Tensor:
     return feature.index_select(2, rows).index_select(3, cols)
 
 
+def check_levels(levels: Sequence[int]) -> tuple[int, ...]:
+    """``levels`` as a tuple, or a ValueError naming the valid choices: increasing, unique
+    indices into :data:`PYRAMID_STRIDES`."""
+    levels = tuple(levels)
+    if not levels or any(not isinstance(level, int) or not 0 <= level < len(PYRAMID_STRIDES)
+                         for level in levels) or list(levels) != sorted(set(levels)):
+        raise ValueError(f'pyramid levels are increasing, unique indices into the strides '
+                         f'{PYRAMID_STRIDES} (0-{len(PYRAMID_STRIDES) - 1}), e.g. (1, 2, 3) for '
+                         f'strides 8-32; got {levels}')
+    return levels
+
+
 class MultiLevelPyramid(nn.Module):
-    """Maps 4 feature maps at stride ``patch_size`` to strides 4/8/16/32 (``fpn1``..``fpn4``).
+    """Maps feature maps at stride ``patch_size``, one per level of ``levels``, to the
+    strides of those levels: all four (4/8/16/32, modules ``fpn1``..``fpn4``) by default,
+    ``(1, 2, 3)`` for the 3-level necks (strides 8-32, ``fpn2``..``fpn4``).
 
     ``crop=True``: pooling in ceil mode and every level cropped to ceil(H / stride) ×
     ceil(W / stride) of the unpadded image, so the levels stay aligned with the input
@@ -55,22 +71,24 @@ class MultiLevelPyramid(nn.Module):
     """
 
     def __init__(self, embed_dims: int, patch_size: int, norm_cfg: dict,
-                 crop: bool = True) -> None:
+                 crop: bool = True, levels: Sequence[int] = (0, 1, 2, 3)) -> None:
         super().__init__()
         if patch_size & (patch_size - 1) or not 4 <= patch_size <= 32:
             raise ValueError(f'the pyramid needs a power-of-two patch size in [4, 32], got '
                              f'{patch_size}; use pyramid=False for patch size {patch_size}')
         self.crop = crop
-        for level, stride in enumerate(PYRAMID_STRIDES, start=1):
-            self.add_module(f'fpn{level}', rescale(embed_dims, patch_size / stride, norm_cfg,
-                                                   ceil_mode=crop)[0])
+        self.levels = check_levels(levels)
+        for level in self.levels:
+            self.add_module(f'fpn{level + 1}', rescale(
+                embed_dims, patch_size / PYRAMID_STRIDES[level], norm_cfg, ceil_mode=crop)[0])
 
     def forward(self, features: list[torch.Tensor],
                 image_hw: tuple[int, int]) -> tuple[torch.Tensor, ...]:
         """``image_hw``: the size of the unpadded input, which ``crop`` trims the levels to."""
         outs = []
-        for level, (feature, stride) in enumerate(zip(features, PYRAMID_STRIDES), start=1):
-            out = getattr(self, f'fpn{level}')(feature)
+        for level, feature in zip(self.levels, features):
+            stride = PYRAMID_STRIDES[level]
+            out = getattr(self, f'fpn{level + 1}')(feature)
             if self.crop:
                 out = _crop(out, [(size + stride - 1) // stride for size in image_hw])
             outs.append(out)
