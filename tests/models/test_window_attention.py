@@ -169,6 +169,8 @@ def test_window_options_are_checked():
         XCiT(TINY_ARCH, window_size=7, pyramid=False)
     with pytest.raises(IndexError, match='window_block_indexes'):
         _dense('cait', window_size=7, window_block_indexes=(4,))
+    with pytest.raises(ValueError, match=r'parallel blocks \(num_parallel > 1\)'):
+        _dense('vit', window_size=7, num_parallel=2)
     # the windowed blocks get the window's tables, the others the global grid's
     model = _dense('vit', window_size=7, window_block_indexes=(0, 2), use_rel_pos=True,
                    rel_pos_img_size=256)

@@ -1,4 +1,4 @@
-"""What the four columnar families share: arch tables, the dense / classification forward,
+"""What the columnar families share: arch tables, the dense / classification forward,
 the multi-layer pyramid, freezing and activation checkpointing (checkpoint adaptation:
 :mod:`.checkpoint_adaptation`).
 
@@ -31,7 +31,8 @@ OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
 
 
 class AttentionLayout(NamedTuple):
-    """How a trunk block's token mixer attends (ViTDet §3): within windows of
+    """How a trunk block's token mixer attends (plain-backbone detection, Li et al. 2022,
+    §3): within windows of
     ``window_size`` tokens a side (0: globally), with relative position tables for
     ``rel_pos_grid`` (None: without)."""
     window_size: int = 0
@@ -43,7 +44,8 @@ def _pair(size: Union[int, Sequence[int]]) -> tuple[int, int]:
 
 
 def default_out_indices(num_layers: int) -> tuple[int, ...]:
-    """XCiT's official choice for 12 and 24 blocks; otherwise the ends of the four quarters."""
+    """The official dense recipes' blocks for 12 and 24 blocks (El-Nouby et al. 2021,
+    §4.2); otherwise the ends of the four quarters."""
     if num_layers in OFFICIAL_OUT_INDICES:
         return OFFICIAL_OUT_INDICES[num_layers]
     return tuple(max(num_layers * q // 4 - 1, 0) for q in (1, 2, 3, 4))
@@ -85,18 +87,19 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             gives strides 8-32 for 3-level necks (DINO's ChannelMapper, RTMDet's
             CSPNeXtPAFPN). Default: all four.
         pyramid_norm_cfg: norm inside the pyramid's upsampling branch.
-        norm_cfg: type of the BatchNorm layers inside the backbone (XCiT's conv stem and
-            LPI, the hMLP stem): ``dict(type='BN')`` or ``dict(type='SyncBN')``, the latter
-            as the official XCiT dense code (statistics over all GPUs' images).
+        norm_cfg: type of the BatchNorm layers inside the backbone (convolutional stems,
+            the local patch interaction): ``dict(type='BN')`` or ``dict(type='SyncBN')``,
+            the latter as the official dense code of El-Nouby et al. 2021 (statistics over
+            all GPUs' images).
         padding: inputs whose size is not a multiple of the patch size. 'image': zero-pad
             the image at the bottom / right to a multiple of the patch size, pool the
             pyramid in ceil mode and crop every level to ceil(H / stride) × ceil(W / stride)
             of the input (levels aligned with the image; works for every patch embedding).
             'stem': the image goes in unpadded and each stride-2 convolution of the stem
             pads itself; the pyramid pools in floor mode and nothing is cropped. This is the
-            official XCiT detection / segmentation forward (``detection/backbone/xcit.py``),
-            which the released dense checkpoints were evaluated with; it needs a patch
-            embedding that pads its own input (XCiT's conv stem). Both agree on inputs
+            official detection / segmentation forward of El-Nouby et al. 2021, which their
+            released dense checkpoints were evaluated with; it needs a patch embedding that
+            pads its own input (a convolutional stem). Both agree on inputs
             that are multiples of 32.
         drop_rate: dropout after the position encoding and inside FFNs.
         drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
@@ -107,20 +110,20 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             blocks): True for every block, an int K for the first K blocks only (memory
             and compute traded block by block), False for none.
         window_size: > 0: blocks in ``window_block_indexes`` attend within windows of this
-            many tokens a side, the grid zero-padded to a multiple of it (ViTDet §3); the
-            others keep global attention. Token attention only (not XCiT's XCA, which is
-            linear in tokens already); the trunk must carry no class token.
+            many tokens a side, the grid zero-padded to a multiple of it (Li et al. 2022,
+            §3); the others keep global attention. Families with token attention only
+            (``token_attention``); the trunk must carry no class token.
         window_block_indexes: 0-based blocks with window attention (None: all).
-        use_rel_pos: add ViTDet's decomposed relative position bias to every block's attention
+        use_rel_pos: add Li et al.'s decomposed relative position bias to every block's attention
             logits: tables for the window, or for the grid of ``rel_pos_img_size`` in global
             blocks; zero-initialised, so an ImageNet checkpoint starts as it was.
         rel_pos_img_size: image size the global blocks' relative tables are built for
-            (ViTDet: the 1024 input; default ``img_size``); other grids resample them.
-        dense_class_token: False: a dense model's trunk carries no class token (ViTDet: the
+            (Li et al.: the 1024 input; default ``img_size``); other grids resample them.
+        dense_class_token: False: a dense model's trunk carries no class token (Li et al.: the
             checkpoint's class token and its position row are dropped on load), as window
             attention and relative positions need.
         pos_antialias: resample learned position tables to other grids with antialiasing
-            (timm's default); False: plain bicubic, as ViTDet (detectron2's ``get_abs_pos``).
+            (timm's default); False: plain bicubic, as detectron2's ``get_abs_pos``.
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
             through :meth:`adapt_checkpoint` (official, timm or our layout).
         pretrained: a checkpoint path or URL, as mmseg's own backbones take it (mmseg's
@@ -128,7 +131,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``, with a warning that
             ``init_cfg`` is the way to say it; giving both is an error.
         arch_overrides: settings that replace those of ``arch``: how a family passes its
-            own constructor options (ViT's ``depth``, ``stem``, ...) to its builders.
+            own constructor options (``stem``, ...) to its builders.
     """
 
     arch_zoo: dict[str, dict] = {}
@@ -138,6 +141,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     #: whether the trunk's token mixers are token attention (window attention and relative
     #: positions apply to them)
     token_attention = True
+    #: parameter names (the last part) a family's own layers train without weight decay,
+    #: beside the shared ones (class token, position encodings, LayerScale, relative
+    #: position tables)
+    no_weight_decay_names: tuple[str, ...] = ()
     #: the family's named variants as (arch, constructor options, the timm model it
     #: reproduces or None where timm has none): how a timm checkpoint finds its arch
     timm_models: tuple[tuple[str, dict, Optional[str]], ...] = ()
@@ -220,9 +227,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         raise NotImplementedError
 
     def place_class_token(self) -> int:
-        """Where the class token joins: before trunk block i (ViT: 0), or ``num_layers``
-        (the default): after the trunk, in a class-attention stage of
-        ``arch['num_cls_layers']`` blocks that exists for classification only (CaiT §3)."""
+        """Where the class token joins: before trunk block i (0: from the start), or
+        ``num_layers`` (the default): after the trunk, in a class-attention stage of
+        ``arch['num_cls_layers']`` blocks that exists for classification only (Touvron et
+        al. 2021, "Going deeper", §3)."""
         return self.num_layers
 
     @property
@@ -263,7 +271,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.patch_embed = self.build_patch_embed()
         if self.padding == 'stem' and not getattr(self.patch_embed, 'pads_input', False):
             raise ValueError(f"padding='stem' needs a patch embedding that pads its own input "
-                             f"(XCiT's conv stem); {type(self.patch_embed).__name__} would "
+                             f"(a convolutional stem); {type(self.patch_embed).__name__} would "
                              f"drop the pixels beyond the last full patch: use "
                              f"padding='image'")
         self.class_token_layer = self.place_class_token()
@@ -359,16 +367,13 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             return (AttentionLayout(),) * self.num_layers
         if not self.token_attention:
             raise ValueError(f'{type(self).__name__} has no token attention: window attention '
-                             f'and relative positions apply to ViT, CaiT and ConViT; use the '
-                             f'simple pyramid alone')
+                             f'and relative positions apply to the families with token '
+                             f'attention; use the simple pyramid alone')
         if self.trunk_has_class_token:
             raise ValueError(f'window attention and relative positions take patch tokens '
                              f'only, but the trunk of {type(self).__name__} carries the class '
                              f'token from block {self.class_token_layer}: set '
-                             f'dense_class_token=False (as ViTDet)')
-        if self.arch.get('num_parallel', 1) > 1:
-            raise ValueError('window attention and relative positions do not support '
-                             'parallel blocks (num_parallel > 1)')
+                             f'dense_class_token=False')
         global_grid = tuple(size // self.patch_size for size in _pair(rel_pos_img_size))
         layouts = []
         for index in range(self.num_layers):
@@ -509,8 +514,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters trained without weight decay: position encodings, class token,
-        LayerScale gammas, XCA temperatures, GPSA gates, relative position tables
-        (as ViTDet)."""
-        keep = re.compile(r'^(cls_token|pos_embed\..*|.*\.(gamma|temperature|gating)|'
-                          r'.*\.rel_pos\..*)$')
+        LayerScale gammas, relative position tables (as Li et al. 2022) and the family's
+        ``no_weight_decay_names``."""
+        names = '|'.join(('gamma',) + self.no_weight_decay_names)
+        keep = re.compile(rf'^(cls_token|pos_embed\..*|.*\.({names})|.*\.rel_pos\..*)$')
         return {name for name, _ in self.named_parameters() if keep.match(name)}

@@ -15,9 +15,9 @@ from mmengine.runner import checkpoint as mmengine_checkpoint
 
 Rule = tuple[str, str]
 #: key renames official layouts of every family need, applied before a family's own
-#: ``checkpoint_rules``: a learned position table saved as a bare tensor (DeiT, CaiT,
-#: ConViT) and a block's LayerScale gammas named gamma_1 / gamma_2 (DeiT III, CaiT) or
-#: gamma1 / gamma2 (XCiT), ours being ls1.gamma / ls2.gamma as in timm
+#: ``checkpoint_rules``: a learned position table saved as a bare tensor and a block's
+#: LayerScale gammas named gamma_1 / gamma_2 or gamma1 / gamma2 (as the official releases
+#: of the families save them), ours being ls1.gamma / ls2.gamma as in timm
 SHARED_CHECKPOINT_RULES: tuple[Rule, ...] = (
     (r'^pos_embed$', 'pos_embed.weight'),
     (r'\.gamma_?([12])$', r'.ls\1.gamma'),
@@ -66,7 +66,7 @@ class CheckpointAdaptation:
     @classmethod
     def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
         """Tensors split or stacked differently. Class attention keeps a query map and a
-        fused key-value map; official XCiT stores one qkv map, timm and CaiT q, k, v."""
+        fused key-value map; official releases store one qkv map or separate q, k, v."""
         for key in [k for k in state_dict if CLASS_ATTENTION_SPLIT.search(k)]:
             if key not in state_dict:
                 continue
@@ -144,9 +144,9 @@ class CheckpointAdaptation:
         """Load a checkpoint file as ``init_cfg=dict(type='Pretrained', checkpoint=...,
         prefix=...)`` does: ``prefix`` selects a part of a whole-model checkpoint (e.g.
         ``'backbone.'`` of a classifier). The file is read weights-only whatever the
-        environment says (:func:`vitdense.checkpoint_io.load_checkpoint`)."""
+        environment says (``checkpoint_io.load_checkpoint`` of the package)."""
         # imported here: importing the models registers no file backend (checkpoint_io does)
-        from vitdense.checkpoint_io import load_checkpoint
+        from ...checkpoint_io import load_checkpoint
         logger = MMLogger.get_current_instance()
         logger.info(f'load {prefix or "model"} from: {checkpoint}')
         state_dict = load_checkpoint(checkpoint, map_location=map_location)

@@ -27,6 +27,7 @@ class ConViT(ColumnarBackbone):
     }
     arch_defaults = dict(mlp_ratio=4., qkv_bias=False, num_local_layers=10,
                          locality_strength=1.0)
+    no_weight_decay_names = ('gating',)  # GPSA's gates
     checkpoint_rules = (
         (r'\.attn\.gating_param$', '.attn.gating'),
     )

@@ -15,7 +15,7 @@ from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import TransformerBlock
 from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
-from .base import ColumnarBackbone
+from .base import AttentionLayout, ColumnarBackbone
 from .checkpoint_adaptation import Rule, rename_key
 
 STEMS = ('linear', 'hmlp')
@@ -121,6 +121,9 @@ class ViT(ColumnarBackbone):
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         arch, layout = self.arch, self.block_layouts[index]
+        if arch['num_parallel'] > 1 and layout != AttentionLayout():
+            raise ValueError('window attention and relative positions do not support '
+                             'parallel blocks (num_parallel > 1)')
         mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
                                        num_branches=arch['num_parallel'],
                                        rel_pos_grid=layout.rel_pos_grid)

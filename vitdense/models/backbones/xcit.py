@@ -35,6 +35,7 @@ class XCiT(ColumnarBackbone):
                          num_cls_layers=2)
     uniform_drop_path = True
     token_attention = False  # XCA attends over channels
+    no_weight_decay_names = ('temperature',)  # XCA's per-head temperatures
     checkpoint_rules = (
         (r'^pos_embeder\.', 'pos_embed.'),
         (r'^cls_attn_blocks\.', 'cls_blocks.'),
