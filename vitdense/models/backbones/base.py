@@ -80,7 +80,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         in_channels: image channels.
         out_type: 'featmap' (dense maps), 'cls_token' or 'avg_featmap' (a (B, C) vector).
         out_indices: 0-based blocks whose outputs form the dense features, one per pyramid
-            level (default: XCiT's blocks for those levels, e.g. 3, 5, 7, 11 of 12).
+            level (default: the official dense recipes' blocks, e.g. 3, 5, 7, 11 of 12).
         pyramid: bring the dense features to strides 4/8/16/32.
         pyramid_levels: which of the pyramid's levels come out, as indices into the strides
             (4, 8, 16, 32), as mmdet's ResNet ``out_indices`` picks stages: ``(1, 2, 3)``
@@ -320,7 +320,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             if pyramid_levels is not None:
                 raise ValueError(f'pyramid_levels {pyramid_levels} chooses the multi-layer '
                                  f"pyramid's levels, but pyramid=False (or out_type is not "
-                                 f"'featmap'); ViTDet's simple pyramid chooses its levels by "
+                                 f"'featmap'); the simple feature pyramid chooses its levels by "
                                  f'its scale_factors')
             return ()
         return check_levels(range(len(PYRAMID_STRIDES)) if pyramid_levels is None
