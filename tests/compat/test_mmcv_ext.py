@@ -1,5 +1,6 @@
-"""The torch-native ``mmcv._ext``: nms and RoIAlign equal hand computations and independent
-references through mmcv's own Python wrappers; every other op raises an error naming it."""
+"""The torch-native ``mmcv._ext``: nms and RoIAlign (average and max pooling) equal hand
+computations and independent references through mmcv's own Python wrappers; every op it does
+not serve raises an error naming it.  The other served ops: ``test_mmcv_ext_ops.py``."""
 from __future__ import annotations
 
 import sys
@@ -119,9 +120,12 @@ def test_roi_align_equals_hand_computed_bin_centres(aligned, roi):
 
 
 def _roi_cases() -> torch.Tensor:
-    """Inside, across the border, outside, degenerate (zero and negative size), batch 1."""
+    """Inside, across the border, outside, degenerate (zero and negative size), batch 1.
+
+    No sample point lies at y = -1 exactly: the kernels give a maximum there no gradient
+    (mmcv's max-mode backward reads y = -1 as an empty bin)."""
     return torch.tensor([
-        [0, 2.0, 3.0, 20.0, 14.0], [1, 5.3, 1.7, 9.9, 30.2], [0, -6.0, -4.0, 5.0, 6.0],
+        [0, 2.0, 3.0, 20.0, 14.0], [1, 5.3, 1.7, 9.9, 30.2], [0, -6.0, -4.2, 5.0, 6.0],
         [1, 28.0, 20.0, 40.0, 30.0], [0, 50.0, 50.0, 60.0, 70.0], [1, 7.0, 7.0, 7.0, 7.0],
         [0, 9.0, 9.0, 4.0, 3.0], [1, 0.0, 0.0, 31.0, 23.0]])
 
@@ -145,9 +149,22 @@ def _bilinear(feat: torch.Tensor, y: float, x: float) -> torch.Tensor:
             + ly * (1 - lx) * feat[:, y1, x0] + ly * lx * feat[:, y1, x1])
 
 
+_FLT_MAX = torch.finfo(torch.float32).max
+
+
+def _pool(samples: list[torch.Tensor], mode: str, channels: torch.Tensor) -> torch.Tensor:
+    """mmcv's pooling of one bin's samples: their mean (0 for none) or their maximum
+    (-FLT_MAX for none)."""
+    if mode == 'avg':
+        return sum(samples, channels.new_zeros(channels.shape)) / max(len(samples), 1)
+    if not samples:
+        return channels.new_full(channels.shape, -_FLT_MAX)
+    return torch.stack(samples).amax(0)
+
+
 def _reference_roi_align(feats: torch.Tensor, rois: torch.Tensor, size: int, scale: float,
-                         sampling_ratio: int, aligned: bool) -> torch.Tensor:
-    """Average RoIAlign written out one sample point at a time (mmcv's formula)."""
+                         sampling_ratio: int, aligned: bool, mode: str = 'avg') -> torch.Tensor:
+    """RoIAlign written out one sample point at a time (mmcv's formula)."""
     offset = 0.5 if aligned else 0.0
     out = []
     for batch, *box in rois.tolist():
@@ -158,26 +175,25 @@ def _reference_roi_align(feats: torch.Tensor, rois: torch.Tensor, size: int, sca
         bin_w, bin_h = roi_w / size, roi_h / size
         grid_h = sampling_ratio if sampling_ratio > 0 else math.ceil(roi_h / size)
         grid_w = sampling_ratio if sampling_ratio > 0 else math.ceil(roi_w / size)
-        count = max(grid_h * grid_w, 1)
-        bins = [[sum((_bilinear(feats[int(batch)], y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h,
-                                x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w)
-                      for iy in range(grid_h) for ix in range(grid_w)),
-                     feats.new_zeros(feats.shape[1])) / count
+        bins = [[_pool([_bilinear(feats[int(batch)], y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h,
+                                  x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w)
+                        for iy in range(grid_h) for ix in range(grid_w)], mode, feats[0, :, 0, 0])
                  for pw in range(size)] for ph in range(size)]
         out.append(torch.stack([torch.stack(row, -1) for row in bins], -2))
     return torch.stack(out)
 
 
+@pytest.mark.parametrize('mode', ['avg', 'max'])
 @pytest.mark.parametrize('sampling_ratio', [0, 2])
 @pytest.mark.parametrize('aligned', [True, False])
 @pytest.mark.parametrize('scale', [1.0, 0.25])
-def test_roi_align_forward_backward_equal_the_formula(aligned, sampling_ratio, scale):
+def test_roi_align_forward_backward_equal_the_formula(aligned, sampling_ratio, scale, mode):
     feats = torch.randn(2, 3, 24, 32, dtype=torch.float64, requires_grad=True)
     rois = _roi_cases().double()
     rois[:, 1:] /= scale
-    out = mmcv.ops.roi_align(feats, rois, (5, 5), scale, sampling_ratio, 'avg', aligned)
+    out = mmcv.ops.roi_align(feats, rois, (5, 5), scale, sampling_ratio, mode, aligned)
     ref_feats = feats.detach().clone().requires_grad_()
-    ref = _reference_roi_align(ref_feats, rois, 5, scale, sampling_ratio, aligned)
+    ref = _reference_roi_align(ref_feats, rois, 5, scale, sampling_ratio, aligned, mode)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
     grad = torch.randn_like(out)
     out.backward(grad)
@@ -190,6 +206,22 @@ def test_roi_align_gradient_is_the_derivative():
     rois = torch.tensor([[0, 1.2, 0.7, 6.3, 8.1], [1, -1.0, 2.0, 12.0, 5.5]], dtype=torch.float64)
     assert torch.autograd.gradcheck(
         lambda x: mmcv.ops.roi_align(x, rois, (3, 4), 1.0, 0, 'avg', True), (feats,))
+
+
+def test_roi_align_max_float32_and_float16_against_float64():
+    feats = torch.randn(2, 3, 24, 32, generator=torch.Generator().manual_seed(1))
+    rois = _roi_cases()
+
+    def pooled(dtype):
+        return mmcv.ops.roi_align(feats.to(dtype), rois.to(dtype), (5, 5), 1.0, 0, 'max', True)
+    exact, full, half = pooled(torch.float64), pooled(torch.float32), pooled(torch.float16)
+    empty = exact == -_FLT_MAX   # the bins of the degenerate RoIs: no sample point
+    assert empty.any() and (full[empty] == -_FLT_MAX).all()
+    assert (half[empty] == float('-inf')).all()   # -FLT_MAX converted to float16
+    assert full.dtype == torch.float32 and half.dtype == torch.float16
+    assert (full[~empty].double() - exact[~empty]).abs().max() <= 1e-5 * exact[~empty].abs().max()
+    # float16 rounds the inputs (the RoIs too) and the interpolation
+    torch.testing.assert_close(half[~empty].double(), exact[~empty], rtol=0, atol=3e-2)
 
 
 def test_roi_align_empty_rois_and_float16():
@@ -206,11 +238,9 @@ def test_roi_align_empty_rois_and_float16():
 
 
 def test_other_ops_exist_and_raise_naming_the_op():
-    with pytest.raises(MissingCompiledOpError, match=r"'softnms'.*--full-mmcv"):
+    with pytest.raises(MissingCompiledOpError, match=r"'softnms'.*docs/mmcv_ops.md.*--full-mmcv"):
         mmcv.ops.soft_nms(*_random_boxes(5, seed=0), 0.3)
-    with pytest.raises(MissingCompiledOpError, match=r"'roi_align_forward' with pool_mode='max'"):
-        mmcv.ops.roi_align(_linear_map(), torch.tensor([[0, 0, 0, 3, 3.]]), 2, 1.0, 0, 'max')
-    with pytest.raises(MissingCompiledOpError, match="'deform_conv_forward'"):
-        mmcv_ext.deform_conv_forward()
+    with pytest.raises(MissingCompiledOpError, match="'carafe_forward'"):
+        mmcv_ext.carafe_forward()
     with pytest.raises(AttributeError):
         mmcv_ext.__wrapped__  # noqa: B018  (dunders are not ops)

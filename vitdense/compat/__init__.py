@@ -13,10 +13,11 @@ fix                        written for            applied by
 torch-native mmcv ops:     mmcv-lite >=2.0.0,     the start-up file ``vitdense-mmcv-ext.pth``
 ``compat/mmcv_ext.py``     <2.2.0 without a       that ``tools/install.sh`` writes into
 serves ``mmcv._ext``       compiled ``mmcv._ext`` ``site-packages`` (every interpreter of
-(nms, RoIAlign) under                             the environment, ``mmcv_finder.py``);
-``mmcv-lite``                                     :func:`apply_host_fixes` (every vitdense
-                                                  tool, before it imports a host);
-                                                  ``python -m vitdense.compat SCRIPT ARGS``
+under ``mmcv-lite``                               the environment, ``mmcv_finder.py``);
+(nms, RoIAlign, focal                             :func:`apply_host_fixes` (every vitdense
+losses, deformable                                tool, before it imports a host);
+attention and convs;                              ``python -m vitdense.compat SCRIPT ARGS``
+``docs/mmcv_ops.md``)
 =========================  =====================  ======================================
 
 All three register the one finder of ``mmcv_finder.py``, which answers nothing but the import

@@ -1,4 +1,4 @@
-"""Torch-native stand-in for mmcv's compiled ``mmcv._ext``, for the ops our models call.
+"""Torch-native stand-in for mmcv's compiled ``mmcv._ext``, for the ops the hosts' heads call.
 
 Symptom: mmcv 2.1.0 has no wheel for torch 2.14 and its source build needs a C++ compiler
 (and nvcc on a GPU machine); ``mmcv-lite`` is the same Python code without ``mmcv._ext``,
@@ -6,22 +6,25 @@ and mmdet 3.3 / mmseg 1.2 import ``mmcv.ops``, which loads ``mmcv._ext`` and che
 every function each op module names exists, so neither imports.
 
 Fix: this module is loaded *as* ``mmcv._ext`` (after :func:`vitdense.compat.apply_host_fixes`)
-when no compiled extension is installed.  Of mmcv's compiled functions, the shipped configs
-reach only ``nms`` (RPN proposals, ``batched_nms``, ``multiclass_nms``; mmcv's own Python
-wrappers run unchanged on top of it) and ``roi_align_forward`` / ``roi_align_backward``
-(box and mask RoI extractors, mask targets), as recorded over every shipped dense config's
-training and test step by ``tests/configs/test_dense.py``.  They run on torchvision's CPU
-and CUDA kernels, which implement the same formulas; ``benchmarks/benchmark_mmcv_ops.py``
-measures them against a compiled mmcv.
+when no compiled extension is installed.  It serves, on any device, the compiled functions
+that mmdet's and mmseg's shipped configs reach and that torch or torchvision compute exactly
+(``docs/mmcv_ops.md`` has the inventory): ``nms``,
+RoIAlign (average and max pooling), the sigmoid and softmax focal losses, multi-scale
+deformable attention, and deformable and modulated deformable convolution.  Each function
+takes the arguments mmcv's Python wrappers pass to the compiled one and writes the output and
+gradient buffers it is handed in place, as the CUDA kernels do; it computes in the dtypes it is
+given, outside autocast and autograd, as a compiled kernel does.
 Every other name resolves to a function that raises :class:`MissingCompiledOpError`
 (defined in ``vitdense.compat``, so that it is one class however this file was loaded).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, NoReturn
+import functools
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import torch
+import torch.nn.functional as F
 import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 from torch import Tensor
 
@@ -29,12 +32,34 @@ from torch import Tensor
 from vitdense.compat.mmcv_finder import MissingCompiledOpError
 
 __all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'roi_align_forward',
-           'roi_align_backward', 'get_compiler_version', 'get_compiling_cuda_version']
+           'roi_align_backward', 'sigmoid_focal_loss_forward', 'sigmoid_focal_loss_backward',
+           'softmax_focal_loss_forward', 'softmax_focal_loss_backward',
+           'ms_deform_attn_forward', 'ms_deform_attn_backward', 'deform_conv_forward',
+           'deform_conv_backward_input', 'deform_conv_backward_parameters',
+           'modulated_deform_conv_forward', 'modulated_deform_conv_backward',
+           'get_compiler_version', 'get_compiling_cuda_version']
 
 BACKEND = MissingCompiledOpError.BACKEND
 
 # mmcv's pool_mode codes (``RoIAlignFunction``): 0 is max, 1 is avg.
-_POOL_AVG = 1
+_POOL_MAX = 0
+# the CUDA kernels' float limits, in every dtype: log's argument is clamped at FLT_MIN and an
+# empty max-pooling bin holds -FLT_MAX
+_FLT_MIN = torch.finfo(torch.float32).tiny
+_FLT_MAX = torch.finfo(torch.float32).max
+
+_Op = TypeVar('_Op', bound=Callable[..., Any])
+
+
+def _kernel(op: _Op) -> _Op:
+    """Run ``op`` as a compiled kernel runs: in the dtypes of its tensors (autocast off) and
+    outside autograd (what it needs of autograd it enables itself)."""
+    @functools.wraps(op)
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        device = next(a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)).device
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            return op(*args, **kwargs)
+    return kernel  # type: ignore[return-value]
 
 
 def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Tensor:
@@ -59,20 +84,95 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Ten
     return order[kept]
 
 
-def _check_avg(op: str, pool_mode: int) -> None:
-    if pool_mode != _POOL_AVG:
-        raise MissingCompiledOpError(op, " with pool_mode='max'")
+# --- RoIAlign -------------------------------------------------------------------------------
+
+def _bilinear_corners(y: Tensor, x: Tensor, height: int, width: int
+                      ) -> tuple[list[Tensor], list[Tensor]]:
+    """mmcv RoIAlign's bilinear interpolation at points (y, x): the four corners' flat indices
+    ``y * width + x`` and their weights, the weights zero for points outside
+    [-1, height] x [-1, width]; points in the last pixel row or column read that pixel."""
+    inside = (y >= -1) & (y <= height) & (x >= -1) & (x <= width)
+    corners, fractions = [], []
+    for coord, size in ((y, height), (x, width)):
+        coord = coord.clamp(min=0)
+        low = coord.floor().clamp(max=size - 1)
+        coord = torch.where(coord >= size - 1, low, coord)
+        corners.append((low, (low + 1).clamp(max=size - 1)))
+        fractions.append(coord - low)
+    (y_low, y_high), (x_low, x_high) = corners
+    ly, lx = fractions
+    hy, hx = 1 - ly, 1 - lx
+    index = [(yy * width + xx).long() for yy in (y_low, y_high) for xx in (x_low, x_high)]
+    weights = [w * inside for w in (hy * hx, hy * lx, ly * hx, ly * lx)]
+    return index, weights
 
 
+def _roi_grid(rois: Tensor, spatial_scale: float, bins_hw: tuple[int, int],
+              sampling_ratio: int, aligned: bool) -> tuple[list[Tensor], list[Tensor]]:
+    """mmcv's sampling points of each RoI, y then x: the coordinates (K, bins, most samples per
+    bin) and the number of samples per bin of each RoI (K,)."""
+    start = rois[:, 1:3] * spatial_scale - (0.5 if aligned else 0.0)
+    size = rois[:, 3:5] * spatial_scale - (0.5 if aligned else 0.0) - start
+    if not aligned:
+        size = size.clamp(min=1.0)
+    points, counts = [], []
+    for axis, bins in ((1, bins_hw[0]), (0, bins_hw[1])):
+        bin_size = size[:, axis] / bins
+        count = (torch.full_like(bin_size, sampling_ratio) if sampling_ratio > 0
+                 else torch.ceil(size[:, axis] / bins)).long().clamp(min=0)
+        steps = torch.arange(int(count.max()) if len(count) else 0, device=rois.device)
+        bin_start = (start[:, axis, None]
+                     + torch.arange(bins, device=rois.device) * bin_size[:, None])
+        points.append(bin_start[:, :, None]
+                      + (steps + 0.5) * (bin_size / count.clamp(min=1))[:, None, None])
+        counts.append(count)
+    return points, counts
+
+
+def _roi_align_max(input: Tensor, rois: Tensor, bins_hw: tuple[int, int], spatial_scale: float,
+                   sampling_ratio: int, aligned: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Max-pooled RoIAlign: per bin, the largest bilinear sample (the first of equals, samples
+    visited row by row) and its coordinates; an empty bin holds -FLT_MAX at (-1, -1)."""
+    _, channels, height, width = input.shape
+    (ys, xs), (count_y, count_x) = _roi_grid(rois.to(input.dtype), spatial_scale, bins_hw,
+                                             sampling_ratio, aligned)
+    pixels = input.permute(0, 2, 3, 1).reshape(-1, channels)   # (batch * H * W, C)
+    first_pixel = (rois[:, 0].long() * height * width)[:, None, None]
+    # -FLT_MAX in the input's dtype, as the kernel converts it: -inf in float16
+    lowest = -_FLT_MAX if torch.finfo(input.dtype).max >= _FLT_MAX else float('-inf')
+    best = input.new_full((len(rois), channels, *bins_hw), lowest)
+    best_y, best_x = torch.full_like(best, -1.0), torch.full_like(best, -1.0)
+    for iy in range(ys.shape[-1]):
+        for ix in range(xs.shape[-1]):
+            y = ys[:, :, None, iy].expand(-1, -1, bins_hw[1])
+            x = xs[:, None, :, ix].expand(-1, bins_hw[0], -1)
+            index, weights = _bilinear_corners(y, x, height, width)
+            value = sum(w[..., None] * pixels[first_pixel + i] for i, w in zip(index, weights))
+            taken = (iy < count_y) & (ix < count_x)
+            better = (value.permute(0, 3, 1, 2) > best) & taken[:, None, None, None]
+            best = torch.where(better, value.permute(0, 3, 1, 2), best)
+            best_y = torch.where(better, y[:, None], best_y)
+            best_x = torch.where(better, x[:, None], best_x)
+    return best, best_y, best_x
+
+
+@_kernel
 def roi_align_forward(input: Tensor, rois: Tensor, output: Tensor, argmax_y: Tensor,
                       argmax_x: Tensor, aligned_height: int, aligned_width: int,
                       spatial_scale: float, sampling_ratio: int, pool_mode: int,
                       aligned: bool) -> None:
-    """Average RoIAlign of ``rois`` (K, 5: batch index, x1, y1, x2, y2) into ``output``."""
-    _check_avg('roi_align_forward', pool_mode)
-    pooled = torch.ops.torchvision.roi_align(
-        input, rois.to(input.dtype), float(spatial_scale), int(aligned_height),
-        int(aligned_width), int(sampling_ratio), bool(aligned))
+    """RoIAlign of ``rois`` (K, 5: batch index, x1, y1, x2, y2) into ``output``: averaged on
+    torchvision's kernel, or max-pooled with each maximum's coordinates in ``argmax_y/x``."""
+    if pool_mode == _POOL_MAX:
+        pooled, best_y, best_x = _roi_align_max(
+            input, rois, (int(aligned_height), int(aligned_width)), float(spatial_scale),
+            int(sampling_ratio), bool(aligned))
+        argmax_y.copy_(best_y)
+        argmax_x.copy_(best_x)
+    else:
+        pooled = torch.ops.torchvision.roi_align(
+            input, rois.to(input.dtype), float(spatial_scale), int(aligned_height),
+            int(aligned_width), int(sampling_ratio), bool(aligned))
     output.copy_(pooled)
 
 
@@ -95,12 +195,31 @@ def _atomic_adds_allowed(device: torch.device) -> Iterator[None]:
             torch.use_deterministic_algorithms(True)
 
 
+def _roi_align_max_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor,
+                            argmax_x: Tensor, grad_input: Tensor) -> None:
+    """Adds each bin's gradient to the four pixels around its maximum's sample point; a
+    maximum sampled at y = -1 exactly gets none, as in mmcv's kernel, which reads y = -1 as
+    the mark of an empty bin."""
+    _, channels, height, width = grad_input.shape
+    index, weights = _bilinear_corners(argmax_y, argmax_x, height, width)
+    sampled = argmax_y != -1
+    first_pixel = ((rois[:, 0].long() * channels)[:, None]
+                   + torch.arange(channels, device=rois.device)) * (height * width)
+    flat = grad_input.view(-1)
+    for i, w in zip(index, weights):
+        flat.index_put_(((first_pixel[:, :, None, None] + i)[sampled],),
+                        (grad_output * w)[sampled], accumulate=True)
+
+
+@_kernel
 def roi_align_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor, argmax_x: Tensor,
                        grad_input: Tensor, aligned_height: int, aligned_width: int,
                        spatial_scale: float, sampling_ratio: int, pool_mode: int,
                        aligned: bool) -> None:
-    """Adds the gradient of average RoIAlign with respect to its input to ``grad_input``."""
-    _check_avg('roi_align_backward', pool_mode)
+    """Adds the gradient of RoIAlign with respect to its input to ``grad_input``."""
+    if pool_mode == _POOL_MAX:
+        _roi_align_max_backward(grad_output, rois, argmax_y, argmax_x, grad_input)
+        return
     batch, channels, height, width = grad_input.shape
     with _atomic_adds_allowed(grad_output.device):
         grad = torch.ops.torchvision._roi_align_backward(
@@ -108,6 +227,257 @@ def roi_align_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor, argm
             int(aligned_width), batch, channels, height, width, int(sampling_ratio),
             bool(aligned))
     grad_input.add_(grad)
+
+
+# --- focal losses ---------------------------------------------------------------------------
+
+def _class_weights(weight: Tensor, target: Tensor, num_classes: int, op: str) -> Tensor | None:
+    """``weight[target]`` (the kernels' per-row class weight), None for no weight; a target
+    past the weight's entries (which the CUDA kernels read out of bounds) raises."""
+    if weight.numel() == 0:
+        return None
+    if bool((target >= num_classes).any()):
+        raise ValueError(
+            f'{op}: a target is {int(target.max())} but the class weight has {num_classes} '
+            'entries (the compiled kernel would read past them); pass weight=None and weigh '
+            'the loss afterwards, as mmdet\'s FocalLoss does')
+    return weight[target.clamp(min=0)]
+
+
+def _sigmoid_focal(input: Tensor, target: Tensor, weight: Tensor, gamma: float, alpha: float,
+                   derivative: bool) -> Tensor:
+    """mmcv's sigmoid focal loss per element, or its derivative by the logit; ``target`` is a
+    class index per row, ``num_classes`` meaning background."""
+    p = input.sigmoid()
+    log_p, log_q = p.clamp(min=_FLT_MIN).log(), (1 - p).clamp(min=_FLT_MIN).log()
+    if derivative:
+        positive = (1 - p).pow(gamma) * (1 - p - gamma * p * log_p)
+        negative = p.pow(gamma) * (gamma * (1 - p) * log_q - p)
+    else:
+        positive, negative = (1 - p).pow(gamma) * log_p, p.pow(gamma) * log_q
+    is_target = target[:, None] == torch.arange(input.shape[1], device=input.device)
+    loss = torch.where(is_target, -alpha * positive, -(1 - alpha) * negative)
+    class_weight = _class_weights(weight, target, input.shape[1], 'sigmoid_focal_loss')
+    return loss if class_weight is None else loss * class_weight[:, None]
+
+
+@_kernel
+def sigmoid_focal_loss_forward(input: Tensor, target: Tensor, weight: Tensor, output: Tensor,
+                               gamma: float, alpha: float) -> None:
+    """The sigmoid focal loss of each logit of ``input`` (N, C) into ``output``."""
+    output.copy_(_sigmoid_focal(input, target, weight, gamma, alpha, derivative=False))
+
+
+@_kernel
+def sigmoid_focal_loss_backward(input: Tensor, target: Tensor, weight: Tensor,
+                                grad_input: Tensor, gamma: float, alpha: float) -> None:
+    """The derivative of each element's sigmoid focal loss by its logit into ``grad_input``."""
+    grad_input.copy_(_sigmoid_focal(input, target, weight, gamma, alpha, derivative=True))
+
+
+def _target_probability(softmax: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's probability of its target class and whether the row has one (target >= 0);
+    a target past the classes raises."""
+    if bool((target >= softmax.shape[1]).any()):
+        raise ValueError(f'softmax_focal_loss: a target is {int(target.max())} but there are '
+                         f'{softmax.shape[1]} classes (targets are 0..C-1, or negative to '
+                         'ignore the row)')
+    return softmax.gather(1, target.clamp(min=0)[:, None])[:, 0], target >= 0
+
+
+def _softmax_focal_weighted(per_row: Tensor, target: Tensor, weight: Tensor,
+                            labelled: Tensor) -> Tensor:
+    """``per_row`` with rows without a target zeroed and the class weight applied."""
+    class_weight = _class_weights(weight, target, len(weight), 'softmax_focal_loss')
+    per_row = per_row if class_weight is None else per_row * class_weight
+    return torch.where(labelled, per_row, torch.zeros_like(per_row))
+
+
+@_kernel
+def softmax_focal_loss_forward(softmax: Tensor, target: Tensor, weight: Tensor, output: Tensor,
+                               gamma: float, alpha: float) -> None:
+    """Each row's softmax focal loss, ``-alpha (1 - p)^gamma log p`` of its target's
+    probability ``p``, into ``output`` (N,)."""
+    p, labelled = _target_probability(softmax, target)
+    loss = -alpha * (1 - p).pow(gamma) * p.clamp(min=_FLT_MIN).log()
+    output.copy_(_softmax_focal_weighted(loss, target, weight, labelled))
+
+
+@_kernel
+def softmax_focal_loss_backward(softmax: Tensor, target: Tensor, weight: Tensor, buff: Tensor,
+                                grad_input: Tensor, gamma: float, alpha: float) -> None:
+    """The derivative by the logits into ``grad_input`` (N, C), through ``buff`` (N,), the
+    derivative by the target's log-probability, as mmcv's two kernels pass it."""
+    p, labelled = _target_probability(softmax, target)
+    by_log_p = alpha * (-(1 - p).pow(gamma)
+                        + gamma * (1 - p).pow(gamma - 1) * p * p.clamp(min=_FLT_MIN).log())
+    buff.copy_(_softmax_focal_weighted(by_log_p, target, weight, labelled))
+    is_target = target[:, None] == torch.arange(softmax.shape[1], device=softmax.device)
+    grad = buff[:, None] * (is_target.to(softmax.dtype) - softmax)
+    grad_input.copy_(torch.where(labelled[:, None], grad, torch.zeros_like(grad)))
+
+
+# --- multi-scale deformable attention -------------------------------------------------------
+
+def _levels(spatial_shapes: Tensor, level_start_index: Tensor) -> list[tuple[int, int, int]]:
+    """(first key, height, width) of each level."""
+    return [(start, h, w) for start, (h, w) in zip(level_start_index.tolist(),
+                                                   spatial_shapes.tolist())]
+
+
+def _deform_attn_level(value: Tensor, height: int, width: int, locations: Tensor,
+                       weights: Tensor) -> Tensor:
+    """One level's share of the output, (batch * heads, dims, queries): bilinear samples of
+    ``value`` (batch, H * W, heads, dims) at ``locations`` (batch, queries, heads, points,
+    x y in [0, 1]; zero outside the map) weighted by ``weights`` and summed over the points."""
+    batch, _, heads, dims = value.shape
+    maps = value.permute(0, 2, 3, 1).reshape(batch * heads, dims, height, width)
+    grid = (2 * locations - 1).transpose(1, 2).flatten(0, 1)
+    samples = F.grid_sample(maps, grid, mode='bilinear', padding_mode='zeros',
+                            align_corners=False)                  # (B * heads, dims, Q, P)
+    return (samples * weights.transpose(1, 2).flatten(0, 1)[:, None]).sum(-1)
+
+
+@_kernel
+def ms_deform_attn_forward(value: Tensor, value_spatial_shapes: Tensor,
+                           value_level_start_index: Tensor, sampling_locations: Tensor,
+                           attention_weights: Tensor, im2col_step: int) -> Tensor:
+    """Multi-scale deformable attention, (batch, queries, heads * dims), level by level: the
+    largest intermediate is one level's samples.  ``im2col_step`` (the CUDA kernel's batch
+    chunk) changes nothing in the result."""
+    batch, _, heads, dims = value.shape
+    queries = sampling_locations.shape[1]
+    output = value.new_zeros(batch * heads, dims, queries)
+    for level, (start, h, w) in enumerate(_levels(value_spatial_shapes,
+                                                  value_level_start_index)):
+        output += _deform_attn_level(value[:, start:start + h * w], h, w,
+                                     sampling_locations[:, :, :, level],
+                                     attention_weights[:, :, :, level])
+    return output.view(batch, heads * dims, queries).transpose(1, 2).contiguous()
+
+
+@_kernel
+def ms_deform_attn_backward(value: Tensor, value_spatial_shapes: Tensor,
+                            value_level_start_index: Tensor, sampling_locations: Tensor,
+                            attention_weights: Tensor, grad_output: Tensor, grad_value: Tensor,
+                            grad_sampling_loc: Tensor, grad_attn_weight: Tensor,
+                            im2col_step: int) -> None:
+    """Adds the gradients by the value, the sampling locations and the attention weights to
+    the buffers, level by level: each level's forward is recomputed and differentiated alone,
+    so the largest intermediate is one level's samples, as in the forward."""
+    batch, _, heads, dims = value.shape
+    grad_share = grad_output.view(batch, -1, heads, dims).permute(0, 2, 3, 1).flatten(0, 1)
+    for level, (start, h, w) in enumerate(_levels(value_spatial_shapes,
+                                                  value_level_start_index)):
+        keys = slice(start, start + h * w)
+        buffers = (grad_value[:, keys], grad_sampling_loc[:, :, :, level],
+                   grad_attn_weight[:, :, :, level])
+        inputs = [t.detach().requires_grad_() for t in (
+            value[:, keys], sampling_locations[:, :, :, level], attention_weights[:, :, :, level])]
+        with torch.enable_grad():
+            share = _deform_attn_level(inputs[0], h, w, inputs[1], inputs[2])
+        for buffer, grad in zip(buffers, torch.autograd.grad(share, inputs, grad_share)):
+            buffer.add_(grad)
+
+
+# --- deformable convolution -----------------------------------------------------------------
+
+def _deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor | None,
+                   bias: Tensor | None, geometry: tuple[int, ...]) -> Tensor:
+    """torchvision's deformable convolution; ``geometry`` is (stride h, w, padding h, w,
+    dilation h, w, groups, deformable groups)."""
+    use_mask = mask is not None
+    mask = mask if use_mask else input.new_zeros(input.shape[0], 1)
+    bias = bias if bias is not None else weight.new_zeros(weight.shape[0])
+    return torch.ops.torchvision.deform_conv2d(input, weight, offset, mask, bias, *geometry,
+                                               use_mask)
+
+
+def _deform_conv2d_backward(grad_output: Tensor, input: Tensor, weight: Tensor, offset: Tensor,
+                            mask: Tensor | None, bias: Tensor | None,
+                            geometry: tuple[int, ...]) -> tuple[Tensor, ...]:
+    """torchvision's gradients of :func:`_deform_conv2d`: by input, weight, offset, mask and
+    bias."""
+    use_mask = mask is not None
+    mask = mask if use_mask else input.new_zeros(input.shape[0], 1)
+    bias = bias if bias is not None else weight.new_zeros(weight.shape[0])
+    return torch.ops.torchvision._deform_conv2d_backward(
+        grad_output.contiguous(), input, weight, offset, mask, bias, *geometry, use_mask)
+
+
+@_kernel
+def deform_conv_forward(input: Tensor, weight: Tensor, offset: Tensor, output: Tensor,
+                        columns: Tensor, ones: Tensor, kW: int, kH: int, dW: int, dH: int,
+                        padW: int, padH: int, dilationW: int, dilationH: int, group: int,
+                        deformable_group: int, im2col_step: int) -> None:
+    """Deformable convolution (DCNv1) into ``output``; the kernel size is the weight's and
+    ``columns``, ``ones`` and ``im2col_step`` are the CUDA kernel's workspace."""
+    geometry = (dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
+    output.copy_(_deform_conv2d(input, weight, offset, None, None, geometry))
+
+
+@_kernel
+def deform_conv_backward_input(input: Tensor, offset: Tensor, gradOutput: Tensor,
+                               gradInput: Tensor, gradOffset: Tensor, weight: Tensor,
+                               columns: Tensor, kW: int, kH: int, dW: int, dH: int, padW: int,
+                               padH: int, dilationW: int, dilationH: int, group: int,
+                               deformable_group: int, im2col_step: int) -> None:
+    """Adds the gradient by the input to ``gradInput``; writes the one by the offsets."""
+    geometry = (dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
+    grad_input, _, grad_offset, _, _ = _deform_conv2d_backward(
+        gradOutput, input, weight, offset, None, None, geometry)
+    gradInput.add_(grad_input)
+    gradOffset.copy_(grad_offset)
+
+
+@_kernel
+def deform_conv_backward_parameters(input: Tensor, offset: Tensor, gradOutput: Tensor,
+                                    gradWeight: Tensor, columns: Tensor, ones: Tensor, kW: int,
+                                    kH: int, dW: int, dH: int, padW: int, padH: int,
+                                    dilationW: int, dilationH: int, group: int,
+                                    deformable_group: int, scale: float,
+                                    im2col_step: int) -> None:
+    """Adds ``scale`` times the gradient by the weight to ``gradWeight``."""
+    geometry = (dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
+    weight = gradWeight.new_zeros(gradWeight.shape)  # the weight gradient does not depend on it
+    _, grad_weight, _, _, _ = _deform_conv2d_backward(
+        gradOutput, input, weight, offset, None, None, geometry)
+    gradWeight.add_(grad_weight, alpha=scale)
+
+
+@_kernel
+def modulated_deform_conv_forward(input: Tensor, weight: Tensor, bias: Tensor, ones: Tensor,
+                                  offset: Tensor, mask: Tensor, output: Tensor, columns: Tensor,
+                                  kernel_h: int, kernel_w: int, stride_h: int, stride_w: int,
+                                  pad_h: int, pad_w: int, dilation_h: int, dilation_w: int,
+                                  group: int, deformable_group: int, with_bias: bool) -> None:
+    """Modulated deformable convolution (DCNv2) into ``output``."""
+    geometry = (stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, group,
+                deformable_group)
+    output.copy_(_deform_conv2d(input, weight, offset, mask, bias if with_bias else None,
+                                geometry))
+
+
+@_kernel
+def modulated_deform_conv_backward(input: Tensor, weight: Tensor, bias: Tensor, ones: Tensor,
+                                   offset: Tensor, mask: Tensor, columns: Tensor,
+                                   grad_input: Tensor, grad_weight: Tensor, grad_bias: Tensor,
+                                   grad_offset: Tensor, grad_mask: Tensor, grad_output: Tensor,
+                                   kernel_h: int, kernel_w: int, stride_h: int, stride_w: int,
+                                   pad_h: int, pad_w: int, dilation_h: int, dilation_w: int,
+                                   group: int, deformable_group: int, with_bias: bool) -> None:
+    """Adds the gradients by input, weight and bias to their buffers; writes those by the
+    offsets and the mask."""
+    geometry = (stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, group,
+                deformable_group)
+    grads = _deform_conv2d_backward(grad_output, input, weight, offset, mask,
+                                    bias if with_bias else None, geometry)
+    grad_input.add_(grads[0])
+    grad_weight.add_(grads[1])
+    grad_offset.copy_(grads[2])
+    grad_mask.copy_(grads[3])
+    if with_bias:
+        grad_bias.add_(grads[4])
 
 
 def get_compiler_version() -> str:

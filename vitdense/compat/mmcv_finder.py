@@ -37,14 +37,15 @@ STARTUP_LINE = (
 class MissingCompiledOpError(NotImplementedError):
     """An mmcv op that needs mmcv's compiled extension, which is not installed."""
 
-    BACKEND = 'vitdense torch-native mmcv ops (torchvision kernels)'
+    BACKEND = 'vitdense torch-native mmcv ops (torch and torchvision kernels)'
 
     def __init__(self, op: str, detail: str = '') -> None:
         self.op = op
         super().__init__(
             f"mmcv op '{op}'{detail} needs mmcv's compiled extension, which is not installed: "
-            f'this environment runs mmcv-lite with the {self.BACKEND}, which cover nms and '
-            'RoIAlign (avg mode) only. Install the compiled mmcv with '
+            f'this environment runs mmcv-lite with the {self.BACKEND}, which cover nms, '
+            'RoIAlign, the focal losses, multi-scale deformable attention and (modulated) '
+            'deformable convolution only (docs/mmcv_ops.md). Install the compiled mmcv with '
             '`bash tools/install.sh --full-mmcv` (builds mmcv 2.1.0 from source: a C++ '
             'compiler, and nvcc for CUDA ops, are needed).')
 
