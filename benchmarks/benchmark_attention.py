@@ -66,10 +66,12 @@ LAYER_INPUTS = {'224': (8, (14, 14)), 'coco': (2, (50, 84))}
 LAYER_WIDTH, LAYER_HEADS = 192, 4
 
 
-def attention_path(name: str) -> contextlib.AbstractContextManager:
-    """Within: talking heads take the path ``name`` of ``talking_heads.PATHS``, or
-    ``'chosen'``: the library's choice."""
-    return contextlib.nullcontext() if name == 'chosen' else talking_heads.forced_path(name)
+def attention_path(model: torch.nn.Module, name: str) -> contextlib.AbstractContextManager:
+    """Within: the talking heads of ``model`` take the path ``name`` of
+    ``talking_heads.PATHS``, or ``'chosen'``: the library's choice."""
+    if name == 'chosen':
+        return contextlib.nullcontext()
+    return talking_heads.forced_path(model, name)
 
 
 def backbone(family: str, arch: str, patch_size: int = 16, device: str = 'cpu',
@@ -86,8 +88,9 @@ def memory_table(batch: int = 2, shape: tuple[int, int] = COCO) -> list[dict]:
         images = torch.empty(batch, 3, *shape, device='meta')
         row = dict(backbone=f'{family}-{arch}/{patch}')
         for name in ('maps', 'chosen'):
-            with attention_path(name):
-                row[name] = count_backbone(backbone(family, arch, patch, 'meta'), images) / GIB
+            model = backbone(family, arch, patch, 'meta')
+            with attention_path(model, name):
+                row[name] = count_backbone(model, images) / GIB
         row['with_cp'] = count_backbone(backbone(family, arch, patch, 'meta', with_cp=True),
                                         images) / GIB
         rows.append(row)
@@ -119,7 +122,7 @@ def layer_steps(batch: int, hw: tuple[int, int]) -> dict[str, bm.Step]:
 
     def step(forward, path: str = 'chosen') -> bm.Step:
         def run() -> None:
-            with attention_path(path):
+            with attention_path(heads, path):
                 forward(x, hw).square().mean().backward()
         return run
 
@@ -163,16 +166,17 @@ def crossover(repeats: int, sides: tuple[int, ...] = CROSSOVER_SIDES) -> list[di
 
         def step(path: str) -> bm.Step:
             def run() -> None:
-                with attention_path(path):
+                with attention_path(layer, path):
                     layer(x, (side, side)).square().mean().backward()
             return run
 
-        samples = bm.time_interleaved({path: step(path) for path in talking_heads.PATHS},
+        paths = talking_heads.available_paths(x.device)
+        samples = bm.time_interleaved({path: step(path) for path in paths},
                                       warmup=1, repeats=repeats)
         row = dict(batch=batch, grid=[side, side],
                    **{f'{path} s': statistics.median(times) for path, times in samples.items()},
                    **{f'{path} / maps': bm.paired_ratio(samples[path], samples['maps'])
-                      for path in talking_heads.PATHS if path != 'maps'})
+                      for path in paths if path != 'maps'})
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -197,7 +201,7 @@ def block_rows(repeats: int, counts: tuple[int, ...] = BLOCK_ROW_COUNTS,
             def run() -> None:
                 default, talking_heads_cpu.BLOCK_ROWS = talking_heads_cpu.BLOCK_ROWS, count
                 try:
-                    with attention_path('blocks'):
+                    with attention_path(layer, 'blocks'):
                         layer(x, hw).square().mean().backward()
                 finally:
                     talking_heads_cpu.BLOCK_ROWS = default
@@ -247,7 +251,7 @@ def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> lis
         for family, arch in (b for b in PEAK_BACKBONES if b[0] in families):
             model = backbone(family, arch)
             step = bm.make_step(model, torch.randn(batch, 3, *shape), 'train')
-            with attention_path('maps'):  # the model's FLOPs, without the fold's
+            with attention_path(model, 'maps'):  # the model's FLOPs, without the fold's
                 flops = bm.count_flops(step)
             samples = bm.time_interleaved({'step': step, 'matmul': matmul}, warmup=1,
                                           repeats=repeats)

@@ -34,7 +34,7 @@ def test_meta_count_equals_what_a_real_cpu_step_saves(family, amp, path):
     images = torch.randn(2, 3, 64, 96)
     # talking heads as a GPU takes them (the fold recomputed in backward, or the maps), on
     # the CPU too
-    with talking_heads.forced_path(path):
+    with talking_heads.forced_path(model, path):
         real = memory.count_backbone(model, images, amp)
         meta = memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'), amp)
     assert real > 0
@@ -52,7 +52,7 @@ def test_meta_count_equals_a_real_cpu_step_with_windows_and_relative_positions(
                               dense_class_token=False, window_size=3,
                               window_block_indexes=(0, 2), use_rel_pos=True, rel_pos_img_size=96))
     images = torch.randn(2, 3, 64, 96)
-    with talking_heads.forced_path(path):
+    with talking_heads.forced_path(model, path):
         real = memory.count_backbone(model, images)
         meta = memory.count_backbone(copy.deepcopy(model).to('meta'), images.to('meta'))
     assert real > 0

@@ -8,12 +8,12 @@ from vitdense.models.layers import talking_heads
 
 @pytest.mark.parametrize('path', talking_heads.PATHS)
 def test_attention_path_switches_and_restores(path):
-    cpu = torch.device('cpu')
-    with tool.attention_path(path):
-        assert talking_heads.choose_path(cpu, 196, 0.) == path
-    with tool.attention_path('chosen'):
-        assert talking_heads.choose_path(cpu, 196, 0.) == 'maps'
-    assert talking_heads.choose_path(cpu, 196, 0.) == 'maps'
+    layer = tool.MultiheadSelfAttention(16, 2, talking_heads=True)
+    with tool.attention_path(layer, path):
+        assert layer.talking_heads_path == path
+    with tool.attention_path(layer, 'chosen'):
+        assert layer.talking_heads_path is None
+    assert layer.talking_heads_path is None
 
 
 def test_written_out_gpsa_is_the_layer_it_is_compared_with():

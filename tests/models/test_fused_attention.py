@@ -13,11 +13,13 @@ from vitdense.models import CaiT, ConViT, ViT, XCiT
 from vitdense.models.layers import (GatedPositionalSelfAttention, MultiheadSelfAttention,
                                     talking_heads)
 from vitdense.models.layers import talking_heads_cpu
-from vitdense.models.layers.talking_heads import (PATHS, choose_path, forced_path,
+from vitdense.models.layers.talking_heads import (available_paths, choose_path, forced_path,
                                                   talking_heads_attention, with_logit_terms)
 from vitdense.models.layers.window_attention import DecomposedRelativePosition, window_attention
 
 GRIDS = [(4, 4), (3, 5), (5, 7)]  # square, rectangular, odd
+#: the talking-heads paths that run here
+PATHS = available_paths(torch.device('cpu'))
 #: float32: every output and gradient within this fraction of its largest entry
 TOLERANCE = 1e-5
 #: under autocast, against float32 (8 bits of mantissa in bfloat16, 11 in float16; measured
@@ -97,9 +99,8 @@ def run_talking_heads(case: dict, hw, path: Optional[str], dtype=None) -> dict:
             out = written_out_talking_heads(q, k, v, 8 ** -0.5, mix_logits, mix_weights, bias)
         else:
             terms = None if table is None else table(q, hw)
-            with forced_path(path):
-                out = talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights,
-                                              terms)
+            out = talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights,
+                                          terms, path=path)
     result = grads(out, inputs)
     # softmax is shift-invariant: the logit mix's bias gets no gradient on either path
     # (rounding noise only: of the logit mix's own gradient's scale under autocast)
@@ -162,8 +163,8 @@ def test_talking_heads_keep_no_map_for_backward(path):
                                                                   'table'))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        with forced_path(path):
-            talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights, table(q, hw))
+        talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights, table(q, hw),
+                                path=path)
     queries, _ = with_logit_terms(q, k, table(q, hw))
     assert max(t.numel() for t in saved) <= (q if path == 'fold' else queries).numel()
 
@@ -189,7 +190,7 @@ def test_windowed_talking_heads_block_equals_its_windows_written_out(path):
         return attn.proj(out.transpose(1, 2).flatten(-2))
 
     inputs = dict(x=x, **dict(attn.named_parameters()))
-    with forced_path(path):
+    with forced_path(attn, path):
         ours = grads(window_attention(attn, x, (5, 7), 3), inputs)
     theirs = grads(window_attention(reference, x, (5, 7), 3), inputs)
     ours.pop('dmix_logits.bias'), theirs.pop('dmix_logits.bias')  # zero: shift-invariance
@@ -206,13 +207,8 @@ def test_the_path_is_chosen_by_device_token_count_dropout_and_export(monkeypatch
         ('blocks', 'fold')
     for device in (cpu, gpu):  # dropout on mixed weights: neither fused path has it
         assert choose_path(device, 10 ** 6, 0.1) == 'maps'
-    with forced_path('fold'):
-        assert choose_path(cpu, 10 ** 6, 0.) == 'fold'
-        assert choose_path(cpu, 10 ** 6, 0.1) == 'maps'
-    with pytest.raises(ValueError, match="unknown talking-heads path 'fused'"):
-        with forced_path('fused'):
-            pass
-    assert choose_path(cpu, 10 ** 6, 0.) == 'blocks'  # restored
+    assert choose_path(cpu, 10 ** 6, 0., forced='fold') == 'fold'
+    assert choose_path(cpu, 10 ** 6, 0.1, forced='fold') == 'maps'
 
     class Symbolic(int):
         def __ge__(self, other):
@@ -224,6 +220,27 @@ def test_the_path_is_chosen_by_device_token_count_dropout_and_export(monkeypatch
     assert choose_path(cpu, Symbolic(10), 0.) == 'blocks'
     monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)
     assert choose_path(gpu, Symbolic(10 ** 6), 0.) == 'maps'
+
+
+def test_a_path_is_forced_per_layer_or_for_a_model_for_a_while(monkeypatch):
+    model = CaiT(TINY_ARCH, pyramid=False, out_indices=(0,))
+    layers = [m for m in model.modules() if getattr(m, 'talking_heads', False)]
+    assert layers and all(layer.talking_heads_path is None for layer in layers)
+    with forced_path(model, 'fold'):
+        assert all(layer.talking_heads_path == 'fold' for layer in layers)
+    assert all(layer.talking_heads_path is None for layer in layers)  # restored
+    with pytest.raises(ValueError, match="unknown talking-heads path 'fused'"):
+        with forced_path(model, 'fused'):
+            pass
+    with pytest.raises(ValueError, match="unknown talking-heads path 'fused'"):
+        MultiheadSelfAttention(48, 4, talking_heads=True, talking_heads_path='fused')
+    layer = MultiheadSelfAttention(48, 4, talking_heads=True, talking_heads_path='fold')
+    with torch.device('meta'):
+        x = torch.empty(2, 10, 48)
+    assert layer.to('meta')(x).shape == (2, 10, 48)
+    # the CPU operator on CPU tensors only
+    assert not talking_heads.runs_on('blocks', torch.device('cuda'))
+    assert available_paths(torch.device('cuda')) == ('fold', 'maps')
 
 
 # ---------------------------------------------------------------------- GPSA
@@ -391,7 +408,7 @@ def test_cpu_operator_walks_its_blocks_in_one_op_at_any_token_count(monkeypatch)
         x = torch.randn(2, tokens, 48, requires_grad=True)
         layer.zero_grad(set_to_none=True)
         records[tokens] = record = OpRecord()
-        with forced_path('blocks'), record:
+        with forced_path(layer, 'blocks'), record:
             layer(x).square().sum().backward()
         assert record.largest <= 2 * tokens * 3 * 48
     assert len(list(talking_heads_cpu._blocks(2, 4, 256, 256))) == 4 * \

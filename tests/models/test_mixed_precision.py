@@ -30,12 +30,13 @@ def train_step(model, image, dtype=None) -> tuple[list, list]:
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize('cls, path', [(cls, 'maps') for cls in FAMILIES if cls is not CaiT] +
-                         [(CaiT, path) for path in talking_heads.PATHS])  # talking heads' paths
+                         [(CaiT, path)  # talking heads' paths
+                          for path in talking_heads.available_paths(torch.device('cpu'))])
 def test_autocast_training_is_finite_and_close_to_float32(cls, path, dtype):
     torch.manual_seed(0)
     model = cls(FAMILIES[cls], out_indices=[0, 1, 2, 3]).train()
     image = torch.randn(2, 3, 64, 96)  # a 4 × 6 grid
-    with talking_heads.forced_path(path):
+    with talking_heads.forced_path(model, path):
         outs, grads = train_step(model, image)
         half_outs, half_grads = train_step(model, image, dtype)
     out_tolerance, grad_tolerance = TOLERANCE[dtype]

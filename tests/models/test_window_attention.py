@@ -128,7 +128,7 @@ def test_folded_bias_equals_the_written_out_bias_and_keeps_no_token_map(kind):
     saved = []
     # talking heads: as on a GPU at dense input sizes (folded into one fused call), or the
     # CPU's operator
-    with talking_heads.forced_path('blocks' if kind.endswith('CPU') else 'fold'), \
+    with talking_heads.forced_path(mixer, 'blocks' if kind.endswith('CPU') else 'fold'), \
             torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         out = mixer(x, (3, 4))
     params = [x, *mixer.parameters()]

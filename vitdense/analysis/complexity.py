@@ -130,7 +130,7 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
         param.requires_grad_(False)
     device = next(model.parameters()).device
     images = torch.randn(1, 3, *shape, device=device)
-    with forced_path('maps'):
+    with forced_path(model, 'maps'):
         if cfg.default_scope == 'mmdet':
             return count_multiply_adds(lambda: _run_detector(model, cfg, images))
         return count_multiply_adds(lambda: model(images, None, mode='tensor'))

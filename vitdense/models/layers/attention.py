@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from .branched import make_linear
 from .grid import Grid
 from .recompute import recomputed_in_backward
-from .talking_heads import (LogitTerms, talking_heads_attention, with_logit_terms,
-                            written_out_weights)
+from .talking_heads import (LogitTerms, check_path, talking_heads_attention,
+                            with_logit_terms, written_out_weights)
 from .window_attention import DecomposedRelativePosition
 
 NORMALIZE_EPS = 1e-12  # F.normalize's default
@@ -73,12 +73,15 @@ class MultiheadSelfAttention(nn.Module):
     With ``num_branches > 1`` the input carries a leading branch dimension and every branch
     has its own projections (parallel blocks of "Three things", computed in one batch).
     ``rel_pos_grid``: add ViTDet's decomposed relative position bias, tables sized for this
-    grid (resampled to others).
+    grid (resampled to others). ``talking_heads_path``: the implementation of talking heads
+    every call takes, one of ``talking_heads.PATHS`` (None: chosen per call from the device
+    and the token count, :func:`.talking_heads.choose_path`).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0., talking_heads: bool = False,
-                 num_branches: int = 1, rel_pos_grid: Optional[Grid] = None) -> None:
+                 num_branches: int = 1, rel_pos_grid: Optional[Grid] = None,
+                 talking_heads_path: Optional[str] = None) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
@@ -96,6 +99,7 @@ class MultiheadSelfAttention(nn.Module):
             self.mix_logits = nn.Linear(num_heads, num_heads)
             self.mix_weights = nn.Linear(num_heads, num_heads)
         self.talking_heads = talking_heads
+        self.talking_heads_path = check_path(talking_heads_path)
         self.rel_pos = _relative_position(dim, num_heads, rel_pos_grid)
 
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
@@ -111,7 +115,8 @@ class MultiheadSelfAttention(nn.Module):
         drop = self.attn_drop if self.training else 0.
         if self.talking_heads:
             out = talking_heads_attention(q, k, v, self.scale, self.mix_logits,
-                                          self.mix_weights, terms, drop)
+                                          self.mix_weights, terms, drop,
+                                          self.talking_heads_path)
         else:
             out = _fused_attention(q, k, v, self.scale, terms, drop)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))

@@ -1,7 +1,8 @@
-"""Talking-heads attention (CaiT §2): a CPU operator, a fold into fused attention, or maps.
+"""Talking-heads attention (CaiT §2): every implementation, and the one place that picks one.
 
 Talking heads mix the attention logits across heads before the softmax (``Wl``, ``bl``) and
-the weights after it (``Ww``, ``bw``). Three paths compute them (:data:`PATHS`):
+the weights after it (``Ww``, ``bw``). :data:`KERNELS` holds the implementations, all with
+one signature (:data:`TalkingHeadsKernel`); :func:`choose_path` picks one per call:
 
 - ``'blocks'``, on CPU from 1,024 tokens: :func:`.talking_heads_cpu.talking_heads_cpu`, one
   operator that walks blocks of queries with every head's maps in cache; the architecture's
@@ -20,13 +21,14 @@ the weights after it (``Ww``, ``bw``). Three paths compute them (:data:`PATHS`):
   its heads-times-larger operands.
 - ``'maps'``: one written-out map per head (:func:`written_out_weights`), the readable form;
   taken below those token counts (:data:`FUSED_PATHS`), with attention dropout on the mixed
-  weights (which neither fused path has) and under ``torch.export``.
+  weights (which no fused path has) and under ``torch.export``.
 
-On every path ``bl`` is constant along a row and cancels in the softmax, and ``bw`` adds
-``bw_h Σ_j v_h[j]``.
+Forcing a path is an option of the layer (``MultiheadSelfAttention(talking_heads_path=)``)
+or, for every layer of a model for a while, :func:`forced_path`. On every path ``bl`` is
+constant along a row and cancels in the softmax, and ``bw`` adds ``bw_h Σ_j v_h[j]``.
 """
 import contextlib
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -35,49 +37,76 @@ import torch.nn.functional as F
 from .recompute import recomputed_in_backward
 from .talking_heads_cpu import talking_heads_cpu
 
-#: the ways talking heads are computed (see the module doc)
-PATHS = ('blocks', 'fold', 'maps')
 #: per device type, the fused path and the token count from which it replaces the maps
 #: (``benchmarks/benchmark_attention.py crossover`` on a CPU; docs/memory.md)
 FUSED_PATHS = {'cpu': ('blocks', 1024)}
 #: every other device's (GPUs, and the meta device of the memory account): COCO-sized inputs
 #: and ViTDet's global blocks folded, whose maps would not fit a GPU; ADE20k's crop and
-#: ViTDet's windows written out (which is faster there is unmeasured on a GPU)
+#: ViTDet's windows written out (which is faster is unmeasured on a GPU)
 DEFAULT_FUSED_PATH = ('fold', 2048)
-#: the path every call takes, where :func:`forced_path` set one
-_forced: Optional[str] = None
 #: head widths the fused kernels take are multiples of this
 WIDTH_MULTIPLE = 8
 
 #: additive logit terms ``q_t·k_t``: query terms (..., Nq, r) and key terms (N, r)
 LogitTerms = tuple[torch.Tensor, torch.Tensor]
+#: an implementation: (q, k, v, scale, logit mix, weight mix, logit terms, dropout on the
+#: mixed weights) -> (B, heads, Nq, d) output, the mixes' biases included
+TalkingHeadsKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, nn.Linear,
+                               nn.Linear, Optional[LogitTerms], float], torch.Tensor]
+#: what a fused implementation computes: (q, k, v, scale, Wl, Ww, logit terms) ->
+#: ``Σ_g Ww[h,g] P_g v_h``, without the mixes' biases
+MixedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor,
+                           torch.Tensor, Optional[LogitTerms]], torch.Tensor]
 
 
-def choose_path(device: torch.device, num_tokens: int, dropout: float) -> str:
-    """The path of :data:`PATHS` talking heads take: the maps with attention dropout and
-    under ``torch.export``; else the forced one, if any; else the device's fused path
+def choose_path(device: torch.device, num_tokens: int, dropout: float,
+                forced: Optional[str] = None) -> str:
+    """The path of :data:`KERNELS` talking heads take: the maps with attention dropout and
+    under ``torch.export``; else ``forced``, if given; else the device's fused path
     (:data:`FUSED_PATHS`) from its token count and always under ``torch.compile`` (one
     graph for every size never branches on its token count), the maps below."""
     if dropout or torch.compiler.is_exporting():
         return 'maps'
-    if _forced is not None:
-        return _forced
+    if forced is not None:
+        return forced
     path, min_tokens = FUSED_PATHS.get(device.type, DEFAULT_FUSED_PATH)
     return path if torch.compiler.is_compiling() or num_tokens >= min_tokens else 'maps'
 
 
+def runs_on(path: str, device: torch.device) -> bool:
+    """Whether ``path`` runs on tensors of ``device``: the CPU operator on CPU tensors (and
+    the meta device, its fake kernel), the others anywhere."""
+    return path != 'blocks' or device.type in ('cpu', 'meta')
+
+
+def available_paths(device: torch.device) -> tuple[str, ...]:
+    """The paths of :data:`KERNELS` that run on ``device`` (what a benchmark can time)."""
+    return tuple(path for path in KERNELS if runs_on(path, device))
+
+
+def check_path(path: Optional[str]) -> Optional[str]:
+    """``path`` if it names one of :data:`KERNELS` (or is None: chosen per call)."""
+    if path is not None and path not in KERNELS:
+        raise ValueError(f'unknown talking-heads path {path!r}; expected one of '
+                         f'{tuple(KERNELS)} or None (chosen per call)')
+    return path
+
+
 @contextlib.contextmanager
-def forced_path(path: str) -> Iterator[None]:
-    """Within: talking heads take ``path`` of :data:`PATHS` on every device (``'maps'``: the
-    products are the architecture's arithmetic, where the fold does heads × as many)."""
-    global _forced
-    if path not in PATHS:
-        raise ValueError(f'unknown talking-heads path {path!r}; expected one of {PATHS}')
-    previous, _forced = _forced, path
+def forced_path(model: nn.Module, path: Optional[str]) -> Iterator[nn.Module]:
+    """Within: every talking-heads layer of ``model`` takes ``path`` of :data:`KERNELS`
+    (``'maps'``: the architecture's arithmetic, where the fold does heads × as many), as
+    their ``talking_heads_path`` option would; restored on exit."""
+    check_path(path)
+    layers = [m for m in model.modules() if hasattr(m, 'talking_heads_path')]
+    previous = [layer.talking_heads_path for layer in layers]
+    for layer in layers:
+        layer.talking_heads_path = path
     try:
-        yield
+        yield model
     finally:
-        _forced = previous
+        for layer, before in zip(layers, previous):
+            layer.talking_heads_path = before
 
 
 def with_logit_terms(queries: torch.Tensor, keys: torch.Tensor,
@@ -124,30 +153,69 @@ def _mixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return torch.einsum('hg,bgnhd->bhnd', weight_mix.to(v.dtype), weighted)
 
 
+def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 mix_logits: nn.Linear, mix_weights: nn.Linear, terms: Optional[LogitTerms],
+                 dropout: float) -> torch.Tensor:
+    """The ``'maps'`` path: every head's weights written out, dropout on the mixed ones."""
+    weights = written_out_weights(*with_logit_terms(q * scale, k, terms), mix_logits,
+                                  mix_weights)
+    return (F.dropout(weights, dropout) if dropout else weights) @ v
+
+
+def _cpu_operator(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  logit_mix: torch.Tensor, weight_mix: torch.Tensor,
+                  terms: Optional[LogitTerms]) -> torch.Tensor:
+    """The ``'blocks'`` path: the logit terms as extra columns, heads contiguous (as the
+    operator reads them and as compiled graphs then save them)."""
+    queries, keys = with_logit_terms(q * scale, k, terms)
+    return talking_heads_cpu(queries.contiguous(), keys.contiguous(), v.contiguous(),
+                             logit_mix, weight_mix)[0]
+
+
+def _folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            logit_mix: torch.Tensor, weight_mix: torch.Tensor,
+            terms: Optional[LogitTerms]) -> torch.Tensor:
+    """The ``'fold'`` path, run again in backward rather than keeping its operands."""
+    return recomputed_in_backward(_mixed_attention, q, k, v, scale, logit_mix, weight_mix,
+                                  terms)
+
+
+def _fused(mixed_attention: MixedAttention) -> TalkingHeadsKernel:
+    """A fused implementation with the mixes' biases: ``bw`` adds ``bw_h Σ_j v_h[j]``, and
+    ``bl`` cancels in the softmax."""
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               mix_logits: nn.Linear, mix_weights: nn.Linear, terms: Optional[LogitTerms],
+               dropout: float) -> torch.Tensor:
+        if dropout:
+            raise ValueError('fused talking heads have no attention dropout: take the '
+                             "'maps' path (or let choose_path pick it)")
+        out = mixed_attention(q, k, v, scale, mix_logits.weight, mix_weights.weight, terms)
+        out = out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
+        # the logit mix's bias gets exactly zero gradient, given explicitly so that it
+        # stays a parameter that takes part (as DDP wants)
+        return out + 0 * mix_logits.bias.sum().to(out.dtype)
+    return kernel
+
+
+#: every implementation of talking heads, by path name (see the module doc)
+KERNELS: dict[str, TalkingHeadsKernel] = {
+    'blocks': _fused(_cpu_operator), 'fold': _fused(_folded), 'maps': _written_out}
+#: the names of :data:`KERNELS`
+PATHS = tuple(KERNELS)
+
+
 def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                             mix_logits: nn.Linear, mix_weights: nn.Linear,
-                            terms: Optional[LogitTerms] = None,
-                            dropout: float = 0.) -> torch.Tensor:
+                            terms: Optional[LogitTerms] = None, dropout: float = 0.,
+                            path: Optional[str] = None) -> torch.Tensor:
     """Talking-heads attention of (B, heads, Nq, d) queries over (B, heads, N, d) keys and
     values, with logits ``scale·q·k`` plus ``terms`` and ``dropout`` on the mixed weights;
-    output (B, heads, Nq, d), by the path :func:`choose_path` picks."""
-    path = choose_path(q.device, k.shape[-2], dropout)
-    if path == 'maps':
-        weights = written_out_weights(*with_logit_terms(q * scale, k, terms), mix_logits,
-                                      mix_weights)
-        return (F.dropout(weights, dropout) if dropout else weights) @ v
-    if path == 'blocks':
-        # contiguous heads, as the operator reads them and as compiled graphs then save them
-        queries, keys = with_logit_terms(q * scale, k, terms)
-        out = talking_heads_cpu(queries.contiguous(), keys.contiguous(), v.contiguous(),
-                                mix_logits.weight, mix_weights.weight)[0]
-    else:
-        out = recomputed_in_backward(_mixed_attention, q, k, v, scale, mix_logits.weight,
-                                     mix_weights.weight, terms)
-    out = out + mix_weights.bias.to(v.dtype).view(-1, 1, 1) * v.sum(-2, keepdim=True)
-    # the logit mix's bias cancels in the softmax: its gradient is exactly zero, given
-    # explicitly so that it stays a parameter that takes part (as DDP wants)
-    return out + 0 * mix_logits.bias.sum().to(out.dtype)
+    output (B, heads, Nq, d), by the path :func:`choose_path` picks (``path``: forced)."""
+    path = choose_path(q.device, k.shape[-2], dropout, path)
+    if not runs_on(path, q.device):
+        raise ValueError(f'talking-heads path {path!r} does not run on {q.device.type} '
+                         f'tensors; paths that do: {available_paths(q.device)}')
+    return KERNELS[path](q, k, v, scale, mix_logits, mix_weights, terms, dropout)
 
 
 def mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
