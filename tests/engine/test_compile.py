@@ -202,3 +202,27 @@ def test_hook_compiles_the_runner_model_and_the_tools_add_it_once():
     cfg = Config(dict())
     add_compile_hook(cfg, 'inductor')
     assert cfg.custom_hooks == [dict(type='vitdense.CompileHook', backend='inductor')]
+
+
+def test_a_deep_copy_of_a_compiled_model_runs_its_own_weights():
+    model = Heads()
+    compile_model(model, backend='aot_eager')
+    x = torch.randn(3, 4)
+    before = model.backbone(x)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in twin.parameters():
+            param.zero_()
+    assert torch.equal(twin.backbone(x), torch.zeros(3, 4))
+    assert torch.equal(twin.roi_head.bbox_head.forward(x), torch.zeros(3, 2))
+    assert torch.equal(model.backbone(x), before)
+    assert compile_model(twin, backend='aot_eager') == []  # the copy is compiled already
+
+
+def test_an_inductor_option_the_installed_torch_lacks_is_named(monkeypatch):
+    from vitdense.engine import compile as compile_module
+    monkeypatch.setattr(compile_module, 'INDUCTOR_OPTIONS',
+                        {**compile_module.INDUCTOR_OPTIONS, 'no_such_option': True})
+    with pytest.warns(RuntimeWarning, match=r'no inductor option no_such_option: compiling '
+                                            r'without it'):
+        compile_module.compile_function(nn.Linear(2, 2))

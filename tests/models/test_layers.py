@@ -2,6 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
 
 from vitdense.models.layers import (CrossCovarianceAttention, GatedPositionalSelfAttention,
                                     HMLPPatchEmbed, LearnedPositionEmbedding,
@@ -190,6 +191,39 @@ def test_position_table_resamples_on_load_and_per_grid():
     assert out.shape == (1, 7, 4)
     with pytest.raises(ValueError, match='cannot be resampled'):
         small.load_state_dict({'weight': torch.zeros(1, 7, 4)})
+
+
+class _TableOnMap(torch.nn.Module):
+    """A position table added to a (1, C, H, W) map's tokens: the grid from the input."""
+
+    def __init__(self, table: LearnedPositionEmbedding) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hw = (tokens.shape[2], tokens.shape[3])
+        return self.table(tokens.flatten(2).transpose(1, 2), hw)
+
+
+def test_position_table_resamples_alike_eager_compiled_and_exported():
+    torch.manual_seed(0)
+    table = LearnedPositionEmbedding(8, (4, 4))
+    module = _TableOnMap(table).eval()
+    tokens = torch.randn(1, 8, 5, 6)
+    eager = module(tokens)
+    reference = resample_abs_pos_embed(table.weight, (5, 6), (4, 4), num_prefix_tokens=0)
+    torch.testing.assert_close(eager, tokens.flatten(2).transpose(1, 2) + reference,
+                               atol=1e-6, rtol=0)
+    at_own_grid = module(torch.zeros(1, 8, 4, 4))
+    assert torch.equal(at_own_grid, table.weight.expand_as(at_own_grid))
+    compiled = torch.compile(module, backend='aot_eager', dynamic=True, fullgraph=True)
+    assert torch.equal(compiled(tokens), eager)
+    rows, cols = torch.export.Dim('rows', min=2, max=64), torch.export.Dim('cols', min=2, max=64)
+    exported = torch.export.export(module, (tokens,),
+                                   dynamic_shapes=({2: rows, 3: cols},)).module()
+    assert torch.equal(exported(tokens), eager)
+    other = torch.randn(1, 8, 7, 3)
+    assert torch.equal(exported(other), module(other))
 
 
 @pytest.mark.parametrize('patch_size,expected', [

@@ -9,10 +9,10 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import resample_abs_pos_embed
 
 from vitdense.models.layers.attention import Grid
-from vitdense.models.layers.embed import FourierPositionEncoding, LearnedPositionEmbedding
+from vitdense.models.layers.embed import (FourierPositionEncoding, LearnedPositionEmbedding,
+                                          resample_position_table)
 
 
 @torch.no_grad()
@@ -28,8 +28,8 @@ def position_encodings(model: nn.Module, hw: Optional[Grid] = None) -> tuple[tor
     if isinstance(encoding, LearnedPositionEmbedding):
         table = encoding.weight
         if hw != encoding.grid:
-            table = resample_abs_pos_embed(table, hw, encoding.grid,
-                                           num_prefix_tokens=encoding.num_prefix_tokens)
+            table = resample_position_table(table, encoding.grid, hw,
+                                            encoding.num_prefix_tokens, encoding.antialias)
         return table[0, encoding.num_prefix_tokens:].float(), hw
     if isinstance(encoding, FourierPositionEncoding):  # what it adds to zero tokens
         weight = encoding.token_projection.weight

@@ -8,9 +8,12 @@ would break a graph at every step. mmengine's own ``cfg.compile`` compiles the w
 ``train_step`` (optimizer step included) and only for training; :class:`CompileHook` serves
 training, validation and testing alike and is chosen by the config like any hook.
 
-Each part's ``forward`` is replaced in place by its compiled version, so the module tree,
-the state dict keys and checkpoints stay as they are, and calls through ``module(x)`` or
-``module.forward(x)`` (mmseg's heads call the latter) both run compiled. Input sizes vary in
+Each part's ``forward`` is replaced in place by its compiled version
+(:class:`CompiledForward`), so the module tree, the state dict keys and checkpoints stay as
+they are, and calls through ``module(x)`` or ``module.forward(x)`` (mmseg's heads call the
+latter, which ``nn.Module.compile`` would leave eager) both run compiled. A deep copy of a
+compiled model (an EMA model, a teacher, a model soup) compiles its own forward: it runs its
+own weights, as after ``nn.Module.compile``. Input sizes vary in
 multi-scale training: with ``dynamic=None`` (torch's automatic dynamic shapes) the first
 size compiles a static graph and the second a graph with symbolic sizes that serves every
 later size. Every compile goes through :func:`compile_function`, which gives inductor the
@@ -19,7 +22,9 @@ settings (:data:`INDUCTOR_OPTIONS`) without which torch 2.14 fails on symbolic s
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Optional
+import copy
+import warnings
+from typing import Any, Callable, Optional
 
 import torch
 from mmengine.config import Config
@@ -56,9 +61,32 @@ def compile_function(function: Callable, backend: str = DEFAULT_BACKEND,
     if backend != 'inductor':
         return torch.compile(function, backend=backend, mode=mode, dynamic=dynamic)
     from torch._inductor import config, list_mode_options
+    missing = sorted(key for key in INDUCTOR_OPTIONS if not hasattr(config, key))
+    if missing:
+        warnings.warn(f'torch {torch.__version__} has no inductor option {", ".join(missing)}: '
+                      f'compiling without it; if compiling then fails at symbolic sizes, use '
+                      f'the torch of requirements/constraints.txt', RuntimeWarning)
     options = {**list_mode_options(mode or 'default', dynamic),
-               **{key: value for key, value in INDUCTOR_OPTIONS.items() if hasattr(config, key)}}
+               **{key: value for key, value in INDUCTOR_OPTIONS.items() if key not in missing}}
     return torch.compile(function, backend=backend, dynamic=dynamic, options=options)
+
+
+class CompiledForward:
+    """A module's ``forward`` compiled by :func:`compile_function`, set as the module's
+    ``forward`` attribute. ``copy.deepcopy`` of the module gives the copy a compiled forward
+    of its own (compiled on its first call), where a compiled bound method would keep
+    running the original's weights."""
+
+    def __init__(self, module: nn.Module, **options: Any) -> None:
+        self.module = module
+        self.options = options
+        self.compiled = compile_function(type(module).forward.__get__(module), **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> 'CompiledForward':
+        return CompiledForward(copy.deepcopy(self.module, memo), **self.options)
 
 
 def _submodule(model: nn.Module, path: str) -> Optional[nn.Module]:
@@ -86,9 +114,10 @@ def compile_model(model: nn.Module, backend: str = DEFAULT_BACKEND, mode: Option
         members = ([(f'{path}.{i}', m) for i, m in enumerate(part)]
                    if isinstance(part, nn.ModuleList) else [(path, part)])
         for name, module in members:
-            if 'forward' in vars(module):  # compiled already
+            if isinstance(vars(module).get('forward'), CompiledForward):
                 continue
-            module.forward = compile_function(module.forward, backend, mode, dynamic)
+            module.forward = CompiledForward(module, backend=backend, mode=mode,
+                                             dynamic=dynamic)
             compiled.append(name)
     return compiled
 
@@ -98,9 +127,9 @@ class CompileHook(Hook):
     """Compile the runner's model (:func:`compile_model`) before training, validation or
     testing runs.
 
-    It runs after the other hooks' ``before_run`` (lowest priority), so a copy made there,
-    such as an EMA hook's averaged model, is a copy of the eager model, not one whose
-    ``forward`` would still be bound to the original's compiled one.
+    It runs after the other hooks' ``before_run`` (lowest priority): a copy made there, such
+    as an EMA hook's averaged model, stays eager. A copy made later compiles its own forward
+    (:class:`CompiledForward`).
 
     Args:
         backend: ``torch.compile`` backend: 'inductor' (generated kernels), 'aot_eager'

@@ -5,7 +5,7 @@ from .blocks import (ClassAttentionBlock, FeedForward, LayerScale, LocalPatchInt
                      TransformerBlock, XCiTClassAttentionBlock)
 from .branched import BranchedLayerNorm, BranchedLinear
 from .embed import (ConvPatchEmbed, FourierPositionEncoding, HMLPPatchEmbed,
-                    LearnedPositionEmbedding, PatchEmbed)
+                    LearnedPositionEmbedding, PatchEmbed, resample_position_table)
 from .norm import LayerNorm2d, build_norm2d
 from .pyramid import MultiLevelPyramid
 from .simple_pyramid import SimpleFeaturePyramid
@@ -18,5 +18,5 @@ __all__ = [
     'BranchedLayerNorm', 'BranchedLinear', 'ConvPatchEmbed', 'FourierPositionEncoding',
     'HMLPPatchEmbed', 'LearnedPositionEmbedding', 'PatchEmbed', 'LayerNorm2d',
     'build_norm2d', 'MultiLevelPyramid', 'SimpleFeaturePyramid', 'DecomposedRelativePosition',
-    'window_attention',
+    'window_attention', 'resample_position_table',
 ]

@@ -4,7 +4,6 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import resample_abs_pos_embed
 
 from .grid import Grid
 from .norm import LayerNorm2d
@@ -85,21 +84,38 @@ class HMLPPatchEmbed(nn.Module):
 def _interpolation_matrix(old: int, new: int, antialias: bool,
                           device: torch.device) -> torch.Tensor:
     """(new, old) float32 weights of bicubic resampling along one axis, as timm's
-    ``resample_abs_pos_embed`` does it (``align_corners=False``)."""
+    ``resample_abs_pos_embed`` does it (``align_corners=False``): the identity resampled."""
     with torch.no_grad():
         basis = torch.eye(old, device=device).view(1, 1, old, old)  # column c: row c's unit
         return F.interpolate(basis, size=(new, old), mode='bicubic', antialias=antialias,
                              align_corners=False)[0, 0]
 
 
+def resample_position_table(table: torch.Tensor, old: Grid, new: Grid, num_prefix_tokens: int,
+                            antialias: bool = True) -> torch.Tensor:
+    """A (1, prefix + rows·cols, C) position table of grid ``old`` resampled to grid ``new``
+    as timm's ``resample_abs_pos_embed`` does (bicubic, prefix rows kept), written as one
+    interpolation matrix per axis applied by matmuls (bicubic is separable). The one
+    resampling of the package: eager, compiled (any symbolic grid, with its backward) and
+    exported runs take the same operations and round alike; it equals timm's up to float
+    rounding, and is exact where ``new == old`` (identity matrices)."""
+    rows, cols = (_interpolation_matrix(o, n, antialias, table.device)
+                  for o, n in zip(old, new))
+    prefix, patches = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
+    dims = patches.shape[-1]
+    grid = patches.float().reshape(old[0], old[1] * dims)
+    resampled = cols @ (rows @ grid).reshape(new[0], old[1], dims)  # (rows, cols, C)
+    return torch.cat([prefix, resampled.reshape(1, -1, dims).to(table.dtype)], dim=1)
+
+
 class LearnedPositionEmbedding(nn.Module):
     """Learned absolute position table (ViT §3.1) for ``num_prefix_tokens`` + a grid of
-    patches. It is resampled (bicubic) to the token grid of each input (always while
-    ``torch.export`` traces it: a graph for any size cannot skip that for one), and a table of
-    another square grid is resampled to this one when loaded: in a ``load_state_dict``
-    pre-hook as mmpretrain does, so that whole-model loads (a classifier fine-tuned at
-    another resolution) get it too. A table that is no square grid raises, as torch
-    does for any tensor of another shape.
+    patches. It is resampled (bicubic, :func:`resample_position_table`) to the token grid
+    of every input (at its own grid by identity matrices: one graph for every size, eager,
+    compiled and exported alike), and a table of another square grid is resampled to this
+    one when loaded: in a ``load_state_dict`` pre-hook as mmpretrain does, so that whole-
+    model loads (a classifier fine-tuned at another resolution) get it too. A table that is
+    no square grid raises, as torch does for any tensor of another shape.
 
     ``checkpoint_prefix_tokens``: prefix rows of the family's checkpoints; those beyond
     ``num_prefix_tokens`` are dropped on load (ViTDet's dense ViT has no class token).
@@ -137,33 +153,12 @@ class LearnedPositionEmbedding(nn.Module):
                 f'{key}: checkpoint table of shape {tuple(table.shape)} cannot be resampled to '
                 f'{tuple(self.weight.shape)} ({self.num_prefix_tokens} prefix tokens + a square '
                 f'grid of width {self.weight.shape[-1]} expected)')
-        state_dict[key] = resample_abs_pos_embed(
-            table, self.grid, (side, side), num_prefix_tokens=self.num_prefix_tokens)
+        state_dict[key] = resample_position_table(table, (side, side), self.grid,
+                                                  self.num_prefix_tokens)
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
-        table = self.weight
-        if torch.compiler.is_compiling():
-            table = self._resample_by_matrices(hw)
-        elif torch.compiler.is_exporting() or tuple(hw) != self.grid:
-            table = resample_abs_pos_embed(table, hw, self.grid,
-                                           num_prefix_tokens=self.num_prefix_tokens,
-                                           antialias=self.antialias)
-        return tokens + table
-
-    def _resample_by_matrices(self, hw: Grid) -> torch.Tensor:
-        """The table resampled to ``hw`` as timm resamples it, written as interpolation
-        matrices (the identity resampled along each axis: bicubic is separable) applied by
-        matmuls. torch.compile cannot trace the antialiased bicubic kernel's backward for
-        symbolic sizes; this traces for any grid, and equals it up to float rounding."""
-        rows, cols = (_interpolation_matrix(old, new, self.antialias, self.weight.device)
-                      for old, new in zip(self.grid, hw))
-        prefix, patches = self.weight[:, :self.num_prefix_tokens], \
-            self.weight[:, self.num_prefix_tokens:]
-        dims = patches.shape[-1]
-        grid = patches.float().reshape(self.grid[0], self.grid[1] * dims)
-        resampled = cols @ (rows @ grid).reshape(hw[0], self.grid[1], dims)  # (H, W, C)
-        patches = resampled.reshape(1, -1, dims).to(self.weight.dtype)
-        return torch.cat([prefix, patches], dim=1)
+        return tokens + resample_position_table(self.weight, self.grid, hw,
+                                                self.num_prefix_tokens, self.antialias)
 
 
 class FourierPositionEncoding(nn.Module):
