@@ -250,3 +250,16 @@ def test_interrupted_save_leftovers_are_removed(tmp_path):
     (tmp_path / '.notes.tmp').write_text('not a checkpoint save')
     assert remove_interrupted_saves(tmp_path) == [str(tmp_path / '.iter_4.pth.k2j3h.tmp')]
     assert sorted(p.name for p in tmp_path.iterdir()) == ['.notes.tmp', 'iter_2.pth']
+
+
+def test_resume_loads_no_trained_batch(tmp_path, full_run, monkeypatch):
+    run(tmp_path, kill_after=8)  # the newest checkpoint: iteration 6
+    loaded = []
+    load = AugmentedData.__getitem__
+    monkeypatch.setattr(AugmentedData, '__getitem__', lambda data, i: loaded.append(i) or
+                        load(data, i))
+    resumed = run(tmp_path, resume=True)
+    # iterations 7-9 (batches of 2) and the validations after 8 and 9 (6 samples each);
+    # loading the 6 trained batches again would add 12
+    assert len(loaded) == 3 * 2 + 2 * 6
+    _assert_same_run(full_run, resumed, first_resumed=7)

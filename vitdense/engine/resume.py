@@ -5,8 +5,9 @@ count, but not the random streams: a resumed run draws other dropout masks, augm
 and proposal samples than the uninterrupted one and its losses drift apart (by ~1e-3 within
 a few iterations on the demo configs). :class:`ExactResumeHook` stores the state of
 python's, numpy's and torch's generators in every checkpoint and puts it back at the moment
-the uninterrupted run would draw the next training batch, so with deterministic kernels a
-resumed run repeats the uninterrupted one bit for bit.
+the uninterrupted run would draw the next training batch (the batches already trained are
+passed over without loading them), so with deterministic kernels a resumed run repeats the
+uninterrupted one bit for bit.
 """
 from __future__ import annotations
 
@@ -14,16 +15,19 @@ import logging
 import os
 import os.path as osp
 import random
+import itertools
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from mmengine.dist import all_gather_object, get_rank, get_world_size
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmengine.runner import IterBasedTrainLoop
+from mmengine.dataset import InfiniteSampler
+from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+from torch.utils.data import DataLoader
 
 from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
                                     safe_load, to_plain)
@@ -57,11 +61,11 @@ def _as_tuple(value: Any) -> Any:
 
 
 class _AlreadyAdvanced:
-    """A data iterator whose first ``skip`` items were consumed ahead of time.
+    """A data iterator whose first ``skip`` ``next`` calls return nothing.
 
     ``IterBasedTrainLoop.run`` advances its data iterator by the resumed iteration count
-    after ``before_train_epoch``; the hook has already done so (to restore the random state
-    after it), so those calls return nothing and later ones go to the real iterator.
+    (loading every batch already trained); :class:`ExactResumeHook` has made the loader pass
+    over those batches without loading them, so these calls are answered here.
     """
 
     def __init__(self, iterator: Iterator, skip: int) -> None:
@@ -81,9 +85,67 @@ class _AlreadyAdvanced:
         return getattr(self.iterator, name)
 
 
+class _ResumedBatches:
+    """A loader's batch sampler whose first pass drops its first ``skip`` batches of indices
+    (no sample of them is loaded) and calls ``before_first_batch`` just before it hands out
+    the first batch to load; later passes are the sampler's own.
+
+    Batches are skipped as index lists, after the batch sampler, so samplers that group
+    samples into batches (mmdet's aspect-ratio batches) skip exactly the batches trained.
+    """
+
+    def __init__(self, batch_sampler: Any, skip: int,
+                 before_first_batch: Callable[[], None]) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip: int | None = skip
+        self.before_first_batch = before_first_batch
+
+    def __iter__(self) -> Iterator[list]:
+        batches = iter(self.batch_sampler)
+        if self.skip is not None:
+            skip, self.skip = self.skip, None
+            for _ in itertools.islice(batches, skip):
+                pass
+            self.before_first_batch()
+        yield from batches
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.batch_sampler, name)
+
+
+def _is_infinite(loader: DataLoader) -> bool:
+    """Whether the loader's sampler never ends (mmengine's ``InfiniteSampler``)."""
+    return isinstance(getattr(loader, 'sampler', None), InfiniteSampler)
+
+
+def resume_loader(loader: DataLoader, skip: int, before_first_batch: Callable[[], None]) -> None:
+    """Make ``loader``'s next pass start ``skip`` batches in, loading none of those.
+
+    torch refuses to reassign ``batch_sampler`` on a built loader, and mmengine builds the
+    loader before the checkpoint that says how far to skip is loaded: the attribute is set
+    past that guard. Only the index lists are computed for the skipped batches.
+    """
+    if loader.batch_sampler is None:
+        raise ValueError('resuming mid-epoch needs a loader that batches its samples '
+                         '(batch_size or batch_sampler); this one has batch_size=None')
+    object.__setattr__(loader, 'batch_sampler',
+                       _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
+
+
 @HOOKS.register_module()
 class ExactResumeHook(Hook):
-    """Save the random state in checkpoints; on resume restore it before the next batch.
+    """Save the random state in checkpoints; on resume skip the trained batches without
+    loading them and restore the state before the next batch.
+
+    A checkpoint may be taken in the middle of an epoch (a preemption save): the resumed
+    epoch starts where it stopped. Skipping happens on the batch sampler's index lists, so a
+    resume at iteration 160k costs index arithmetic, not 160k batches of image decoding.
+    The random state is restored in the main process; with ``num_workers > 0`` the workers'
+    augmentation draws after a mid-pass resume start from their seeds again (no checkpoint
+    holds a worker's state), so such runs resume exactly only with ``num_workers=0``.
 
     Evaluation between training iterations draws from the same generators (e.g. the data
     loader's base seed), so validation and testing run on a copy of the state and leave the
@@ -134,18 +196,48 @@ class ExactResumeHook(Hook):
                       'interrupted one would have', logger='current', level=logging.WARNING)
 
     def before_train_epoch(self, runner) -> None:
-        if self.pending is None:
-            return
+        """On resume, have the loader pass over the batches already trained (none of their
+        samples is loaded) and restore the random state where the uninterrupted run drew
+        its next number."""
         loop = runner.train_loop
-        if isinstance(loop, IterBasedTrainLoop) and loop.iter > 0:
-            if not loop.stop_training:  # a run that trains no further needs no batches
-                print_log(f'advancing the data loader by {loop.iter} batches to where the '
-                          'run stopped', logger='current')
-                for _ in range(loop.iter):
-                    next(loop.dataloader_iterator)
-            loop.dataloader_iterator = _AlreadyAdvanced(loop.dataloader_iterator, loop.iter)
-        set_rng_state(self.pending)
-        self.pending = None
+        if isinstance(loop, IterBasedTrainLoop):
+            self._resume_iterations(loop)
+        elif isinstance(loop, EpochBasedTrainLoop):
+            self._resume_pass(loop.dataloader, loop.iter - loop.epoch * len(loop.dataloader))
+
+    def _resume_iterations(self, loop: IterBasedTrainLoop) -> None:
+        """Skip ``loop.iter`` batches: whole passes of a finite sampler by its epoch
+        number, the rest by index lists; mmengine's own advance (which loads every batch)
+        is then answered by :class:`_AlreadyAdvanced`."""
+        if loop.iter == 0:
+            return
+        if not loop.stop_training:  # a run that trains no further needs no batches
+            loader, skip = loop.dataloader, loop.iter
+            if not _is_infinite(loader):
+                epochs, skip = divmod(loop.iter, len(loader))
+                loop.dataloader_iterator._epoch = epochs  # mmengine's pass counter
+                if hasattr(loader.sampler, 'set_epoch'):
+                    loader.sampler.set_epoch(epochs)
+            print_log(f'resuming at iteration {loop.iter}: the data loader passes over the '
+                      f'{loop.iter} batches already trained without loading them',
+                      logger='current')
+            self._resume_pass(loader, skip)
+            loop.dataloader_iterator._iterator = iter(loader)
+        loop.dataloader_iterator = _AlreadyAdvanced(loop.dataloader_iterator, loop.iter)
+
+    def _resume_pass(self, loader: DataLoader, skip: int) -> None:
+        """Restore the random state now when the checkpoint was taken between passes over
+        the data (the next pass's iterator draws its seed from it, as in the uninterrupted
+        run), else just before the first batch after the ``skip`` trained ones is loaded."""
+        if skip > 0:
+            resume_loader(loader, skip, self._restore_pending)
+        else:
+            self._restore_pending()
+
+    def _restore_pending(self) -> None:
+        if self.pending is not None:
+            set_rng_state(self.pending)
+            self.pending = None
 
     def _keep_training_stream(self) -> None:
         self.outside_eval = rng_state()
