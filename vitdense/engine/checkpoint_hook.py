@@ -20,6 +20,7 @@ runtime configs name it: ``default_hooks.checkpoint.type =
 from __future__ import annotations
 
 import os.path as osp
+from pathlib import Path
 from typing import Any
 
 from mmengine.dist import is_main_process
@@ -78,3 +79,19 @@ class SafeCheckpointHook(CheckpointHook):
                 self.file_backend.rmtree(old)
         self.keep_ckpt_ids.append(step)
         runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+
+
+def save_resumable(runner: Any, step: int) -> Path:
+    """Save ``<work_dir>/iter_<step>.pth`` atomically, after ``step`` finished iterations,
+    and name it in ``last_checkpoint``, where ``--resume`` looks first.
+
+    Saved as an iteration checkpoint whatever the loop (``meta`` holds the current epoch and
+    ``step``), so a save in the middle of an epoch resumes in that epoch. Every process calls
+    it (the runner gathers what it saves); process 0 writes.
+    """
+    path = Path(runner.work_dir, f'iter_{step}.pth')
+    runner.save_checkpoint(runner.work_dir, path.name, by_epoch=False, meta=dict(iter=step),
+                           backend_args=dict(backend=ATOMIC_BACKEND))
+    if is_main_process():
+        atomic_write(Path(runner.work_dir, 'last_checkpoint'), str(path))
+    return path

@@ -19,7 +19,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner import LogProcessor
 
-from vitdense.checkpoint_io import ATOMIC_BACKEND, atomic_write
+from vitdense.engine.checkpoint_hook import save_resumable
 from vitdense.registry import HOOKS, LOG_PROCESSORS
 
 
@@ -130,13 +130,10 @@ class TimeBudgetHook(Hook):
         remove the one this hook wrote before. The budget spent is recorded so the next
         periodic save waits for the next ``1 / checkpoints`` of the budget."""
         self.spent_before, self.start = self.seconds_spent(), self.clock()
-        path = Path(runner.work_dir, f'iter_{step}.pth')
-        runner.save_checkpoint(runner.work_dir, path.name, by_epoch=False, meta=dict(iter=step),
-                               backend_args=dict(backend=ATOMIC_BACKEND))
-        if is_main_process():
-            atomic_write(Path(runner.work_dir, 'last_checkpoint'), str(path))
-            if self.saved is not None and self.saved != path and self.saved.is_file():
-                self.saved.unlink()
+        path = save_resumable(runner, step)
+        if is_main_process() and self.saved is not None and self.saved != path \
+                and self.saved.is_file():
+            self.saved.unlink()
         self.saved = path
 
 

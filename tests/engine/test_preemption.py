@@ -1,0 +1,167 @@
+"""A preemption signal in the middle of an epoch: the run saves a checkpoint of exactly that
+iteration and stops; ``resume`` repeats the uninterrupted run bit for bit, loading no batch
+already trained, in one process and in two (the signal reaching one of them only)."""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+
+from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, PreemptionHook,
+                             find_resumable_checkpoint)
+
+from test_resume import AugmentedData, Record, noisy_net
+
+RUN_IDS = itertools.count()
+
+
+class CountedData(AugmentedData):
+    """``AugmentedData`` of ``size`` samples, counting those loaded (no loader workers)."""
+
+    loaded = [0]
+
+    def __init__(self, size: int = 6) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict:
+        self.loaded[0] += 1
+        return super().__getitem__(i)
+
+
+class SignalAfter(Hook):
+    """Sends ``signum`` to this process after iteration ``iteration`` (before the
+    preemption hook's end-of-iteration check, as a signal arriving mid-iteration)."""
+
+    def __init__(self, iteration: int | None, signum: int = signal.SIGTERM) -> None:
+        self.iteration, self.signum = iteration, signum
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if runner.iter + 1 == self.iteration:
+            os.kill(os.getpid(), self.signum)
+
+
+def epoch_run(work_dir: Path, signal_after: int | None = None, resume: bool = False,
+              distributed: bool = False, signum: int = signal.SIGTERM) -> tuple[Record, Runner]:
+    """3 epochs of 3 batches of 2 per process (shuffled per epoch), an epoch checkpoint at
+    epoch 2 only; ``Preempted`` is caught and left in ``runner.preempted``."""
+    record = Record()
+    torch.manual_seed(0)
+    multi_process = dict(launcher='pytorch', cfg=dict(model_wrapper_cfg=dict(
+        type='MMDistributedDataParallel', device_ids=None))) if distributed else {}
+    runner = Runner(
+        model=noisy_net(), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=CountedData(12 if distributed else 6), batch_size=2,
+                              collate_fn=dict(type='default_collate'),
+                              sampler=dict(type='DefaultSampler', shuffle=True)),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.05, momentum=0.9)),
+        param_scheduler=[dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0,
+                              end=4)],
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', interval=2)),
+        custom_hooks=[ExactResumeHook(), record, SignalAfter(signal_after, signum),
+                      PreemptionHook(signals=('SIGTERM', 'SIGUSR1'), requeue=False)],
+        resume=resume, experiment_name=f'preempt{next(RUN_IDS)}',
+        randomness=dict(seed=0, deterministic=True, diff_rank_seed=distributed),
+        env_cfg=dict(dist_cfg=dict(backend='gloo')), **multi_process)
+    runner.preempted = None
+    try:
+        runner.train()
+    except Preempted as stop:
+        runner.preempted = stop
+    return record, runner
+
+
+def _same_weights(a: Runner, b: Runner) -> bool:
+    ours, theirs = a.model.state_dict(), b.model.state_dict()
+    return all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_mid_epoch_saves_that_iteration_and_resume_is_exact(tmp_path, signum):
+    before = signal.getsignal(signum)
+    full = epoch_run(tmp_path / 'full')
+    CountedData.loaded[0] = 0
+    stopped = epoch_run(tmp_path / 'work', signal_after=5, signum=signum)
+    stop = stopped[1].preempted
+    assert stop is not None and stop.iteration == 5 and stop.exit_code == PREEMPTED_EXIT_CODE
+    assert sorted(stopped[0].losses) == [1, 2, 3, 4, 5]  # epoch 2 (iterations 4-6) cut short
+    assert stop.checkpoint == tmp_path / 'work' / 'iter_5.pth'
+    assert find_resumable_checkpoint(tmp_path / 'work') == str(stop.checkpoint)
+    assert signal.getsignal(signum) == before  # the handler is put back
+
+    CountedData.loaded[0] = 0
+    resumed = epoch_run(tmp_path / 'work', resume=True)
+    assert CountedData.loaded[0] == 4 * 2  # iterations 6-9 only: no trained batch is loaded
+    assert sorted(resumed[0].losses) == [6, 7, 8, 9]
+    for i, loss in resumed[0].losses.items():
+        assert torch.equal(loss, full[0].losses[i]), f'iteration {i}'
+    assert _same_weights(resumed[1], full[1])
+    assert (tmp_path / 'work' / 'epoch_2.pth').is_file()  # epoch checkpoints go on as before
+
+
+def test_resume_without_the_skip_would_differ(tmp_path):
+    # The premise of the count: a resumed epoch started from its first batch trains other data.
+    full = epoch_run(tmp_path / 'full')
+    epoch_run(tmp_path / 'work', signal_after=5)
+    checkpoint = torch.load(tmp_path / 'work' / 'iter_5.pth', weights_only=True)
+    checkpoint['meta']['iter'] = 3  # as if the epoch had not started: no batch skipped
+    torch.save(checkpoint, tmp_path / 'work' / 'iter_5.pth')
+    resumed = epoch_run(tmp_path / 'work', resume=True)
+    assert not _same_weights(resumed[1], full[1])
+
+
+def test_unknown_or_uncatchable_signal_is_refused():
+    with pytest.raises(ValueError, match=r"names of signals a process can catch.*'SIGKILL'"):
+        PreemptionHook(signals=('SIGKILL',))
+    with pytest.raises(ValueError, match=r"not these: \['SIGTREM'\]"):
+        PreemptionHook(signals=('SIGTREM',))
+
+
+def _rank_of_two(rank: int, port: int, work_dir: str, out: str, signal_after: int | None,
+                 resume: bool) -> None:
+    """One process of two (forked); the signal goes to rank 1 only."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE='2')
+    dist.init_process_group('gloo')
+    record, runner = epoch_run(Path(work_dir), signal_after=signal_after if rank == 1 else None,
+                               resume=resume, distributed=True)
+    stop = runner.preempted
+    torch.save(dict(losses=record.losses, weights=runner.model.module.state_dict(),
+                    stopped_after=None if stop is None else stop.iteration),
+               Path(out) / f'rank{rank}.pth')
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _two_processes(work_dir: Path, out: Path, signal_after: int | None = None,
+                   resume: bool = False) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    port = 29500 + (os.getpid() + len(str(out))) % 1000
+    mp.start_processes(_rank_of_two, args=(port, str(work_dir), str(out), signal_after, resume),
+                       nprocs=2, start_method='fork')
+    return [torch.load(out / f'rank{rank}.pth', weights_only=True) for rank in (0, 1)]
+
+
+def test_two_processes_stop_together_and_resume_exactly(tmp_path):
+    full = _two_processes(tmp_path / 'full', tmp_path / 'full_out')
+    stopped = _two_processes(tmp_path / 'work', tmp_path / 'stopped_out', signal_after=5)
+    assert [s['stopped_after'] for s in stopped] == [5, 5]  # rank 0 got no signal
+    resumed = _two_processes(tmp_path / 'work', tmp_path / 'resumed_out', resume=True)
+    for rank in (0, 1):
+        assert sorted(resumed[rank]['losses']) == [6, 7, 8, 9]
+        for i, loss in resumed[rank]['losses'].items():
+            assert torch.equal(loss, full[rank]['losses'][i]), f'rank {rank}, iteration {i}'
+    for key, value in full[0]['weights'].items():
+        assert torch.equal(value, resumed[0]['weights'][key]), key
