@@ -11,8 +11,8 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
 from vitdense.engine.hosts import HOSTS
-from vitdense.engine.launch import (add_test_metric, close_process_group, load_config,
-                                    parse_tool_args, tool_parser)
+from vitdense.engine.launch import (add_test_metric, load_config, parse_tool_args, run_tool,
+                                    tool_parser)
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,5 +41,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-    main()
-    close_process_group()
+    run_tool(main)

@@ -6,7 +6,8 @@
 Before training the data is checked (datasets not empty, annotation files parse, the first
 batches load). Checkpoints carry the random state, so ``--resume`` continues a killed run
 exactly; a step with a non-finite loss or gradient is skipped (``--max-nonfinite`` in a row
-stop the run).
+stop the run). SIGTERM or SIGUSR1 saves a checkpoint of the iteration in progress and exits
+with status 75 (under SLURM the job is requeued first); see docs/cluster.md.
 """
 import argparse
 
@@ -14,9 +15,8 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.engine.launch import (add_safety_hooks, apply_resume, close_process_group,
-                                    load_config, log_to_tensorboard, parse_tool_args,
-                                    tool_parser)
+from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,
+                                    log_to_tensorboard, parse_tool_args, run_tool, tool_parser)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
 from vitdense.engine.preflight import check_data
 
@@ -66,5 +66,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-    main()
-    close_process_group()
+    run_tool(main)

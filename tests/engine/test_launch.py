@@ -1,6 +1,7 @@
 """vitdense/engine/launch.py, the command-line safety of the tools: mistyped --cfg-options keys,
---resume with nothing or a bad file to resume, a process-group timeout, workers that die with
-their launcher, and the launch scripts' choice of interpreter."""
+--resume with nothing or a bad file to resume, one resume decision for all processes, a
+process-group timeout, workers that die with their launcher, SLURM's variables, evaluation
+results gathered over the process group, and the launch scripts' choice of interpreter."""
 from __future__ import annotations
 
 import os
@@ -8,13 +9,18 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
+from mmengine.config import Config
 from mmengine.logging import MMLogger
 
 from vitdense.checkpoint_io import CorruptCheckpointError
-from vitdense.engine.launch import add_safety_hooks, apply_resume, load_config
+from vitdense.engine.launch import (add_safety_hooks, apply_resume, export_slurm_environment,
+                                    first_host, gather_results_over_process_group, load_config,
+                                    slurm_master_port)
 
 from common import REPO_ROOT
 
@@ -117,3 +123,76 @@ def test_launch_script_prefers_the_project_environment(tmp_path):
     result = subprocess.run(['bash', str(checkout / 'tools/torchrun.sh'), '1', 'x.py', '--help'],
                             capture_output=True, text=True, env=env)
     assert 'venv python -m torch.distributed.run' in result.stdout
+
+
+def test_slurm_variables_become_the_process_group_environment():
+    environ = dict(SLURM_PROCID='5', SLURM_NTASKS='8', SLURM_LOCALID='1', SLURM_JOB_ID='123457',
+                   SLURM_NODELIST='gpu-a[007-008,010],cpu1')
+    export_slurm_environment(environ)
+    assert (environ['RANK'], environ['WORLD_SIZE'], environ['LOCAL_RANK']) == ('5', '8', '1')
+    assert environ['MASTER_ADDR'] == 'gpu-a007'
+    assert environ['MASTER_PORT'] == str(slurm_master_port('123457'))
+    assert slurm_master_port('123457') != slurm_master_port('123458')  # two jobs, one node
+    assert first_host('rack[2-3]-n[04,06]') == 'rack2-n04' and first_host('node1') == 'node1'
+    with pytest.raises(RuntimeError, match='SLURM_PROCID, SLURM_JOB_ID not set; start the tool '
+                                           'with srun'):
+        export_slurm_environment(dict(SLURM_NTASKS='2', SLURM_LOCALID='0', SLURM_NODELIST='n1'))
+
+
+def test_distributed_metrics_gather_over_the_process_group(tmp_path):
+    cfg, _ = load_config(CONFIG, None, 'none', str(tmp_path))
+    cfg.test_evaluator = [dict(type='IoUMetric'), dict(type='IoUMetric', collect_dir='/shared')]
+    cfg.val_evaluator = dict(type='Evaluator', metrics=dict(type='IoUMetric'))
+    gather_results_over_process_group(cfg)
+    assert cfg.test_evaluator == [dict(type='IoUMetric', collect_device='gpu'),
+                                  dict(type='IoUMetric', collect_dir='/shared')]
+    assert cfg.val_evaluator.metrics == dict(type='IoUMetric', collect_device='gpu')
+
+
+def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str) -> None:
+    """Process ``rank`` of two runs ``--resume`` on its node (the folder it works in, where
+    the work dir ``work_dirs/run`` is); writes what happened."""
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE='2')
+    os.chdir(nodes[rank])
+    torch.distributed.init_process_group('gloo')
+    cfg = Config(dict(work_dir='work_dirs/run'))
+    try:
+        apply_resume(cfg, 'auto')
+        outcome = f'resume={cfg.resume} load_from={cfg.load_from}'
+    except RuntimeError as err:
+        outcome = f'error: {err}'
+    with open(os.path.join(out, f'rank{rank}.txt'), 'w') as f:
+        f.write(outcome)
+    torch.distributed.destroy_process_group()
+
+
+def _resume_two_processes(nodes: list[Path], out: Path) -> list[str]:
+    port = 29500 + (os.getpid() + len(str(out))) % 1000
+    mp.start_processes(_resume_on_rank, args=(port, [str(n) for n in nodes], str(out)),
+                       nprocs=2, start_method='fork')
+    return [(out / f'rank{rank}.txt').read_text() for rank in (0, 1)]
+
+
+def _checkpoint(node: Path, step: int, size: int = 1) -> None:
+    (node / 'work_dirs/run').mkdir(parents=True, exist_ok=True)
+    torch.save({'state_dict': {'w': torch.zeros(size)}, 'meta': {'iter': step}},
+               node / f'work_dirs/run/iter_{step}.pth')
+
+
+def test_one_resume_decision_for_the_job(tmp_path):
+    # Node-local work dirs after both nodes were killed: node 0 holds iter_6; node 1 iter_3,
+    # then an iter_6 of another run; then both see one shared folder.
+    node0, node1 = tmp_path / 'node0', tmp_path / 'node1'
+    _checkpoint(node0, 6)
+    _checkpoint(node1, 3)
+    for outcome in _resume_two_processes([node0, node1], tmp_path):
+        assert outcome == ('error: --resume: process 0 chose work_dirs/run/iter_6.pth, which '
+                           'rank(s) [1] cannot read (rank 1: no such file); give every node '
+                           'the same work dir (a shared file system) or copy the checkpoint '
+                           'to each node, then resume again')
+    _checkpoint(node1, 6, size=1000)
+    for outcome in _resume_two_processes([node0, node1], tmp_path):
+        assert 'rank(s) [1] cannot read (rank 1: its file of that name is another' in outcome
+    outcomes = _resume_two_processes([node0, node0], tmp_path)
+    assert outcomes == ['resume=True load_from=work_dirs/run/iter_6.pth'] * 2

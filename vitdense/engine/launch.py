@@ -15,16 +15,21 @@ import inspect
 import logging
 import os
 import os.path as osp
+import re
 import signal
 import sys
+from typing import Callable, MutableMapping
 
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank, get_world_size,
+                           init_dist)
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from vitdense.checkpoint_io import safe_load
+from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
 from vitdense.engine.hosts import Host, host_of
+from vitdense.engine.preemption import Preempted
 from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
 
 
@@ -99,9 +104,83 @@ def load_config(path: str, cfg_options: dict | None, launcher: str,
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('work_dirs', osp.splitext(osp.basename(path))[0])
-    if launcher != 'none' and not torch.cuda.is_available():
-        _prepare_cpu_distributed(cfg)
+    if launcher != 'none':
+        open_process_group(cfg, launcher)
+        gather_results_over_process_group(cfg)
     return cfg, host_of(cfg)
+
+
+def open_process_group(cfg: Config, launcher: str) -> None:
+    """Join the job's process group before the Runner is built, so that the processes can
+    agree on what to resume from (:func:`apply_resume`); the Runner then uses this group.
+
+    ``slurm``: the ranks and the rendezvous come from SLURM's variables
+    (:func:`export_slurm_environment`); the group is then opened as for ``pytorch``, which
+    also works without GPUs (mmengine's SLURM start needs one GPU per process).
+    """
+    if launcher == 'slurm':
+        export_slurm_environment(os.environ)
+    elif launcher == 'mpi':
+        return  # mmengine's MPI start, in the Runner
+    if not torch.cuda.is_available():
+        _prepare_cpu_distributed(cfg)
+    elif not torch.distributed.is_initialized():
+        init_dist('pytorch', **dict((cfg.get('env_cfg') or {}).get('dist_cfg') or {}))
+
+
+#: first port of the rendezvous ports derived from SLURM job ids (below Linux's ephemeral
+#: range, so no client socket holds it)
+SLURM_PORT_BASE, SLURM_PORTS = 15000, 15000
+
+
+def slurm_master_port(job_id: str) -> int:
+    """A rendezvous port from the job id: two jobs sharing a node use different ports."""
+    return SLURM_PORT_BASE + int(job_id) % SLURM_PORTS
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list (``gpu[03-05,09],cpu1`` -> ``gpu03``), as
+    ``scontrol show hostnames`` would list it first, without needing scontrol."""
+    depth, end = 0, len(nodelist)
+    for i, char in enumerate(nodelist):
+        depth += {'[': 1, ']': -1}.get(char, 0)
+        if char == ',' and depth == 0:
+            end = i
+            break
+    return re.sub(r'\[([^\]]+)\]', lambda m: re.split('[,-]', m.group(1))[0], nodelist[:end])
+
+
+def export_slurm_environment(environ: MutableMapping[str, str]) -> None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the variables ``srun``
+    gives each task; a MASTER_ADDR or MASTER_PORT already set is kept."""
+    needed = ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_LOCALID', 'SLURM_NODELIST', 'SLURM_JOB_ID')
+    missing = [name for name in needed if not environ.get(name)]
+    if missing:
+        raise RuntimeError(f'--launcher slurm: {", ".join(missing)} not set; start the tool '
+                           'with srun (tools/slurm_train.sh), or use --launcher pytorch under '
+                           'torchrun (tools/dist_train.sh)')
+    environ.update(RANK=environ['SLURM_PROCID'], WORLD_SIZE=environ['SLURM_NTASKS'],
+                   LOCAL_RANK=environ['SLURM_LOCALID'])
+    environ.setdefault('MASTER_ADDR', first_host(environ['SLURM_NODELIST']))
+    environ.setdefault('MASTER_PORT', str(slurm_master_port(environ['SLURM_JOB_ID'])))
+
+
+def gather_results_over_process_group(cfg: Config) -> None:
+    """Have every evaluation metric gather the processes' results over the process group.
+
+    mmengine's default gathers them through files in a relative ``.dist_test/`` folder, which
+    fails (FileNotFoundError on rank 0) when the processes' working directories are not one
+    shared folder, e.g. on several nodes. ``collect_device='gpu'`` is mmengine's name for
+    gathering over the process group; it works on gloo (CPU) too. A metric that sets
+    ``collect_device`` or ``collect_dir`` itself is left as it is.
+    """
+    for key in ('val_evaluator', 'test_evaluator'):
+        evaluator = cfg.get(key)
+        if isinstance(evaluator, dict) and 'metrics' in evaluator:
+            evaluator = evaluator['metrics']
+        for metric in evaluator if isinstance(evaluator, (list, tuple)) else [evaluator]:
+            if isinstance(metric, dict) and not {'collect_device', 'collect_dir'} & set(metric):
+                metric['collect_device'] = 'gpu'
 
 
 def _prepare_cpu_distributed(cfg: Config) -> None:
@@ -200,14 +279,29 @@ def close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
+def run_tool(main: Callable[[], None]) -> None:
+    """Run a tool's ``main``, close the process group, and exit with
+    :data:`~vitdense.engine.preemption.PREEMPTED_EXIT_CODE` when a preemption signal stopped
+    training after its checkpoint was saved."""
+    status = 0
+    try:
+        main()
+    except Preempted as stop:
+        print(f'rank {get_rank()}: {stop}', file=sys.stderr, flush=True)
+        status = stop.exit_code
+    close_process_group()  # after the except clause has let go of the runner's frames
+    sys.exit(status)
+
+
 def add_safety_hooks(cfg: Config, max_nonfinite: int = 5) -> None:
-    """Exact resume (random state in checkpoints) and the non-finite step guard, unless the
-    config has them already."""
+    """Exact resume (random state in checkpoints), the non-finite step guard and the save on
+    preemption signals, unless the config has them already."""
     hooks = list(cfg.get('custom_hooks') or [])
     present = {str(hook.get('type')).split('.')[-1] for hook in hooks}
     wanted = dict(ExactResumeHook=dict(type='vitdense.ExactResumeHook'),
                   NonFiniteGuardHook=dict(type='vitdense.NonFiniteGuardHook',
-                                          max_consecutive=max_nonfinite))
+                                          max_consecutive=max_nonfinite),
+                  PreemptionHook=dict(type='vitdense.PreemptionHook'))
     cfg.custom_hooks = hooks + [hook for name, hook in wanted.items() if name not in present]
 
 
@@ -220,31 +314,83 @@ def log_to_tensorboard(cfg: Config) -> None:
 
 
 def apply_resume(cfg: Config, resume: str | None) -> None:
-    """Set up ``--resume`` (``'auto'``: the newest loadable checkpoint of the work dir).
+    """Set up ``--resume`` (``'auto'``: the newest loadable checkpoint of the work dir), one
+    decision for the whole job.
 
-    A named checkpoint must exist and load (else the error names it). With ``'auto'`` and
-    nothing to resume, the run says so loudly and starts from iteration 0, so one command
-    line both starts and continues a run.
+    Process 0 chooses the checkpoint and sends its path to the others; every process checks
+    that it can read that file, and if any cannot, every process stops with an error naming
+    the file and those processes (e.g. node-local work dirs that hold different checkpoints),
+    so no process ever starts from other weights than the rest. A named checkpoint must exist
+    and load. With ``'auto'`` and nothing to resume, the run says so loudly and starts from
+    iteration 0, so one command line both starts and continues a run. Every process prints
+    what it resumes from (mmengine's logger shows process 0 only).
     """
     if resume is None:
         return
-    if resume != 'auto':
-        if not osp.isfile(resume):
-            raise FileNotFoundError(f'--resume {resume}: no such checkpoint file')
-        safe_load(resume, map_location='cpu', mmap=True)
-        cfg.resume, cfg.load_from = True, resume
-        return
-    if osp.isdir(cfg.work_dir):
-        remove_interrupted_saves(cfg.work_dir)
-    found = find_resumable_checkpoint(cfg.work_dir)
-    if found is None:
+    choice: list = [_choose_checkpoint(cfg.work_dir, resume) if get_rank() == 0 else None]
+    if get_world_size() > 1:
+        broadcast_object_list(choice, src=0)
+    path, error, fingerprint = choice[0]
+    if error is not None:
+        raise FileNotFoundError(error)
+    if get_world_size() == 1 and path is not None:
+        safe_load(path, map_location='cpu', mmap=True)  # its own error names the file
+    problems = all_gather_object(_cannot_read(path, fingerprint)) if get_world_size() > 1 else []
+    failed = {rank: problem for rank, problem in enumerate(problems) if problem}
+    if failed:
+        raise RuntimeError(f'--resume: process 0 chose {path}, which rank(s) '
+                           f'{sorted(failed)} cannot read ({"; ".join(failed.values())}); '
+                           'give every node the same work dir (a shared file system) or copy '
+                           'the checkpoint to each node, then resume again')
+    if path is None:
         print_log(f'--resume: NOTHING TO RESUME in work dir {osp.abspath(cfg.work_dir)} '
                   '(no checkpoint there that loads); training starts from iteration 0',
                   logger='current', level=logging.WARNING)
-        cfg.resume, cfg.load_from = False, None
-        return
-    print_log(f'--resume: resuming from {found}', logger='current')
-    cfg.resume, cfg.load_from = True, found
+    where = f'rank {get_rank()} of {get_world_size()}: ' if get_world_size() > 1 else ''
+    print(f'{where}--resume: ' + (f'resuming from {path}' if path else
+                                  'nothing to resume, starting from iteration 0'), flush=True)
+    cfg.resume, cfg.load_from = path is not None, path
+
+
+Choice = tuple[str | None, str | None, tuple | None]
+
+
+def _choose_checkpoint(work_dir: str, resume: str) -> Choice:
+    """(checkpoint to resume from or None, error or None, its fingerprint), on process 0."""
+    if resume == 'auto':
+        if osp.isdir(work_dir):
+            remove_interrupted_saves(work_dir)
+        path = find_resumable_checkpoint(work_dir)
+    elif not osp.isfile(resume):
+        return None, f'--resume {resume}: no such checkpoint file', None
+    else:
+        path = resume
+    return path, None, None if path is None else _fingerprint(path)
+
+
+def _fingerprint(path: str) -> tuple:
+    """Size and iteration of a checkpoint: a file of that name on another node that is not
+    the same checkpoint differs in one of them."""
+    meta = safe_load(path, map_location='cpu', mmap=True).get('meta') or {}
+    return osp.getsize(path), meta.get('iter')
+
+
+def _cannot_read(path: str | None, fingerprint: tuple | None) -> str | None:
+    """Why this process cannot load the checkpoint process 0 chose, or None when it can (or
+    there is none)."""
+    rank = f'rank {get_rank()}'
+    if path is None:
+        return None
+    if not osp.isfile(path):
+        return f'{rank}: no such file'
+    try:
+        mine = _fingerprint(path)
+    except (CorruptCheckpointError, UnsafeCheckpointError, OSError) as err:
+        return f'{rank}: {err}'
+    if mine != fingerprint:
+        return (f'{rank}: its file of that name is another checkpoint (size, iteration '
+                f'{mine}, process 0 has {fingerprint})')
+    return None
 
 
 def point_at_data_root(cfg: Config, data_root: str | os.PathLike) -> None:
