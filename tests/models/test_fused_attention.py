@@ -18,8 +18,9 @@ from vitdense.models.layers.talking_heads import (available_paths, choose_path, 
 from vitdense.models.layers.window_attention import DecomposedRelativePosition, window_attention
 
 GRIDS = [(4, 4), (3, 5), (5, 7)]  # square, rectangular, odd
-#: the talking-heads paths that run here
-PATHS = available_paths(torch.device('cpu'))
+#: the talking-heads paths that run here (the Triton kernel's interpreter is checked in
+#: test_talking_heads_triton.py)
+PATHS = tuple(path for path in available_paths(torch.device('cpu')) if path != 'triton')
 #: float32: every output and gradient within this fraction of its largest entry
 TOLERANCE = 1e-5
 #: under autocast, against float32 (8 bits of mantissa in bfloat16, 11 in float16; measured
@@ -73,13 +74,14 @@ def written_out_talking_heads(q, k, v, scale, mix_logits, mix_weights, bias=None
     return weights @ v
 
 
-def talking_heads_case(hw, rel_pos: bool, class_token: bool, dtype=torch.float32) -> dict:
-    """Inputs of one talking-heads call: batch 2, 3 heads of 8, the grid's tokens (and a
-    class token in front), relative positions or none."""
+def talking_heads_case(hw, rel_pos: bool, class_token: bool, heads: int = 3,
+                       batch: int = 2) -> dict:
+    """Inputs of one talking-heads call: ``heads`` of 8, the grid's tokens (and a class
+    token in front), relative positions or none."""
     torch.manual_seed(0)
     tokens = hw[0] * hw[1] + class_token
-    q, k, v = (torch.randn(2, 3, tokens, 8, requires_grad=True) for _ in range(3))
-    case = dict(q=q, k=k, v=v, mixes=mixes(3), table=None)
+    q, k, v = (torch.randn(batch, heads, tokens, 8, requires_grad=True) for _ in range(3))
+    case = dict(q=q, k=k, v=v, mixes=mixes(heads), table=None)
     if rel_pos:
         case['table'] = DecomposedRelativePosition(8, hw, zero_init=False)
     return case
@@ -238,9 +240,19 @@ def test_a_path_is_forced_per_layer_or_for_a_model_for_a_while(monkeypatch):
     with torch.device('meta'):
         x = torch.empty(2, 10, 48)
     assert layer.to('meta')(x).shape == (2, 10, 48)
-    # the CPU operator on CPU tensors only
+    # the CPU operator on CPU tensors only; the Triton kernel on CPU tensors under the
+    # interpreter only; a path that cannot run names those that can
     assert not talking_heads.runs_on('blocks', torch.device('cuda'))
-    assert available_paths(torch.device('cuda')) == ('fold', 'maps')
+    assert available_paths(torch.device('cuda')) == ('fold', 'triton', 'maps')
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    assert available_paths(torch.device('cpu')) == ('blocks', 'fold', 'maps')
+    q = torch.randn(1, 4, 10, 12)
+    with pytest.raises(ValueError, match=r"path 'triton' does not run on cpu tensors; paths "
+                       r"that do: \('blocks', 'fold', 'maps'\)"):
+        talking_heads_attention(q, q, q, 1., layer.mix_logits, layer.mix_weights,
+                                path='triton')
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    assert 'triton' in available_paths(torch.device('cpu'))
 
 
 # ---------------------------------------------------------------------- GPSA

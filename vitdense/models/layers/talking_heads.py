@@ -19,6 +19,9 @@ one signature (:data:`TalkingHeadsKernel`); :func:`choose_path` picks one per ca
   The largest tensor is the folded queries, B × heads × N × (heads · head width); the cost
   is heads × the attention FLOPs, and the call runs again in backward rather than keeping
   its heads-times-larger operands.
+- ``'triton'``, only where forced: :func:`.talking_heads_triton.talking_heads_triton`, one
+  Triton kernel with the CPU operator's products and no map in memory (CUDA tensors, or CPU
+  tensors under Triton's interpreter); unmeasured on a GPU, so no default yet.
 - ``'maps'``: one written-out map per head (:func:`written_out_weights`), the readable form;
   taken below those token counts (:data:`FUSED_PATHS`), with attention dropout on the mixed
   weights (which no fused path has) and under ``torch.export``.
@@ -28,6 +31,7 @@ or, for every layer of a model for a while, :func:`forced_path`. On every path `
 constant along a row and cancels in the softmax, and ``bw`` adds ``bw_h Σ_j v_h[j]``.
 """
 import contextlib
+import os
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -74,9 +78,15 @@ def choose_path(device: torch.device, num_tokens: int, dropout: float,
 
 
 def runs_on(path: str, device: torch.device) -> bool:
-    """Whether ``path`` runs on tensors of ``device``: the CPU operator on CPU tensors (and
-    the meta device, its fake kernel), the others anywhere."""
-    return path != 'blocks' or device.type in ('cpu', 'meta')
+    """Whether ``path`` runs on tensors of ``device``: the CPU operator on CPU tensors, the
+    Triton kernel on CUDA tensors or, with ``TRITON_INTERPRET=1`` set before Triton was
+    imported, on CPU tensors; every path on the meta device (their fake kernels)."""
+    if path == 'blocks':
+        return device.type in ('cpu', 'meta')
+    if path == 'triton':
+        return device.type in ('cuda', 'meta') or (
+            device.type == 'cpu' and os.environ.get('TRITON_INTERPRET') == '1')
+    return True
 
 
 def available_paths(device: torch.device) -> tuple[str, ...]:
@@ -180,6 +190,16 @@ def _folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                                   terms)
 
 
+def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            logit_mix: torch.Tensor, weight_mix: torch.Tensor,
+            terms: Optional[LogitTerms]) -> torch.Tensor:
+    """The ``'triton'`` path; Triton is imported on first use, so that its interpreter can
+    be chosen (``TRITON_INTERPRET=1``) before."""
+    from .talking_heads_triton import talking_heads_triton
+    queries, keys = with_logit_terms(q * scale, k, terms)
+    return talking_heads_triton(queries, keys, v, logit_mix, weight_mix)[0]
+
+
 def _fused(mixed_attention: MixedAttention) -> TalkingHeadsKernel:
     """A fused implementation with the mixes' biases: ``bw`` adds ``bw_h Σ_j v_h[j]``, and
     ``bl`` cancels in the softmax."""
@@ -199,7 +219,8 @@ def _fused(mixed_attention: MixedAttention) -> TalkingHeadsKernel:
 
 #: every implementation of talking heads, by path name (see the module doc)
 KERNELS: dict[str, TalkingHeadsKernel] = {
-    'blocks': _fused(_cpu_operator), 'fold': _fused(_folded), 'maps': _written_out}
+    'blocks': _fused(_cpu_operator), 'fold': _fused(_folded), 'triton': _fused(_triton),
+    'maps': _written_out}
 #: the names of :data:`KERNELS`
 PATHS = tuple(KERNELS)
 
