@@ -11,7 +11,11 @@ import pytest
 import torch
 
 import test_fused_attention as fused
-from vitdense.models.layers.talking_heads import talking_heads_attention, with_logit_terms
+from vitdense.analysis.memory import count_backbone
+from vitdense.models import CaiT
+from vitdense.models.layers import MultiheadSelfAttention
+from vitdense.models.layers.talking_heads import (forced_path, talking_heads_attention,
+                                                  with_logit_terms)
 
 #: this process runs the kernels in Triton's interpreter
 INTERPRETING = os.environ.get('TRITON_INTERPRET') == '1'
@@ -84,6 +88,17 @@ def test_operator_passes_opcheck():
 
 
 @interpreted
+def test_a_compiled_layer_takes_the_kernel_in_one_graph():
+    """``torch.compile`` traces the operator as one call (no graph break), as eager runs."""
+    torch.manual_seed(0)
+    layer = MultiheadSelfAttention(32, 4, talking_heads=True, talking_heads_path='triton')
+    x = torch.randn(1, 10, 32, requires_grad=True)
+    compiled = torch.compile(layer, backend='aot_eager', fullgraph=True)
+    inputs = dict(x=x, **dict(layer.named_parameters()))
+    fused.assert_matches(fused.grads(compiled(x), inputs), fused.grads(layer(x), inputs))
+
+
+@interpreted
 def test_autotuning_keeps_the_blocks_whose_tiles_fit():
     from vitdense.models.layers import talking_heads_triton as kernel
     configs = [kernel.triton.Config({'BLOCK_M': m, 'BLOCK_N': n}) for m, n, _ in kernel.BLOCKS]
@@ -91,6 +106,20 @@ def test_autotuning_keeps_the_blocks_whose_tiles_fit():
                     for c in kernel._prune(configs, {}, HEADS_P=heads)] for heads in (4, 16)}
     assert kept == {4: [(16, 16), (32, 16), (32, 32), (64, 32), (64, 64)],
                     16: [(16, 16), (32, 16), (32, 32)]}
+
+
+def test_memory_account_counts_the_kernel_as_the_cpu_operator():
+    """On the meta device (the kernel's fake): its inputs and a log-sum-exp per row, as the
+    CPU operator keeps, far below the written-out maps; compiled graphs see one call."""
+    with torch.device('meta'):
+        model = CaiT(dict(embed_dims=64, num_layers=2, num_heads=4), pyramid=False,
+                     out_indices=(1,))
+        images = torch.empty(2, 3, 320, 320)
+    counts = {}
+    for path in ('triton', 'blocks', 'maps'):
+        with forced_path(model, path):
+            counts[path] = count_backbone(model, images)
+    assert counts['triton'] == counts['blocks'] < counts['maps'] / 2
 
 
 def test_the_kernel_checks_pass_in_the_interpreter():
@@ -104,7 +133,7 @@ def test_the_kernel_checks_pass_in_the_interpreter():
     report = child.stdout[-4000:] + child.stderr[-2000:]
     assert child.returncode == 0, report
     passed = re.search(r'\b(\d+) passed\b', child.stdout)
-    assert passed and int(passed[1]) >= len(CASES) + 7, report  # every interpreted test
+    assert passed and int(passed[1]) >= len(CASES) + 8, report  # every interpreted test
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')

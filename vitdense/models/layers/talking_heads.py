@@ -193,11 +193,12 @@ def _folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 def _triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             logit_mix: torch.Tensor, weight_mix: torch.Tensor,
             terms: Optional[LogitTerms]) -> torch.Tensor:
-    """The ``'triton'`` path; Triton is imported on first use, so that its interpreter can
-    be chosen (``TRITON_INTERPRET=1``) before."""
+    """The ``'triton'`` path, heads contiguous as for the CPU operator; Triton is imported
+    on first use, so that its interpreter can be chosen (``TRITON_INTERPRET=1``) before."""
     from .talking_heads_triton import talking_heads_triton
     queries, keys = with_logit_terms(q * scale, k, terms)
-    return talking_heads_triton(queries, keys, v, logit_mix, weight_mix)[0]
+    return talking_heads_triton(queries.contiguous(), keys.contiguous(), v.contiguous(),
+                                logit_mix, weight_mix)[0]
 
 
 def _fused(mixed_attention: MixedAttention) -> TalkingHeadsKernel:
