@@ -240,6 +240,9 @@ def test_a_path_is_forced_per_layer_or_for_a_model_for_a_while(monkeypatch):
     with torch.device('meta'):
         x = torch.empty(2, 10, 48)
     assert layer.to('meta')(x).shape == (2, 10, 48)
+    with pytest.raises(ValueError, match="fused talking heads have no attention dropout"):
+        talking_heads.KERNELS['fold'](*torch.randn(3, 1, 4, 10, 12).unbind(0), 1.,
+                                      layer.mix_logits, layer.mix_weights, None, 0.1)
     # the CPU operator on CPU tensors only; the Triton kernel on CPU tensors under the
     # interpreter only; a path that cannot run names those that can
     assert not talking_heads.runs_on('blocks', torch.device('cuda'))
