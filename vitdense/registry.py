@@ -12,6 +12,8 @@ from mmengine.registry import MODEL_WRAPPERS as MMENGINE_MODEL_WRAPPERS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import \
     OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
+from mmengine.registry import OPTIMIZERS as MMENGINE_OPTIMIZERS
+from mmengine.registry import RUNNERS as MMENGINE_RUNNERS
 from mmengine.registry import Registry
 
 SCOPE = 'vitdense'
@@ -21,6 +23,10 @@ MODELS = Registry('model', parent=MMENGINE_MODELS, scope=SCOPE,
 OPTIM_WRAPPER_CONSTRUCTORS = Registry(
     'optimizer wrapper constructor', parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS,
     scope=SCOPE, locations=['vitdense.engine'])
+OPTIMIZERS = Registry('optimizer', parent=MMENGINE_OPTIMIZERS, scope=SCOPE,
+                      locations=['vitdense.engine'])
+RUNNERS = Registry('runner', parent=MMENGINE_RUNNERS, scope=SCOPE,
+                   locations=['vitdense.engine'])
 DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope=SCOPE,
                     locations=['vitdense.engine'])
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope=SCOPE,

@@ -122,3 +122,25 @@ def test_account_of_a_whole_model(config):
         assert entry['peak'] == (result['params'] + result['grads'] + result['optimizer']
                                  + entry['activations'])
     assert 0 < result['amp']['activations'] < result['fp32']['activations']
+
+
+def test_fsdp_account_divides_the_states_and_not_the_activations():
+    config = str(REPO_ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py')
+    whole = memory.account(config, batch=2, amp=False)
+    sharded = memory.account(config, batch=2, amp=False, fsdp_world_size=4)
+    fsdp = sharded['fsdp']
+    assert 'fsdp' not in whole and fsdp['world_size'] == 4
+    for key in ('params', 'grads'):  # padded to 4 rows per tensor at most
+        assert whole[key] / 4 <= fsdp[key] <= 1.02 * whole[key] / 4
+    assert fsdp['optimizer'] == 2 * fsdp['grads']  # LAMB: two tensors per parameter
+    block = 12 * 128 * 128 + 13 * 128  # qkv, proj, fc1, fc2: weights, biases; two norms
+    assert fsdp['gathered'] == 3 * 4 * block  # float32 bytes of 2 blocks + 1 block's grads
+    activations = whole['fp32']['activations']
+    assert sharded['fp32'] == dict(activations=activations, peak=(
+        fsdp['params'] + fsdp['grads'] + fsdp['optimizer'] + fsdp['gathered'] + activations))
+
+
+def test_sharded_bytes_split_the_first_dimension_padded():
+    tensors = [torch.empty(10, 3), torch.empty(4), torch.empty(())]
+    # 10 rows over 4 ranks: 3 rows each; 4 over 4: 1; a scalar is one row, kept whole
+    assert memory.sharded_bytes(tensors, 4) == 4 * (3 * 3 + 1 + 1)

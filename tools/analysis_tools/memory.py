@@ -4,6 +4,7 @@ step on this machine. How it counts: :mod:`vitdense.analysis.memory`.
 
     python tools/analysis_tools/memory.py configs/cait/mask-rcnn_cait-s24-p16_fpn_3x_coco.py
     python tools/analysis_tools/memory.py CONFIG --batch 2 --shape 800 1344 --amp --time
+    python tools/analysis_tools/memory.py configs/vit/vit-l-p16_8xb256-a2_in1k.py --fsdp 8
 """
 from __future__ import annotations
 
@@ -30,13 +31,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument('--objects', type=int, default=8, help='boxes per image (detection)')
     parser.add_argument('--time', action='store_true',
                         help='also time one real float32 step on this CPU (slow)')
+    parser.add_argument('--fsdp', type=int, default=1, metavar='GPUS',
+                        help='per-GPU figure of a fully sharded run over GPUS GPUs '
+                             '(parameters, gradients, optimizer state split; activations not)')
     parser.add_argument('--json', action='store_true', help='print one JSON line per config')
     args = parser.parse_args(argv)
     if args.amp and args.fp32:
         parser.error('--amp and --fp32 exclude each other')
+    if args.fsdp < 1:
+        parser.error(f'--fsdp {args.fsdp}: the number of GPUs is at least 1')
     amp = True if args.amp else False if args.fp32 else None
     for config in args.configs:
-        result = account(config, args.batch, args.shape, amp, args.objects)
+        result = account(config, args.batch, args.shape, amp, args.objects,
+                         fsdp_world_size=args.fsdp)
         if args.time:
             result['step_s'] = time_step(config, result['batch'], tuple(result['shape']),
                                          objects=args.objects)
@@ -50,6 +57,11 @@ def report(result: dict) -> str:
              f'with_cp={result["with_cp"]}, config AMP: {result["config_amp"]}\n'
              f'parameters {_gib(result["params"])}, gradients {_gib(result["grads"])}, '
              f'optimizer state {_gib(result["optimizer"])}']
+    if 'fsdp' in result:
+        fsdp = result['fsdp']
+        lines.append(f'FSDP over {fsdp["world_size"]} GPUs, per GPU: parameters '
+                     f'{_gib(fsdp["params"])}, gradients {_gib(fsdp["grads"])}, optimizer state '
+                     f'{_gib(fsdp["optimizer"])}, gathered blocks {_gib(fsdp["gathered"])}')
     for precision in ('fp32', 'amp'):
         if precision in result:
             entry = result[precision]

@@ -29,13 +29,14 @@ import contextlib
 import copy
 import json
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from mmengine.config import Config
 from torch.overrides import TorchFunctionMode
 
+from vitdense.engine.fsdp import SHARDED_BLOCKS
 from vitdense.engine.hosts import build_model
 
 from .complexity import load_config
@@ -184,16 +185,19 @@ def _resize_scales(steps: Any) -> Iterator[tuple[int, int]]:
         for step in steps:
             yield from _resize_scales(step)
     elif isinstance(steps, dict):
-        if 'Resize' in str(steps.get('type', '')):
+        if steps.get('type') == 'RandomResizedCrop' and isinstance(steps.get('scale'), int):
+            yield steps.scale, steps.scale  # a classifier's square crop
+        elif 'Resize' in str(steps.get('type', '')):
             scales = steps.get('scales') or [steps.get('scale')]
             yield from (tuple(s) for s in scales if s is not None and not isinstance(s, int))
         yield from _resize_scales(steps.get('transforms', []))
 
 
 def optimizer_states(cfg: Config) -> int:
-    """Tensors the config's optimizer keeps per parameter (Adam family: 2, SGD momentum: 1)."""
+    """Tensors the config's optimizer keeps per parameter (Adam family and LAMB: 2, SGD
+    momentum: 1)."""
     name = cfg.optim_wrapper.optimizer.type
-    if 'Adam' in name:
+    if 'Adam' in name or 'Lamb' in name:
         return 2
     if name == 'SGD':
         return int(cfg.optim_wrapper.optimizer.get('momentum', 0) > 0)
@@ -294,6 +298,9 @@ def count_activations(model: torch.nn.Module, cfg: Config, batch: int,
             return saved.bytes
         with saved.recording(), _precision(amp, device):
             features = model.extract_feat(images)
+            if cfg.default_scope == 'mmpretrain':
+                model.head(features)
+                return saved.bytes
         return saved.bytes + _count_detector_heads(model, cfg, features, batch, shape, amp,
                                                     objects)
 
@@ -331,10 +338,35 @@ def _run_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, ba
     return saved.bytes
 
 
+def sharded_bytes(tensors: Iterable[torch.Tensor], world_size: int) -> int:
+    """Bytes one of ``world_size`` ranks keeps of ``tensors`` under FSDP2: each split along
+    its first dimension, padded to a multiple of ``world_size``."""
+    total = 0
+    for tensor in tensors:
+        rows = tensor.shape[0] if tensor.dim() else 1
+        total += -(-rows // world_size) * (tensor.numel() // max(rows, 1)) * tensor.element_size()
+    return total
+
+
+def _fsdp_account(model: torch.nn.Module, optimizer_tensors: int, world_size: int) -> dict:
+    """Per-GPU parameters, gradients and optimizer state under FSDP over ``world_size`` GPUs,
+    and the transient full parameters and gradients of the gathered blocks: two blocks'
+    parameters (the one computing and the next, prefetched) and one block's gradients
+    before their reduce-scatter."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    blocks = [m for m in model.modules() if type(m).__name__ in SHARDED_BLOCKS]
+    largest = max((sum(p.numel() * p.element_size() for p in block.parameters())
+                   for block in blocks), default=0)
+    grads = sharded_bytes(trainable, world_size)
+    return dict(world_size=world_size, params=sharded_bytes(model.parameters(), world_size),
+                grads=grads, optimizer=optimizer_tensors * grads, gathered=3 * largest)
+
+
 def account(config: str, batch: Optional[int] = None, shape: Optional[tuple[int, int]] = None,
             amp: Optional[bool] = None, objects: int = 8,
-            overrides: Optional[dict] = None) -> dict:
-    """The memory account of ``config`` (``amp``: None for what the config enables)."""
+            overrides: Optional[dict] = None, fsdp_world_size: int = 1) -> dict:
+    """The memory account of ``config`` (``amp``: None for what the config enables), per
+    GPU of a ``fsdp_world_size``-GPU FSDP run when above 1 (activations are not sharded)."""
     cfg = load_config(config)
     if overrides:
         cfg.merge_from_dict(overrides)
@@ -348,12 +380,15 @@ def account(config: str, batch: Optional[int] = None, shape: Optional[tuple[int,
     result = dict(config=config, batch=batch, shape=list(shape), params=params,
                   grads=trainable, optimizer=optimizer, config_amp=uses_amp(cfg),
                   with_cp=cfg.model.backbone.get('with_cp', False))
+    states = params + trainable + optimizer
+    if fsdp_world_size > 1:
+        result['fsdp'] = fsdp = _fsdp_account(model, optimizer_states(cfg), fsdp_world_size)
+        states = fsdp['params'] + fsdp['grads'] + fsdp['optimizer'] + fsdp['gathered']
     for precision, enabled in (('fp32', False), ('amp', True)):
         if amp is not None and amp != enabled:
             continue
         activations = count_activations(model, cfg, batch, shape, enabled, objects=objects)
-        result[precision] = dict(activations=activations,
-                                 peak=params + trainable + optimizer + activations)
+        result[precision] = dict(activations=activations, peak=states + activations)
     return result
 
 

@@ -59,7 +59,7 @@ def parse_tool_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
 
 # Top-level keys that Runner.from_cfg reads besides the config's own.
 RUNNER_KEYS = frozenset(inspect.signature(Runner.__init__).parameters) - {'self', 'cfg'} | {
-    'runner_type', 'launcher', 'custom_imports', 'default_scope'}
+    'runner_type', 'launcher', 'custom_imports', 'default_scope', 'model_wrapper_cfg'}
 
 
 def check_cfg_options(cfg: Config, cfg_options: dict, path: str) -> None:
@@ -198,10 +198,13 @@ def _prepare_cpu_distributed(cfg: Config) -> None:
             backend='gloo',
             timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
     wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or {})
+    if wrapper.get('type') == 'vitdense.FullyShardedModel':  # shards on any device
+        return
     if wrapper.get('type', 'MMDistributedDataParallel') != 'MMDistributedDataParallel':
         raise ValueError(f'model_wrapper_cfg.type={wrapper.type!r}: on CPU (no CUDA device) '
                          'vitdense tools wrap models in vitdense.CPUDistributedDataParallel, '
-                         'a MMDistributedDataParallel')
+                         'a MMDistributedDataParallel, or shard them with '
+                         'vitdense.FullyShardedModel')
     wrapper.type = 'vitdense.CPUDistributedDataParallel'
     cfg.model_wrapper_cfg = wrapper
     print_log(f'no CUDA device: rank {os.environ.get("RANK")} of '
