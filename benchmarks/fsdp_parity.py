@@ -135,6 +135,7 @@ def _compare(rank: int, port: int, out: Path, iters: int) -> None:
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
     dist.init_process_group('gloo', rank=rank, world_size=WORLD_SIZE)
+    torch.set_num_threads(1)  # one core per process: no thread oversubscription
     from mmpretrain.engine.optimizers import Lamb
     results, sharded_runs = {}, {}
     runs = {'adamw': (ADAMW, ADAMW), 'lamb': (dict(LAMB, type=Lamb),
