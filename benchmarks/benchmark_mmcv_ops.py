@@ -18,6 +18,13 @@ switches mmcv's op modules between the two extensions.
    bbox / segm mAP of each, and the median training-step time of each.
 
     python -m benchmarks.benchmark_mmcv_ops --iters 150 --out benchmarks/results/mmcv_ops.json
+
+4. Without a compiled mmcv (``--pure-torch``): the served multi-scale deformable attention and
+   sigmoid focal loss against mmcv's (and mmdet's) pure-torch paths, forward + backward at
+   DINO's and RetinaNet's sizes: median step time and peak memory, each path in a process of
+   its own (on a CPU the peak is the rise of the peak resident memory over the inputs').
+
+    python -m benchmarks.benchmark_mmcv_ops --pure-torch --out benchmarks/results/mmcv_pure_torch.json
 """
 from __future__ import annotations
 
@@ -284,6 +291,97 @@ def demo_training(compiled: ModuleType, iters: int, data_root: Path, seed: int) 
                                         / results['torch-native']['step_s_median']))
 
 
+# --- 4. the served ops against mmcv's pure-torch paths (no compiled mmcv needed) ---------------
+
+def _deform_attn_case(device: str) -> tuple[list[torch.Tensor], dict]:
+    """DINO's encoder at a 512x512 image: 4 levels (strides 8-64), a query per key, 8 heads of
+    32 channels, 4 points."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = torch.tensor([[64, 64], [32, 32], [16, 16], [8, 8]])
+    starts = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
+    keys = int(shapes.prod(1).sum())
+    inputs = [torch.randn(2, keys, 8, 32, generator=gen),
+              torch.rand(2, keys, 8, 4, 4, 2, generator=gen),
+              torch.rand(2, keys, 8, 4, 4, generator=gen).softmax(-1)]
+    return ([t.to(device).requires_grad_() for t in inputs],
+            dict(shapes=shapes.to(device), starts=starts.to(device)))
+
+
+def _focal_case(device: str) -> tuple[list[torch.Tensor], dict]:
+    """RetinaNet's classification loss at a 512x512 image: 49,104 anchors x 80 classes."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(49104, 80, generator=gen).to(device).requires_grad_()
+    target = torch.randint(0, 81, (49104,), generator=gen).to(device)
+    return [logits], dict(target=target, one_hot=torch.nn.functional.one_hot(target, 81)[:, :80])
+
+
+def _pure_torch_cases() -> dict[str, dict[str, Callable]]:
+    """case -> (inputs builder, served step, mmcv's pure-torch step)."""
+    from mmcv.ops.multi_scale_deform_attn import (MultiScaleDeformableAttnFunction,
+                                                  multi_scale_deformable_attn_pytorch)
+    from mmdet.models.losses.focal_loss import py_sigmoid_focal_loss
+    import mmcv.ops
+    return {
+        'ms_deform_attn fwd+bwd (DINO encoder, 512x512)': dict(
+            inputs=_deform_attn_case,
+            served=lambda t, k: MultiScaleDeformableAttnFunction.apply(
+                t[0], k['shapes'], k['starts'], t[1], t[2], 64),
+            pure_torch=lambda t, k: multi_scale_deformable_attn_pytorch(
+                t[0], k['shapes'], t[1], t[2])),
+        'sigmoid_focal_loss fwd+bwd (RetinaNet, 512x512)': dict(
+            inputs=_focal_case,
+            served=lambda t, k: mmcv.ops.sigmoid_focal_loss(t[0], k['target'], 2.0, 0.25, None,
+                                                            'sum'),
+            pure_torch=lambda t, k: py_sigmoid_focal_loss(t[0], k['one_hot'], None, 2.0, 0.25,
+                                                          'sum')),
+    }
+
+
+def measure_one(case: str, path: str, device: str, repeats: int) -> dict:
+    """Median fwd+bwd time and peak memory of one path of one case, in this process: CUDA's
+    peak allocation, or on a CPU the rise of the process's peak resident memory over what the
+    inputs took (so each path runs in a process of its own)."""
+    import resource
+    spec = _pure_torch_cases()[case]
+    inputs, extra = spec['inputs'](device)
+    step = spec[path]
+    sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    times = []
+    for _ in range(repeats + 1):
+        for t in inputs:
+            t.grad = None
+        sync()
+        start = time.perf_counter()
+        out = step(inputs, extra)
+        out.backward(torch.ones_like(out))
+        sync()
+        times.append(time.perf_counter() - start)
+    peak = (torch.cuda.max_memory_allocated() if device == 'cuda'
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return dict(case=case, path=path, device=device, step_ms_median=1e3 * statistics.median(
+        times[1:]), peak_mib_over_inputs=(peak - base) / 2**20)
+
+
+def pure_torch_comparison(device: str, repeats: int) -> list[dict]:
+    """Each case's two paths, each in a fresh interpreter (see :func:`measure_one`)."""
+    import subprocess
+    rows = []
+    for case in _pure_torch_cases():
+        for path in ('served', 'pure_torch'):
+            command = [sys.executable, '-m', 'benchmarks.benchmark_mmcv_ops', '--measure-one',
+                       case, path, '--device', device, '--repeats', str(repeats)]
+            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                    check=True)
+            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,7 +390,22 @@ def main() -> None:
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--skip-demo', action='store_true', help='the ops only (1 and 2)')
     parser.add_argument('--out', type=Path, default=ROOT / 'benchmarks/results/mmcv_ops.json')
+    parser.add_argument('--pure-torch', action='store_true',
+                        help="only 4: the served ops against mmcv's pure-torch paths")
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--repeats', type=int, default=10)
+    parser.add_argument('--measure-one', nargs=2, metavar=('CASE', 'PATH'),
+                        help=argparse.SUPPRESS)  # one path of 4, in a process of its own
     args = parser.parse_args()
+    if args.measure_one:
+        print(json.dumps(measure_one(*args.measure_one, args.device, args.repeats)))
+        return
+    if args.pure_torch:
+        rows = pure_torch_comparison(args.device, args.repeats)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(dict(torch=torch.__version__, pure_torch=rows), indent=1))
+        print(f'wrote {args.out}')
+        return
     compiled = compiled_ext()
     report: dict = dict(torch=torch.__version__, threads=torch.get_num_threads())
     report['roi_align'] = roi_align_cases(compiled)
