@@ -136,7 +136,8 @@ def test_the_kernel_checks_pass_in_the_interpreter():
     assert passed and int(passed[1]) >= len(CASES) + 8, report  # every interpreted test
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETING,
+                    reason='needs a GPU and compiled kernels')
 @pytest.mark.parametrize('heads', [4, 8, 16])
 def test_kernel_on_a_gpu_equals_the_fold(heads):
     """At a size with several blocks of every autotuned shape, float32 and bfloat16."""
