@@ -166,6 +166,30 @@ def test_frozen_stages_keep_embedding_and_first_blocks_fixed(cls):
     assert all(torch.equal(model.get_parameter(n), p) for n, p in frozen.items())
 
 
+@pytest.mark.parametrize('cls', FAMILIES)
+def test_frozen_stages_zero_freezes_the_embeddings_only(cls):
+    model = tiny(cls, frozen_stages=0)
+    assert not any(p.requires_grad for p in model.patch_embed.parameters())
+    assert all(p.requires_grad for p in model.blocks.parameters())
+    assert all(p.requires_grad for p in tiny(cls, frozen_stages=-1).parameters())
+
+
+@pytest.mark.parametrize('cls', FAMILIES)
+def test_every_family_takes_depth_and_layer_scale_alike(cls):
+    arch = {('depth' if k == 'num_layers' else k): v for k, v in TINY[cls].items()}
+    assert cls(arch, out_indices=[0, 1, 2, 3]).num_layers == 4
+    model = cls(TINY[cls], depth=5, layer_scale=0.25, out_indices=[0, 1, 2, 4])
+    assert len(model.blocks) == 5
+    assert torch.all(model.blocks[0].ls1.gamma == 0.25)
+    assert torch.equal(cls(dict(TINY[cls], layer_scale=0.25), out_indices=[0, 1, 2, 3])
+                       .blocks[0].ls1.gamma, model.blocks[0].ls1.gamma)
+    with pytest.raises(KeyError, match='depth and num_layers both given'):
+        cls(dict(arch, num_layers=4))
+    with pytest.raises(KeyError, match=r"unknown arch settings \['embed_dim'\] in "
+                                       r"arch_overrides; allowed: \['embed_dims'"):
+        tiny(cls, arch_overrides=dict(embed_dim=64))
+
+
 def test_norm_eval_keeps_batch_norms_in_eval_mode():
     model = tiny(XCiT, norm_eval=True).train()
     norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]

@@ -103,7 +103,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             that are multiples of 32.
         drop_rate: dropout after the position encoding and inside FFNs.
         drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
-        frozen_stages: freeze the embeddings (>= 0) and the first ``frozen_stages`` blocks.
+        frozen_stages: -1 freezes nothing; k >= 0 freezes the embeddings (patch embedding,
+            position encoding, a class token that joins at block 0) and the first k blocks
+            (mmdet's ResNet convention, where 0 freezes the stem; mmpretrain's ViT freezes
+            nothing at 0 and the embeddings from 1).
         norm_eval: keep BatchNorm layers in eval mode while training.
         with_cp: activation checkpointing while training (a block's activations are
             recomputed in backward instead of kept: about a third more compute for those
@@ -130,8 +133,12 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             ``EncoderDecoder`` passes its model-level ``pretrained`` here): becomes
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``, with a warning that
             ``init_cfg`` is the way to say it; giving both is an error.
+        depth: the number of blocks (timm's name), replacing ``arch``'s ``num_layers``.
+        layer_scale: LayerScale's initial value (None: no LayerScale), replacing ``arch``'s:
+            an arch key of every family, set by this keyword or in ``arch``.
         arch_overrides: settings that replace those of ``arch``: how a family passes its
-            own constructor options (``stem``, ...) to its builders.
+            own constructor options (``stem``, ...) to its builders. Its keys, as a custom
+            ``arch`` dict's, are checked: an unknown one raises naming the valid ones.
     """
 
     arch_zoo: dict[str, dict] = {}
@@ -174,29 +181,20 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  pos_antialias: bool = True,
                  init_cfg: Optional[Union[dict, list]] = None,
                  pretrained: Optional[str] = None,
+                 depth: Optional[int] = None,
+                 layer_scale: Optional[float] = None,
                  arch_overrides: Optional[dict] = None) -> None:
         super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
-        self.arch_name = arch if isinstance(arch, str) else 'custom'
-        self.arch = {**self.resolve_arch(arch), **(arch_overrides or {})}
-        self.embed_dims = self.arch['embed_dims']
-        self.num_layers = self.arch['num_layers']
-        self.num_heads = self.arch['num_heads']
-        self.patch_size = patch_size
-        self.in_channels = in_channels
+        self._set_arch(arch, arch_overrides, depth, layer_scale)
+        self.patch_size, self.in_channels = patch_size, in_channels
         self.pretrain_grid = tuple(size // patch_size for size in _pair(img_size))
         self._check_options(out_type, padding, with_cp)
-        self.out_type = out_type
-        self.dense = out_type == 'featmap'
+        self.out_type, self.dense = out_type, out_type == 'featmap'
         self.pyramid_levels = self._check_pyramid_levels(pyramid_levels,
                                                          pyramid and self.dense)
         self.out_indices = self._check_out_indices(out_indices)
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
-        self.drop_rate = drop_rate
-        self.padding = padding
-        self.pos_antialias = pos_antialias
-
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.drop_rate, self.padding, self.pos_antialias = drop_rate, padding, pos_antialias
         self._build_embeddings(dense_class_token)
         #: how each trunk block attends (window size, relative position tables)
         self.block_layouts = self._attention_layouts(
@@ -241,7 +239,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     # ------------------------------------------------------------------ construction
     @classmethod
     def resolve_arch(cls, arch: Union[str, dict]) -> dict:
-        """The arch settings for a table name or a custom dict, with family defaults."""
+        """The arch settings for a table name or a custom dict (``depth``, timm's name, for
+        ``num_layers`` accepted), with family defaults."""
         if isinstance(arch, str):
             if arch not in cls.arch_zoo:
                 raise KeyError(f'unknown {cls.__name__} arch {arch!r}; '
@@ -249,12 +248,39 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             return {**cls.arch_defaults, **cls.arch_zoo[arch]}
         if not isinstance(arch, dict):
             raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
+        if 'depth' in arch:
+            if 'num_layers' in arch:
+                raise KeyError(f'custom {cls.__name__} arch: depth and num_layers both given '
+                               f'({arch}); they are one setting, give one')
+            arch = {('num_layers' if k == 'depth' else k): v for k, v in arch.items()}
         missing = [k for k in cls.arch_keys if k not in arch]
-        unknown = [k for k in arch if k not in cls.arch_keys and k not in cls.arch_defaults]
+        unknown = cls._unknown_arch_keys(arch)
         if missing or unknown:
             raise KeyError(f'custom {cls.__name__} arch: missing keys {missing}, unknown keys '
                            f'{unknown}; allowed: {list(cls.arch_keys) + list(cls.arch_defaults)}')
         return {**cls.arch_defaults, **arch}
+
+    @classmethod
+    def _unknown_arch_keys(cls, settings: dict) -> list[str]:
+        return [k for k in settings if k not in cls.arch_keys and k not in cls.arch_defaults]
+
+    def _set_arch(self, arch: Union[str, dict], overrides: Optional[dict],
+                  depth: Optional[int], layer_scale: Optional[float]) -> None:
+        """``self.arch``: the resolved ``arch`` with ``overrides`` (checked keys), then the
+        ``depth`` and ``layer_scale`` keywords where given, on top."""
+        given = dict(num_layers=depth, layer_scale=layer_scale)
+        overrides = {**(overrides or {}),
+                     **{key: value for key, value in given.items() if value is not None}}
+        unknown = self._unknown_arch_keys(overrides)
+        if unknown:
+            raise KeyError(f'{type(self).__name__}: unknown arch settings {unknown} in '
+                           f'arch_overrides; allowed: '
+                           f'{list(self.arch_keys) + list(self.arch_defaults)}')
+        self.arch_name = arch if isinstance(arch, str) else 'custom'
+        self.arch = {**self.resolve_arch(arch), **overrides}
+        self.embed_dims = self.arch['embed_dims']
+        self.num_layers = self.arch['num_layers']
+        self.num_heads = self.arch['num_heads']
 
     @staticmethod
     def _check_options(out_type: str, padding: str, with_cp: Union[bool, int]) -> None:

@@ -26,7 +26,7 @@ class ConViT(ColumnarBackbone):
         'tiny_plus': _convit(4, 64), 'small_plus': _convit(9, 64), 'base_plus': _convit(16, 64),
     }
     arch_defaults = dict(mlp_ratio=4., qkv_bias=False, num_local_layers=10,
-                         locality_strength=1.0)
+                         locality_strength=1.0, layer_scale=None)
     no_weight_decay_names = ('gating',)  # GPSA's gates
     checkpoint_rules = (
         (r'\.attn\.gating_param$', '.attn.gating'),
@@ -61,8 +61,8 @@ class ConViT(ColumnarBackbone):
         else:
             mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
                                            rel_pos_grid=layout.rel_pos_grid)
-        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], None, drop_path,
-                                self.drop_rate, window_size=layout.window_size)
+        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+                                drop_path, self.drop_rate, window_size=layout.window_size)
 
     def _init_parameters(self) -> None:
         super()._init_parameters()

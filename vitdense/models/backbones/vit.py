@@ -60,12 +60,11 @@ class ViT(ColumnarBackbone):
 
     Args:
         arch: 'tiny', 'small', 'base', 'large', 'huge' or a dict.
-        depth: overrides the number of blocks of ``arch`` (e.g. 18 for ViT-S18×2).
         num_parallel: parallel attention / FFN branches per block ("Three things" §3).
         stem: 'linear' patch projection or 'hmlp'.
         stem_norm: 'BN' or 'LN' inside the hMLP stem.
-        layer_scale: LayerScale init value, None for none.
-        Other arguments: see :class:`ColumnarBackbone`.
+        Other arguments (``depth``, e.g. 18 for ViT-S18×2, and ``layer_scale`` among them):
+        see :class:`ColumnarBackbone`.
     """
 
     arch_zoo = {
@@ -75,7 +74,8 @@ class ViT(ColumnarBackbone):
         'large': dict(embed_dims=1024, num_layers=24, num_heads=16),
         'huge': dict(embed_dims=1280, num_layers=32, num_heads=16),
     }
-    arch_defaults = dict(mlp_ratio=4., qkv_bias=True)
+    arch_defaults = dict(mlp_ratio=4., qkv_bias=True, layer_scale=None, num_parallel=1,
+                         stem='linear', stem_norm='BN')
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
         ('small', {}, 'vit_small_patch16_224'),
@@ -91,20 +91,17 @@ class ViT(ColumnarBackbone):
         ('small', dict(stem='hmlp'), None),
     )
 
-    def __init__(self, arch: Union[str, dict] = 'base', *args, depth: Optional[int] = None,
-                 num_parallel: int = 1, stem: str = 'linear', stem_norm: str = 'BN',
-                 layer_scale: Optional[float] = None, **kwargs) -> None:
-        if num_parallel < 1:
-            raise ValueError(f'num_parallel must be >= 1, got {num_parallel}')
-        if stem not in STEMS:
-            raise ValueError(f'unknown stem {stem!r}; expected one of {STEMS}')
-        overrides = dict(num_parallel=num_parallel, stem=stem, stem_norm=stem_norm,
-                         layer_scale=layer_scale)
-        if depth is not None:
-            overrides['num_layers'] = depth
+    def __init__(self, arch: Union[str, dict] = 'base', *args,
+                 num_parallel: Optional[int] = None, stem: Optional[str] = None,
+                 stem_norm: Optional[str] = None, **kwargs) -> None:
+        given = dict(num_parallel=num_parallel, stem=stem, stem_norm=stem_norm)
+        overrides = {**(kwargs.pop('arch_overrides', None) or {}),
+                     **{key: value for key, value in given.items() if value is not None}}
         super().__init__(arch, *args, arch_overrides=overrides, **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
+        if self.arch['stem'] not in STEMS:
+            raise ValueError(f'unknown stem {self.arch["stem"]!r}; expected one of {STEMS}')
         if self.arch['stem'] == 'hmlp':
             return HMLPPatchEmbed(self.in_channels, self.embed_dims, self.patch_size,
                                   self.arch['stem_norm'])
@@ -121,6 +118,8 @@ class ViT(ColumnarBackbone):
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         arch, layout = self.arch, self.block_layouts[index]
+        if arch['num_parallel'] < 1:
+            raise ValueError(f'num_parallel must be >= 1, got {arch["num_parallel"]}')
         if arch['num_parallel'] > 1 and layout != AttentionLayout():
             raise ValueError('window attention and relative positions do not support '
                              'parallel blocks (num_parallel > 1)')
