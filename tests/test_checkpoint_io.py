@@ -419,3 +419,31 @@ def test_library_loads_are_weights_only_whatever_the_environment(
                                              in_channels=32)), evil)
     assert not marker.exists(), 'the payload ran'
     assert evil in str(info.value) and 'system' in str(info.value)
+
+
+def test_remote_checkpoints_load_weights_only_without_touching_the_environment(
+        tmp_path, marker, monkeypatch):
+    """An https:// checkpoint (its download stubbed by a local copy) goes through torch's hub
+    cache to safe_load; the environment a user set is what every step of the load sees."""
+    from vitdense.checkpoint_io import load_checkpoint as load_file
+    evil = _write(tmp_path / 'evil.pth', _RunsCode(os.system, f'touch {marker}'))
+    good = _write(tmp_path / 'good.pth', {'epoch': 3})
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    seen = []
+
+    def download(url: str, destination: str) -> None:
+        seen.append(dict(os.environ))
+        Path(destination).write_bytes(Path(good if url.endswith('/good.pth') else evil)
+                                      .read_bytes())
+
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', download)
+    monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(tmp_path / 'hub'))
+    environment = dict(os.environ)
+    assert load_file('https://example.org/ckpt/good.pth')['meta'] == {'epoch': 3}
+    assert (tmp_path / 'hub/checkpoints/good.pth').is_file()  # cached as mmengine caches
+    with pytest.raises(UnsafeCheckpointError, match='system'):
+        load_file('https://example.org/ckpt/evil.pth')
+    assert not marker.exists(), 'the payload ran'
+    assert seen == [environment, environment] and dict(os.environ) == environment
+    with pytest.raises(ValueError, match='pavi:// scheme cannot be read weights-only'):
+        load_file('pavi://model/x.pth')

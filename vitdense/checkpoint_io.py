@@ -35,8 +35,9 @@ turn ``weights_only`` off; an empty, truncated or garbled file raises
 ``PytorchStreamReader failed reading zip archive``, a bare ``EOFError`` or ``Unsupported
 operand``, without the file's name).
 The other schemes of ``CheckpointLoader`` (http, open-mmlab, ceph, ...) call ``torch.load``
-without ``weights_only``; :func:`use_safe_loading` re-registers each so that it loads with
-``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` set and reports a refusal the same way.
+without ``weights_only``; :func:`use_safe_loading` re-registers each as
+:func:`load_from_remote`, which fetches the file as the scheme would and reads it with
+:func:`safe_load`, the process environment untouched.
 
 Writing: :func:`atomic_write` (temporary file in the same folder, fsync, rename, fsync of the
 folder) leaves a path with either its old or its new content, never a half-written file;
@@ -45,9 +46,7 @@ folder) leaves a path with either its old or its new content, never a half-writt
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 import io
 import os
 import os.path as osp
@@ -55,12 +54,14 @@ import pickle
 import re
 import tempfile
 import zipfile
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
-from mmengine.fileio import LocalBackend, register_backend
+from mmengine.fileio import LocalBackend, get_file_backend, register_backend
 from mmengine.logging.history_buffer import HistoryBuffer
+from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 
 __all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
@@ -392,43 +393,46 @@ def load_from_local(filename: str, map_location: Any = None) -> Any:
     return safe_load(filename, map_location)
 
 
-_FORCE_ENV = ('TORCH_FORCE_WEIGHTS_ONLY_LOAD', 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD')
-_SAFE_SCHEME_ATTR = '_vitdense_weights_only'
+def _remote_file(filename: str) -> str | bytes:
+    """Where mmengine's scheme of ``filename`` finds the file: a local path (a URL's copy in
+    torch's hub cache, as mmengine's ``load_from_http`` keeps it; a named model's file) or
+    the bytes of an s3 / petrel object."""
+    if re.match(r'(\S+:)?(s3|petrel)://', filename):
+        return get_file_backend(filename, backend_args={'backend': 'petrel'}).get(filename)
+    scheme, name = filename.split('://', 1)
+    if scheme in ('torchvision', 'modelzoo'):
+        filename = mmengine_checkpoint.get_torchvision_models()[name]
+    elif scheme == 'mmcls':
+        filename = mmengine_checkpoint.get_mmcls_models()[name]
+    elif scheme in ('open-mmlab', 'openmmlab'):
+        name = mmengine_checkpoint.get_deprecated_model_names().get(name, name)
+        filename = mmengine_checkpoint.get_external_models()[name]
+        if not filename.startswith(('http://', 'https://')):
+            return osp.join(mmengine_checkpoint._get_mmengine_home(), filename)
+    elif scheme not in ('http', 'https'):
+        raise ValueError(f'{filename}: checkpoints of the {scheme}:// scheme cannot be read '
+                         f'weights-only here; copy the file and load its local path')
+    cached = osp.join(torch.hub.get_dir(), 'checkpoints', osp.basename(urlparse(filename).path))
+    if not osp.isfile(cached):
+        os.makedirs(osp.dirname(cached), exist_ok=True)
+        torch.hub.download_url_to_file(filename, cached)
+    return cached
 
 
-@contextlib.contextmanager
-def _weights_only_everywhere() -> Iterator[None]:
-    """Every ``torch.load`` inside is weights-only, whatever its caller passes.
-
-    mmengine's remote schemes call ``torch.load`` without ``weights_only``, which
-    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` in the user's environment would turn off; torch's
-    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` overrides every call site.
-    """
-    saved = {name: os.environ.pop(name, None) for name in _FORCE_ENV}
-    os.environ['TORCH_FORCE_WEIGHTS_ONLY_LOAD'] = '1'
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None)
-            if value is not None:
-                os.environ[name] = value
-
-
-def _weights_only_scheme(loader: Callable) -> Callable:
-    """One of mmengine's checkpoint schemes, loading weights-only and naming refused files."""
-    @functools.wraps(loader)
-    def load(filename: str, map_location: Any = None) -> Any:
-        try:
-            with _weights_only_everywhere():
-                return loader(filename, map_location)
-        except pickle.UnpicklingError as err:
-            if isinstance(err, (UnsafeCheckpointError, CorruptCheckpointError)):
-                raise
-            raise UnsafeCheckpointError(filename, _offending(str(err)),
-                                        _detail(str(err))) from None
-    setattr(load, _SAFE_SCHEME_ATTR, True)
-    return load
+def load_from_remote(filename: str, map_location: Any = None) -> Any:
+    """Every scheme of mmengine's ``CheckpointLoader`` but local files (http(s), the named
+    models of open-mmlab / torchvision / mmcls, s3 / petrel), fetched as mmengine fetches
+    them and read by :func:`safe_load`: ``weights_only=True`` passed explicitly, nothing in
+    the process environment changed (mmengine's own loaders call ``torch.load`` without it,
+    and ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` would turn them unsafe)."""
+    found = _remote_file(filename)
+    if isinstance(found, bytes):
+        with io.BytesIO(found) as buffer:
+            return safe_load(buffer, map_location)
+    checkpoint = safe_load(found, map_location)
+    if filename.startswith('mmcls://'):
+        checkpoint = mmengine_checkpoint._process_mmcls_checkpoint(checkpoint)
+    return checkpoint
 
 
 def use_safe_loading() -> None:
@@ -436,15 +440,15 @@ def use_safe_loading() -> None:
 
     ``CheckpointLoader.register_scheme`` is mmengine's own extension point for loaders: local
     paths (prefix ``''``, what ``load_from``, ``resume`` and ``Pretrained`` use) load with
-    :func:`load_from_local`; every other scheme registered by then is re-registered through
-    :func:`_weights_only_scheme`. Called by :class:`vitdense.SafeCheckpointHook`, i.e. by a
+    :func:`load_from_local`; every other scheme registered by then with
+    :func:`load_from_remote`. Called by :class:`vitdense.SafeCheckpointHook`, i.e. by a
     config that names it, and by vitdense's tools; call it yourself to load a Runner checkpoint
     elsewhere, e.g. as ``Pretrained`` weights of a model built outside a Runner.
     """
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
     for prefix, loader in list(CheckpointLoader._schemes.items()):
-        if prefix and not getattr(loader, _SAFE_SCHEME_ATTR, False):
-            CheckpointLoader.register_scheme(prefix, _weights_only_scheme(loader), force=True)
+        if prefix and loader is not load_from_remote:
+            CheckpointLoader.register_scheme(prefix, load_from_remote, force=True)
 
 
 def load_checkpoint(filename: str, map_location: Any = 'cpu') -> Any:
@@ -455,9 +459,7 @@ def load_checkpoint(filename: str, map_location: Any = 'cpu') -> Any:
     loader = CheckpointLoader._get_checkpoint_loader(filename)
     if loader is CheckpointLoader._schemes.get(''):
         return load_from_local(filename, map_location)
-    if not getattr(loader, _SAFE_SCHEME_ATTR, False):
-        loader = _weights_only_scheme(loader)
-    return loader(filename, map_location)
+    return load_from_remote(filename, map_location)
 
 
 ATOMIC_BACKEND = 'vitdense_atomic_local'
