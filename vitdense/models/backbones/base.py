@@ -105,8 +105,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
         frozen_stages: -1 freezes nothing; k >= 0 freezes the embeddings (patch embedding,
             position encoding, a class token that joins at block 0) and the first k blocks
-            (mmdet's ResNet convention, where 0 freezes the stem; mmpretrain's ViT freezes
-            nothing at 0 and the embeddings from 1).
+            (mmdet's ResNet convention, where 0 freezes the stem; mmpretrain's VisionTransformer
+            freezes nothing at 0 and the embeddings from 1).
         norm_eval: keep BatchNorm layers in eval mode while training.
         with_cp: activation checkpointing while training (a block's activations are
             recomputed in backward instead of kept: about a third more compute for those
