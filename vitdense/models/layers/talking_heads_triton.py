@@ -18,7 +18,7 @@ precision inputs are multiplied with float32 accumulation; the mixes, the softma
 statistics are float32, and the weights are rounded to the values' precision for ``P·v``
 (as flash attention does).
 """
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -47,7 +47,9 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
     return fitting or configs[:1]
 
 
-def _autotuned(reset: Optional[list[str]] = None):
+def _autotuned(reset: Optional[list[str]] = None) -> Callable:
+    """Autotuning per head count and widths over :func:`_configs`; the buffers named in
+    ``reset`` take atomic additions, so they are zeroed around the timed runs."""
     return triton.autotune(configs=_configs(), key=['HEADS', 'WIDTH_P', 'DIMS_P'],
                            prune_configs_by={'early_config_prune': _prune},
                            reset_to_zero=reset)
@@ -184,7 +186,7 @@ def _row_deltas(q, grad, lse, k_ptr, v_ptr, wl_ptr, ww_ptr, heads, num_keys, wid
     return deltas
 
 
-@_autotuned(reset=['dk_ptr', 'dv_ptr', 'dwl_ptr', 'dww_ptr'])
+@_autotuned(reset=['dq_ptr', 'dk_ptr', 'dv_ptr', 'dwl_ptr', 'dww_ptr'])
 @triton.jit
 def _backward_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, dq_ptr, dk_ptr,
                      dv_ptr, dwl_ptr, dww_ptr, num_queries, num_keys, width, dims,
