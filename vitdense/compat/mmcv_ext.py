@@ -180,9 +180,10 @@ def roi_align_forward(input: Tensor, rois: Tensor, output: Tensor, argmax_y: Ten
 def _atomic_adds_allowed(device: torch.device) -> Iterator[None]:
     """Under ``torch.use_deterministic_algorithms(True)``, warn instead of failing on CUDA.
 
-    Both RoIAlign backward kernels, mmcv's and torchvision's, scatter with atomic adds on
-    CUDA; mmcv's runs regardless, torchvision's raises in deterministic mode.  Here it runs
-    like mmcv's, and torch warns that the result is not deterministic.
+    The backward kernels of RoIAlign, deformable attention (``grid_sample``'s) and deformable
+    convolution scatter with atomic adds on CUDA, mmcv's as well as torch's and
+    torchvision's; mmcv's run regardless, torch's and torchvision's raise in deterministic
+    mode.  Here they run like mmcv's, and torch warns that the result is not deterministic.
     """
     relax = (device.type == 'cuda' and torch.are_deterministic_algorithms_enabled()
              and not torch.is_deterministic_algorithms_warn_only_enabled())
@@ -376,7 +377,9 @@ def ms_deform_attn_backward(value: Tensor, value_spatial_shapes: Tensor,
             value[:, keys], sampling_locations[:, :, :, level], attention_weights[:, :, :, level])]
         with torch.enable_grad():
             share = _deform_attn_level(inputs[0], h, w, inputs[1], inputs[2])
-        for buffer, grad in zip(buffers, torch.autograd.grad(share, inputs, grad_share)):
+        with _atomic_adds_allowed(value.device):
+            grads = torch.autograd.grad(share, inputs, grad_share)
+        for buffer, grad in zip(buffers, grads):
             buffer.add_(grad)
 
 
@@ -401,8 +404,9 @@ def _deform_conv2d_backward(grad_output: Tensor, input: Tensor, weight: Tensor, 
     use_mask = mask is not None
     mask = mask if use_mask else input.new_zeros(input.shape[0], 1)
     bias = bias if bias is not None else weight.new_zeros(weight.shape[0])
-    return torch.ops.torchvision._deform_conv2d_backward(
-        grad_output.contiguous(), input, weight, offset, mask, bias, *geometry, use_mask)
+    with _atomic_adds_allowed(input.device):
+        return torch.ops.torchvision._deform_conv2d_backward(
+            grad_output.contiguous(), input, weight, offset, mask, bias, *geometry, use_mask)
 
 
 @_kernel
