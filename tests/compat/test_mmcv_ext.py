@@ -102,6 +102,58 @@ def test_batched_nms_offsets_classes_and_splits_large_inputs():
     assert split.tolist() == kept.tolist()
 
 
+def _sequential_soft_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float, sigma: float,
+                         min_score: float, method: int, offset: int) -> tuple[list, list]:
+    """mmcv's soft-NMS kernel one box at a time: pick the first highest score left, swap it
+    forward, decay the boxes after it, drop (swapping in the last box) those below
+    ``min_score``.  Returns the kept indices and the rows of ``dets``."""
+    b, sc, ind = boxes.tolist(), scores.tolist(), list(range(len(scores)))
+    area = [(x2 - x1 + offset) * (y2 - y1 + offset) for x1, y1, x2, y2 in b]
+    dets, n, i = [], len(sc), 0
+    while i < n:
+        m = max(range(i, n), key=lambda k: (sc[k], -k))
+        for arr in (b, sc, ind, area):
+            arr[i], arr[m] = arr[m], arr[i]
+        dets.append(b[i] + [sc[i]])
+        pos = i + 1
+        while pos < n:
+            w = max(0.0, min(b[i][2], b[pos][2]) - max(b[i][0], b[pos][0]) + offset)
+            h = max(0.0, min(b[i][3], b[pos][3]) - max(b[i][1], b[pos][1]) + offset)
+            ovr = w * h / (area[i] + area[pos] - w * h)
+            if method == 2:
+                sc[pos] *= math.exp(-ovr * ovr / sigma)
+            elif ovr >= iou:
+                sc[pos] *= 0.0 if method == 0 else 1 - ovr
+            if sc[pos] < min_score:
+                for arr in (b, sc, ind, area):
+                    arr[pos] = arr[n - 1]
+                n -= 1
+                pos -= 1
+            pos += 1
+        i += 1
+    return ind[:n], dets
+
+
+@pytest.mark.parametrize('method, offset', [('naive', 0), ('linear', 0), ('gaussian', 0),
+                                            ('linear', 1)])
+def test_soft_nms_equals_the_kernels_sequential_loop(method, offset):
+    boxes, _ = _random_boxes(120, seed=5, size=60.0)
+    scores = torch.randint(1, 8, (120,), generator=torch.Generator().manual_seed(5)) / 8
+    scores = scores.double()   # tied scores: the first of equals is kept first
+    boxes = boxes.double()
+    dets, kept = mmcv.ops.soft_nms(boxes, scores, 0.3, sigma=0.5, min_score=0.05,
+                                   method=method, offset=offset)
+    code = {'naive': 0, 'linear': 1, 'gaussian': 2}[method]
+    expected, expected_dets = _sequential_soft_nms(boxes, scores, 0.3, 0.5, 0.05, code, offset)
+    assert kept.tolist() == expected
+    torch.testing.assert_close(dets, torch.tensor(expected_dets, dtype=torch.float64),
+                               rtol=1e-12, atol=0)
+    assert len(expected) < 120   # boxes were dropped, so the swapping order was exercised
+    empty = mmcv_ext.softnms(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, 5), 0.3, 0.5,
+                             0.05, 2, 0)
+    assert empty.dtype == torch.long and empty.shape == (0,)
+
+
 def _linear_map(h: int = 6, w: int = 7, batch: int = 2) -> torch.Tensor:
     """Feature maps whose value at (y, x) is x + 10 y (+ 100 per image): bilinear sampling of
     a linear function is exact, so every average equals the value at the samples' mean."""
@@ -238,8 +290,8 @@ def test_roi_align_empty_rois_and_float16():
 
 
 def test_other_ops_exist_and_raise_naming_the_op():
-    with pytest.raises(MissingCompiledOpError, match=r"'softnms'.*docs/mmcv_ops.md.*--full-mmcv"):
-        mmcv.ops.soft_nms(*_random_boxes(5, seed=0), 0.3)
+    with pytest.raises(MissingCompiledOpError, match=r"'nms_match'.*mmcv_ops.md.*--full-mmcv"):
+        mmcv.ops.nms_match(torch.rand(5, 5), 0.3)
     with pytest.raises(MissingCompiledOpError, match="'carafe_forward'"):
         mmcv_ext.carafe_forward()
     with pytest.raises(AttributeError):

@@ -8,7 +8,7 @@ every function each op module names exists, so neither imports.
 Fix: this module is loaded *as* ``mmcv._ext`` (after :func:`vitdense.compat.apply_host_fixes`)
 when no compiled extension is installed.  It serves, on any device, the compiled functions
 that mmdet's and mmseg's shipped configs reach and that torch or torchvision compute exactly
-(``docs/mmcv_ops.md`` has the inventory): ``nms``,
+(``docs/mmcv_ops.md`` has the inventory): ``nms``, soft-NMS,
 RoIAlign (average and max pooling), the sigmoid and softmax focal losses, multi-scale
 deformable attention, and deformable and modulated deformable convolution.  Each function
 takes the arguments mmcv's Python wrappers pass to the compiled one and writes the output and
@@ -31,7 +31,7 @@ from torch import Tensor
 # loaded as mmcv._ext: the finder module is in sys.modules, vitdense itself need not be
 from vitdense.compat.mmcv_finder import MissingCompiledOpError
 
-__all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'roi_align_forward',
+__all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'softnms', 'roi_align_forward',
            'roi_align_backward', 'sigmoid_focal_loss_forward', 'sigmoid_focal_loss_backward',
            'softmax_focal_loss_forward', 'softmax_focal_loss_backward',
            'ms_deform_attn_forward', 'ms_deform_attn_backward', 'deform_conv_forward',
@@ -43,6 +43,8 @@ BACKEND = MissingCompiledOpError.BACKEND
 
 # mmcv's pool_mode codes (``RoIAlignFunction``): 0 is max, 1 is avg.
 _POOL_MAX = 0
+# mmcv's soft-NMS methods (``soft_nms``): 0 naive, 1 linear, 2 gaussian
+_SOFTNMS_NAIVE, _SOFTNMS_GAUSSIAN = 0, 2
 # the CUDA kernels' float limits, in every dtype: log's argument is clamped at FLT_MIN and an
 # empty max-pooling bin holds -FLT_MAX
 _FLT_MIN = torch.finfo(torch.float32).tiny
@@ -82,6 +84,57 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Ten
     ranks = torch.arange(len(order), 0, -1, device=boxes.device, dtype=ordered.dtype)
     kept = torch.ops.torchvision.nms(ordered, ranks, float(iou_threshold))
     return order[kept]
+
+
+def _softnms_decay(overlap: Tensor, iou_threshold: float, sigma: float, method: int) -> Tensor:
+    """Soft-NMS's score factor for each overlap with the kept box: 0 (``naive``: hard NMS),
+    ``1 - IoU`` (``linear``) at IoU >= the threshold, or ``exp(-IoU^2 / sigma)``
+    (``gaussian``)."""
+    if method == _SOFTNMS_GAUSSIAN:
+        return torch.exp(-(overlap * overlap) / sigma)
+    below = torch.ones_like(overlap)
+    suppressed = torch.zeros_like(overlap) if method == _SOFTNMS_NAIVE else 1 - overlap
+    return torch.where(overlap >= iou_threshold, suppressed, below)
+
+
+def _drop_like_softnms(order: Tensor, alive: Tensor) -> Tensor:
+    """``order`` without the entries that are not ``alive``, arranged as mmcv's kernel leaves
+    them: it fills each dropped entry, first to last, with the last entry still alive."""
+    kept = int(alive.sum())
+    positions = torch.arange(len(order))
+    holes = positions[:kept][~alive[:kept]]
+    fillers = positions[kept:][alive[kept:]].flip(0)
+    arranged = order[:kept].clone()
+    arranged[holes] = order[fillers]
+    return arranged
+
+
+@_kernel
+def softnms(boxes: Tensor, scores: Tensor, dets: Tensor, iou_threshold: float, sigma: float,
+            min_score: float, method: int, offset: int) -> Tensor:
+    """Soft-NMS (Bodla et al., 2017) as mmcv's kernel runs it: repeatedly keep the
+    highest-scoring box left (the first of equals), write it and its score into the next row
+    of ``dets`` and decay the scores of the boxes after it by their overlap with it; a box
+    whose score falls below ``min_score`` is dropped.  Returns the kept boxes' indices."""
+    if boxes.numel() == 0:
+        return boxes.new_empty(0, dtype=torch.long)
+    scores = scores.clone()
+    areas = (boxes[:, 2] - boxes[:, 0] + offset) * (boxes[:, 3] - boxes[:, 1] + offset)
+    order = torch.arange(len(boxes))   # the kernel's working array of box indices
+    i = 0
+    while i < len(order):
+        best = i + int(scores[order[i:]].argmax())   # the first of equal scores
+        order[[i, best]] = order[[best, i]]
+        kept, rest = order[i], order[i + 1:]
+        dets[i, :4], dets[i, 4] = boxes[kept], scores[kept]
+        low = torch.maximum(boxes[kept, :2], boxes[rest, :2])
+        high = torch.minimum(boxes[kept, 2:], boxes[rest, 2:])
+        inter = (high - low + offset).clamp(min=0).prod(1)
+        overlap = inter / (areas[kept] + areas[rest] - inter)
+        scores[rest] *= _softnms_decay(overlap, iou_threshold, sigma, method)
+        order = torch.cat([order[:i + 1], _drop_like_softnms(rest, scores[rest] >= min_score)])
+        i += 1
+    return order
 
 
 # --- RoIAlign -------------------------------------------------------------------------------

@@ -44,9 +44,9 @@ class MissingCompiledOpError(NotImplementedError):
         super().__init__(
             f"mmcv op '{op}'{detail} needs mmcv's compiled extension, which is not installed: "
             f'this environment runs mmcv-lite with the {self.BACKEND}, which cover nms, '
-            'RoIAlign, the focal losses, multi-scale deformable attention and (modulated) '
-            'deformable convolution only (docs/mmcv_ops.md). Install the compiled mmcv with '
-            '`bash tools/install.sh --full-mmcv` (builds mmcv 2.1.0 from source: a C++ '
+            'soft-NMS, RoIAlign, the focal losses, multi-scale deformable attention and '
+            '(modulated) deformable convolution only (docs/mmcv_ops.md). Install the compiled '
+            'mmcv with `bash tools/install.sh --full-mmcv` (builds mmcv 2.1.0 from source: a C++ '
             'compiler, and nvcc for CUDA ops, are needed).')
 
 
