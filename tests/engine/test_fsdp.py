@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from mmengine.config import Config
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmpretrain.engine.optimizers import Lamb
 from torch import nn
@@ -13,8 +14,9 @@ from torch import nn
 from benchmarks import fsdp_parity
 from vitdense.engine import FullyShardedModel, ShardedLamb
 from vitdense.engine.fsdp import check_sharded_optimizer
+from vitdense.engine.launch import check_cfg_options
 
-from common import RegressToOne
+from common import CONFIGS, RegressToOne
 
 
 @pytest.fixture
@@ -97,3 +99,31 @@ def test_state_dict_holds_full_tensors_and_loads_back_sliced(gloo_group):
     assert saved.keys() == state.keys()
     for key, value in state.items():
         assert type(saved[key]) is torch.Tensor and torch.equal(saved[key], value), key
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_gradients(gloo_group):
+    model = FullyShardedModel(fsdp_parity.TinyViTRegressor(), param_dtype='bfloat16')
+    batch = fsdp_parity.RandomImages()[0]
+    outputs = {}
+    handle = model.module.head.register_forward_hook(
+        lambda module, args, out: outputs.update(head=out))
+    loss = model.module(batch['inputs'][None], batch['targets'][None])['loss']
+    handle.remove()
+    loss.backward()
+    assert outputs['head'].dtype == torch.bfloat16 and torch.isfinite(loss)
+    weight = model.module.head.weight
+    assert weight.dtype == torch.float32 and weight.grad.dtype == torch.float32
+
+
+def test_the_recipe_turns_sharding_on_for_a_config(tmp_path):
+    leaf = CONFIGS / 'vit/vit-l-p16_8xb256-a2_in1k.py'
+    sharded = tmp_path / 'vit-l_fsdp.py'
+    sharded.write_text(f"_base_ = ['{leaf}', '{CONFIGS / '_base_/fsdp.py'}']\n")
+    cfg = Config.fromfile(str(sharded))
+    assert cfg.runner_type == 'vitdense.ShardedRunner'
+    assert cfg.model_wrapper_cfg.type == 'vitdense.FullyShardedModel'
+    assert cfg.model.backbone.arch == 'large'
+    # the same keys as --cfg-options of the tools
+    check_cfg_options(Config.fromfile(str(leaf)), {
+        'runner_type': 'vitdense.ShardedRunner',
+        'model_wrapper_cfg.type': 'vitdense.FullyShardedModel'}, str(leaf))
