@@ -33,21 +33,15 @@ from pathlib import Path
 
 from mmengine.config import DictAction
 
+from vitdense.models import backbone_families
+
 ROOT = Path(__file__).resolve().parents[1]
+#: each registered family's demo models (``configs/<family>/``): Mask R-CNN and UperNet
 CONFIGS = {
-    'det': {
-        'xcit': 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py',
-        'vit': 'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',
-        'cait': 'configs/cait/mask-rcnn_cait-d6-p8_fpn_demo-coco.py',
-        'convit': 'configs/convit/mask-rcnn_convit-d6-p8_fpn_demo-coco.py',
-    },
-    'seg': {
-        'xcit': 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py',
-        'vit': 'configs/vit/upernet_vit-d6-p8_demo-ade.py',
-        'cait': 'configs/cait/upernet_cait-d6-p8_demo-ade.py',
-        'convit': 'configs/convit/upernet_convit-d6-p8_demo-ade.py',
-    },
-}
+    task: {family: f'configs/{family}/{prefix}_{family}-d6-p8_{neck}demo-{data}.py'
+           for family in backbone_families()}
+    for task, prefix, neck, data in (('det', 'mask-rcnn', 'fpn_', 'coco'),
+                                     ('seg', 'upernet', '', 'ade'))}
 #: the same demo models in ViTDet's layout: the last block through the simple feature
 #: pyramid, window attention and relative positions for the token-attention families
 VITDET_CONFIGS = {
@@ -62,7 +56,7 @@ RESNET18 = {
 }
 RESNET18_CHANNELS = [64, 128, 256, 512]
 METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',)}
-FAMILIES = ('xcit', 'vit', 'cait', 'convit', 'resnet18')
+FAMILIES = (*backbone_families(), 'resnet18')
 
 
 def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None = None,

@@ -37,10 +37,11 @@ from pathlib import Path
 
 from benchmarks.benchmark_dense_demo import (METRICS, ROOT, demo_config, ensure_data,
                                               train_and_test)
+from vitdense.models import backbone_families
 
-FAMILIES = ('vit', 'cait', 'convit', 'xcit')
+FAMILIES = tuple(backbone_families())
 #: families whose attention is over tokens, and so can be windowed
-WINDOWED = ('vit', 'cait', 'convit')
+WINDOWED = tuple(name for name, family in backbone_families().items() if family.token_attention)
 #: layout -> (the demo benchmark's layout, options on top of its config)
 LAYOUTS = {
     'multilayer': ('multilayer', {}),

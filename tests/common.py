@@ -15,6 +15,8 @@ from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from torch import nn
 
+from vitdense.models import backbone_families
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / 'configs'
 # the environment for a tool run as a subprocess: this checkout's vitdense, whatever copy the
@@ -28,12 +30,13 @@ TINY_ARCH = dict(embed_dims=32, num_layers=4, num_heads=2)
 # §2, Eq. 5): 4 heads fill a 2×2 kernel, where 2 heads would leave a head with no offset. Two
 # gated blocks let a test read a gate past the first.
 TINY_CONVIT_ARCH = dict(TINY_ARCH, num_heads=4, num_local_layers=2)
+#: what a family's tiny arch needs beyond TINY_ARCH
+TINY_ARCH_EXTRAS = {'convit': dict(num_local_layers=1)}
+#: every registered family at the tiny size, as a config's backbone
 TINY_BACKBONES = {
-    'vit': dict(type='vitdense.ViT', arch=TINY_ARCH),
-    'cait': dict(type='vitdense.CaiT', arch=TINY_ARCH),
-    'xcit': dict(type='vitdense.XCiT', arch=TINY_ARCH),
-    'convit': dict(type='vitdense.ConViT', arch=dict(TINY_ARCH, num_local_layers=1)),
-}
+    name: dict(type=f'vitdense.{family.__name__}',
+               arch=dict(TINY_ARCH, **TINY_ARCH_EXTRAS.get(name, {})))
+    for name, family in backbone_families().items()}
 
 
 def require_onnx() -> None:
