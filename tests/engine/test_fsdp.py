@@ -127,3 +127,22 @@ def test_the_recipe_turns_sharding_on_for_a_config(tmp_path):
     check_cfg_options(Config.fromfile(str(leaf)), {
         'runner_type': 'vitdense.ShardedRunner',
         'model_wrapper_cfg.type': 'vitdense.FullyShardedModel'}, str(leaf))
+
+
+def test_activation_checkpointing_inside_sharded_blocks_gives_the_same_gradients(gloo_group):
+    grads, calls = [], []
+    for checkpointed in (frozenset(), frozenset(range(4))):  # with_cp=True: every block
+        torch.manual_seed(0)
+        model = FullyShardedModel(fsdp_parity.TinyViTRegressor())
+        backbone = model.module.backbone
+        backbone.checkpointed_blocks = checkpointed
+        calls.append(0)
+        backbone.blocks[0].register_forward_pre_hook(
+            lambda *args: calls.__setitem__(-1, calls[-1] + 1))
+        batch = fsdp_parity.RandomImages()[0]
+        model.module(batch['inputs'][None], batch['targets'][None])['loss'].backward()
+        grads.append({name: p.grad.full_tensor() for name, p in model.named_parameters()})
+    assert calls == [1, 2]  # recomputed in backward
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=0, msg=name)
