@@ -274,3 +274,17 @@ def test_modulated_deform_conv_pack_under_autocast():
                                        conv.weight.half().float(), conv.bias.half().float(),
                                        1, 1, 1, 1, 1)
     assert relative_error(out.float(), reference) < 5e-3
+
+
+# --- masked convolution ---------------------------------------------------------------------
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('kernel', [1, 3, 5])
+def test_masked_conv_equals_the_convolution_at_the_masked_positions(dtype, kernel):
+    """Guided Anchoring's and SABL's 'same' convolutions (the mask is the input's size)."""
+    gen = torch.Generator().manual_seed(0)
+    conv = mmcv.ops.MaskedConv2d(4, 6, kernel, padding=kernel // 2).to(dtype)
+    x = torch.randn(1, 4, 9, 8, generator=gen).to(dtype)
+    mask = (torch.rand(1, 9, 8, generator=gen) > 0.6).to(dtype)
+    reference = F.conv2d(x, conv.weight, conv.bias, padding=kernel // 2) * (mask[:, None] > 0)
+    assert_matches('masked convolution', conv(x, mask), reference, FORWARD_RTOL)

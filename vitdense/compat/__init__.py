@@ -16,8 +16,8 @@ serves ``mmcv._ext``       compiled ``mmcv._ext`` ``site-packages`` (every inter
 under ``mmcv-lite``                               the environment, ``mmcv_finder.py``);
 (nms, RoIAlign, focal                             :func:`apply_host_fixes` (every vitdense
 losses, deformable                                tool, before it imports a host);
-attention and convs;                              ``python -m vitdense.compat SCRIPT ARGS``
-``docs/mmcv_ops.md``)
+attention and convs,                              ``python -m vitdense.compat SCRIPT ARGS``
+...: ``docs/mmcv_ops.md``)
 =========================  =====================  ======================================
 
 All three register the one finder of ``mmcv_finder.py``, which answers nothing but the import

@@ -10,7 +10,8 @@ when no compiled extension is installed.  It serves, on any device, the compiled
 that mmdet's and mmseg's shipped configs reach and that torch or torchvision compute exactly
 (``docs/mmcv_ops.md`` has the inventory): ``nms``, soft-NMS,
 RoIAlign (average and max pooling), the sigmoid and softmax focal losses, multi-scale
-deformable attention, and deformable and modulated deformable convolution.  Each function
+deformable attention, deformable and modulated deformable convolution, and masked
+convolution.  Each function
 takes the arguments mmcv's Python wrappers pass to the compiled one and writes the output and
 gradient buffers it is handed in place, as the CUDA kernels do; it computes in the dtypes it is
 given, outside autocast and autograd, as a compiled kernel does.
@@ -37,7 +38,8 @@ __all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'softnms', 'roi_align
            'ms_deform_attn_forward', 'ms_deform_attn_backward', 'deform_conv_forward',
            'deform_conv_backward_input', 'deform_conv_backward_parameters',
            'modulated_deform_conv_forward', 'modulated_deform_conv_backward',
-           'get_compiler_version', 'get_compiling_cuda_version']
+           'masked_im2col_forward', 'masked_col2im_forward', 'get_compiler_version',
+           'get_compiling_cuda_version']
 
 BACKEND = MissingCompiledOpError.BACKEND
 
@@ -535,6 +537,29 @@ def modulated_deform_conv_backward(input: Tensor, weight: Tensor, bias: Tensor, 
     grad_mask.copy_(grads[3])
     if with_bias:
         grad_bias.add_(grads[4])
+
+
+# --- masked convolution ---------------------------------------------------------------------
+
+@_kernel
+def masked_im2col_forward(im: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, col: Tensor,
+                          kernel_h: int, kernel_w: int, pad_h: int, pad_w: int) -> None:
+    """The kernel_h x kernel_w patches of image 0 of ``im`` (zero beyond its edges) at the
+    masked positions into ``col`` (channels * kernel_h * kernel_w, positions), channel first
+    as mmcv's kernel orders them."""
+    padded = F.pad(im[0], (pad_w, max(kernel_w - 1 - pad_w, 0),
+                           pad_h, max(kernel_h - 1 - pad_h, 0)))
+    rows = mask_h_idx[:, None] + torch.arange(kernel_h, device=im.device)   # padded rows
+    cols = mask_w_idx[:, None] + torch.arange(kernel_w, device=im.device)
+    patches = padded[:, rows[:, :, None], cols[:, None, :]]   # (C, positions, kh, kw)
+    col.copy_(patches.permute(0, 2, 3, 1).reshape(col.shape))
+
+
+@_kernel
+def masked_col2im_forward(col: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, im: Tensor,
+                          height: int, width: int, channels: int) -> None:
+    """Each column of ``col`` (channels, positions) into image 0 of ``im`` at its position."""
+    im[0, :, mask_h_idx, mask_w_idx] = col
 
 
 def get_compiler_version() -> str:
