@@ -192,3 +192,12 @@ def test_index_memory_is_what_the_tool_measures():
     entry = _entries()[config]['Metadata']['Training Memory']
     assert model_index.memory_entry(REPO_ROOT / config,
                                     memory.account(str(REPO_ROOT / config))) == entry
+
+
+def test_the_families_are_the_registry_s(monkeypatch):
+    from vitdense.models import backbone_families
+    assert list(model_index.families()) == list(backbone_families())
+    monkeypatch.setattr(model_index, 'backbone_families',
+                        lambda: {**backbone_families(), 'toyformer': object})
+    with pytest.raises(KeyError, match=r"families \['toyformer'\] have no collection"):
+        model_index.shipped_configs()
