@@ -154,6 +154,39 @@ def test_soft_nms_equals_the_kernels_sequential_loop(method, offset):
     assert empty.dtype == torch.long and empty.shape == (0,)
 
 
+def _sequential_nms_match(dets: torch.Tensor, iou: float) -> list[list[int]]:
+    """mmcv's nms_match kernel one pair at a time, visiting boxes by descending score and ties
+    by index."""
+    b = dets[:, :4].tolist()
+    area = [(x2 - x1) * (y2 - y1) for x1, y1, x2, y2 in b]
+    order = sorted(range(len(b)), key=lambda k: -float(dets[k, 4]))
+    suppressed, groups = set(), []
+    for pos, i in enumerate(order):
+        if i in suppressed:
+            continue
+        group = [i]
+        for j in order[pos + 1:]:
+            if j in suppressed:
+                continue
+            w = max(0.0, min(b[i][2], b[j][2]) - max(b[i][0], b[j][0]))
+            h = max(0.0, min(b[i][3], b[j][3]) - max(b[i][1], b[j][1]))
+            if w * h / (area[i] + area[j] - w * h) >= iou:
+                suppressed.add(j)
+                group.append(j)
+        groups.append(group)
+    return groups
+
+
+def test_nms_match_groups_what_each_kept_box_suppresses():
+    boxes, _ = _random_boxes(150, seed=6, size=50.0)
+    scores = torch.randint(0, 6, (150,), generator=torch.Generator().manual_seed(6)) / 6
+    dets = torch.cat([boxes, scores[:, None]], 1).double()
+    groups = mmcv.ops.nms_match(dets, 0.4)
+    assert [g.tolist() for g in groups] == _sequential_nms_match(dets, 0.4)
+    assert sorted(sum((g.tolist() for g in groups), [])) == list(range(150))
+    assert any(len(g) > 1 for g in groups) and mmcv.ops.nms_match(dets[:0], 0.4) == []
+
+
 def _linear_map(h: int = 6, w: int = 7, batch: int = 2) -> torch.Tensor:
     """Feature maps whose value at (y, x) is x + 10 y (+ 100 per image): bilinear sampling of
     a linear function is exact, so every average equals the value at the samples' mean."""
@@ -290,8 +323,8 @@ def test_roi_align_empty_rois_and_float16():
 
 
 def test_other_ops_exist_and_raise_naming_the_op():
-    with pytest.raises(MissingCompiledOpError, match=r"'nms_match'.*mmcv_ops.md.*--full-mmcv"):
-        mmcv.ops.nms_match(torch.rand(5, 5), 0.3)
+    with pytest.raises(MissingCompiledOpError, match=r"'psamask_forward'.*mmcv_ops.md.*--full"):
+        mmcv.ops.PSAMask('collect', (3, 3))(torch.rand(1, 9, 4, 4))
     with pytest.raises(MissingCompiledOpError, match="'carafe_forward'"):
         mmcv_ext.carafe_forward()
     with pytest.raises(AttributeError):

@@ -8,7 +8,7 @@ every function each op module names exists, so neither imports.
 Fix: this module is loaded *as* ``mmcv._ext`` (after :func:`vitdense.compat.apply_host_fixes`)
 when no compiled extension is installed.  It serves, on any device, the compiled functions
 that mmdet's and mmseg's shipped configs reach and that torch or torchvision compute exactly
-(``docs/mmcv_ops.md`` has the inventory): ``nms``, soft-NMS,
+(``docs/mmcv_ops.md`` has the inventory): ``nms``, soft-NMS, ``nms_match``,
 RoIAlign (average and max pooling), the sigmoid and softmax focal losses, multi-scale
 deformable attention, deformable and modulated deformable convolution, and masked
 convolution.  Each function
@@ -32,8 +32,9 @@ from torch import Tensor
 # loaded as mmcv._ext: the finder module is in sys.modules, vitdense itself need not be
 from vitdense.compat.mmcv_finder import MissingCompiledOpError
 
-__all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'softnms', 'roi_align_forward',
-           'roi_align_backward', 'sigmoid_focal_loss_forward', 'sigmoid_focal_loss_backward',
+__all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'softnms', 'nms_match',
+           'roi_align_forward', 'roi_align_backward', 'sigmoid_focal_loss_forward',
+           'sigmoid_focal_loss_backward',
            'softmax_focal_loss_forward', 'softmax_focal_loss_backward',
            'ms_deform_attn_forward', 'ms_deform_attn_backward', 'deform_conv_forward',
            'deform_conv_backward_input', 'deform_conv_backward_parameters',
@@ -86,6 +87,31 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Ten
     ranks = torch.arange(len(order), 0, -1, device=boxes.device, dtype=ordered.dtype)
     kept = torch.ops.torchvision.nms(ordered, ranks, float(iou_threshold))
     return order[kept]
+
+
+@_kernel
+def nms_match(dets: Tensor, iou_threshold: float) -> list[list[int]]:
+    """Greedy NMS that returns what each kept box suppressed (mmcv ``nms_match``, PISA's
+    sampler): for each box of ``dets`` (N, 5: box, score) by descending score (equal scores by
+    index, as in :func:`nms`) not yet suppressed, a group of its index followed by those of the
+    boxes after it not yet suppressed with IoU >= ``iou_threshold``, which it suppresses."""
+    areas = (dets[:, 2] - dets[:, 0]) * (dets[:, 3] - dets[:, 1])
+    order = dets[:, 4].sort(stable=True, descending=True)[1]
+    boxes, areas = dets[order, :4], areas[order]
+    low = torch.maximum(boxes[:, None, :2], boxes[None, :, :2])
+    high = torch.minimum(boxes[:, None, 2:], boxes[None, :, 2:])
+    inter = (high - low).clamp(min=0).prod(-1)
+    matches = inter / (areas[:, None] + areas[None, :] - inter) >= iou_threshold
+    suppressed = torch.zeros(len(order), dtype=torch.bool, device=dets.device)
+    groups = []
+    for i in range(len(order)):
+        if suppressed[i]:
+            continue
+        members = matches[i] & ~suppressed
+        members[:i + 1] = False
+        suppressed |= members
+        groups.append(order[i:i + 1].tolist() + order[members].tolist())
+    return groups
 
 
 def _softnms_decay(overlap: Tensor, iou_threshold: float, sigma: float, method: int) -> Tensor:

@@ -44,10 +44,11 @@ class MissingCompiledOpError(NotImplementedError):
         super().__init__(
             f"mmcv op '{op}'{detail} needs mmcv's compiled extension, which is not installed: "
             f'this environment runs mmcv-lite with the {self.BACKEND}, which cover nms, '
-            'soft-NMS, RoIAlign, the focal losses, multi-scale deformable attention and '
-            '(modulated) deformable and masked convolution only (docs/mmcv_ops.md). Install '
-            'the compiled mmcv with `bash tools/install.sh --full-mmcv` (builds mmcv 2.1.0 '
-            'from source: a C++ compiler, and nvcc for CUDA ops, are needed).')
+            'soft-NMS, nms_match, RoIAlign, the focal losses, multi-scale deformable '
+            'attention and (modulated) deformable and masked convolution only '
+            '(docs/mmcv_ops.md). Install the compiled mmcv with `bash tools/install.sh '
+            '--full-mmcv` (builds mmcv 2.1.0 from source: a C++ compiler, and nvcc for CUDA '
+            'ops, are needed).')
 
 
 def written_for(fix: str, package: str, installed: str, versions: str) -> bool:
