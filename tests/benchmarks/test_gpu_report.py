@@ -1,26 +1,174 @@
-"""The GPU report's small CPU version: every case measured (or its error named), the
-results file and the Markdown table written."""
+"""The GPU report's small CPU version: records on disk as each case ends (a killed run keeps
+them, a new run goes on from them), time limits, FLOP counts of the architecture against
+those executed, attention kernels, and the Markdown page."""
 import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from common import CHECKOUT_ENV, REPO_ROOT
 
 from benchmarks import gpu_report
+from benchmarks.benchmark_lib import build_ours, count_flops
+from vitdense.analysis.memory import load_config
+from vitdense.engine.hosts import build_model
+from vitdense.models.layers import talking_heads
+from vitdense.models.layers.attention import MultiheadSelfAttention
+
+RATES = dict(bfloat16=1e9, float16=1e9, float32=1e9)
 
 
-def test_cpu_report_measures_every_case(tmp_path):
-    out, docs = tmp_path / 'report.json', tmp_path / 'gpu_report.md'
-    gpu_report.main(['--device', 'cpu', '--out', str(out), '--docs', str(docs)])
-    report = json.loads(out.read_text())
-    results = {r['case']: r for r in report['results']}
-    assert [r for r in results.values() if 'error' in r or 'skipped' in r] == []
-    backbones = [r for name, r in results.items() if name.startswith('backbone')]
-    assert len(backbones) == 8  # four families, 224-like and COCO-like input
-    for record in backbones:
-        assert record['gflop_step'] > 0 and record['vitdense compile_s'] > 0
-        assert 0 < record['vitdense eager share'] and 0 < record['vitdense compiled share']
-    steps = [r for name, r in results.items() if name.startswith('step')]
-    assert [r['config'] for r in steps] == [
-        'mask-rcnn_xcit-d6-p8_fpn_demo-coco.py', 'upernet_xcit-d6-p8_demo-ade.py',
-        'mask-rcnn_r50_fpn_1x_coco.py']
-    assert all(r['step_ms'] > 0 and r['account_gib'] > 0 for r in steps)
-    assert report['meta']['matmul_tflops']['cls'] > 0
-    page = docs.read_text()
-    assert 'tiny_xcit' in page and 'mask-rcnn_r50_fpn_1x_coco.py' in page
+def _spec(family: str):
+    return next(s for s in gpu_report.backbone_specs((), gpu_report.CPU)
+                if s.family == family)
+
+
+def test_a_run_killed_after_its_first_case_leaves_that_record(tmp_path):
+    out = tmp_path / 'report.jsonl'
+    cases = ['talking-heads maps 4x6', 'backbone tiny_vit cls eager']
+    run = subprocess.Popen([sys.executable, '-m', 'benchmarks.gpu_report', '--device', 'cpu',
+                            '--out', str(out), '--no-compile', '--cases', *cases],
+                           cwd=REPO_ROOT, env=CHECKOUT_ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not gpu_report.recorded_cases(out) and run.poll() is None:
+        assert time.monotonic() < deadline, 'no case recorded in 300 s'
+        time.sleep(0.05)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]  # every line parses
+    assert lines[0]['record'] == 'run' and lines[0]['matmul_tflops']['float32'] > 0
+    first = lines[1]
+    assert first['case'] == cases[0] and 'error' not in first
+    assert first['ms'] > 0 and first['executed_flops'] == first['model_flops'] > 0
+    assert gpu_report.recorded_cases(out)[cases[0]] == first
+
+
+def test_a_new_run_measures_only_the_cases_missing_and_respects_its_limits(tmp_path):
+    out = tmp_path / 'report.jsonl'
+    out.write_text(json.dumps(dict(record='case', case='a', kind='x')) + '\n'
+                   + json.dumps(dict(record='case', case='b', error='boom')) + '\n'
+                   + '{"record": "case", "case": "c", "cut sh')  # a killed run's last line
+    calls = []
+
+    def case(name: str, seconds: float = 0.):
+        def measure(rates: dict) -> dict:
+            calls.append(name)
+            time.sleep(seconds)
+            return dict(kind='x', rate=rates['float32'])
+        return name, measure
+    quiet = dict(log=lambda record: None)
+    gpu_report.run(gpu_report.CPU, [case('a'), case('b'), case('c', 5.), case('d')], out,
+                   budget_s=600, case_limit_s=0.5, **quiet)
+    assert calls == ['c', 'd']  # 'a' and 'b' are recorded
+    records = gpu_report.recorded_cases(out)
+    assert 'stopped at the 0 s case limit' in records['c']['error']
+    assert 0.5 <= records['c']['case_s'] < 2 and records['d']['rate'] > 0
+    gpu_report.run(gpu_report.CPU, [case('b'), case('e')], out, budget_s=0, case_limit_s=60,
+                   **quiet)  # past the budget before the first case
+    assert calls == ['c', 'd'] and 'e' not in gpu_report.recorded_cases(out)
+    gpu_report.run(gpu_report.CPU, [case('b'), case('e')], out, budget_s=600, case_limit_s=60,
+                   retry_errors=True, **quiet)
+    assert calls == ['c', 'd', 'b', 'e'] and 'error' not in gpu_report.recorded_cases(out)['b']
+
+
+def _layer_flops(path: str, tokens: torch.Tensor, grid, embed_dims: int, heads: int) -> int:
+    layer = MultiheadSelfAttention(embed_dims, heads, talking_heads=True, talking_heads_path=path)
+    return count_flops(gpu_report.training_step(gpu_report.OnGrid(layer, grid), tokens, None))
+
+
+FOLDED = replace(gpu_report.CPU, talking_heads_path='fold')  # what a GPU runs at COCO's input
+
+
+def test_cait_executes_the_folds_extra_flops_and_counts_the_architectures():
+    spec = _spec('cait')
+    size = gpu_report.CPU.dense_size
+    folded = gpu_report.measure_backbone(spec, 'dense', False, FOLDED, RATES)
+    chosen = gpu_report.measure_backbone(spec, 'dense', False, gpu_report.CPU, RATES)
+    # the architecture's FLOPs: a real CPU step with the maps written out
+    model = build_ours(spec, 'dense', size)
+    images = torch.randn(1, 3, *size)
+    with talking_heads.forced_path(model, 'maps'):
+        maps_flops = count_flops(gpu_report.training_step(model, images, None))
+    assert folded['vitdense']['model_flops'] == chosen['vitdense']['model_flops'] == maps_flops
+    # the fold adds, per talking-heads layer, its extra FLOPs over the maps
+    grid = (size[0] // 16, size[1] // 16)
+    tokens = torch.randn(1, grid[0] * grid[1], 32, requires_grad=True)
+    extra = _layer_flops('fold', tokens, grid, 32, 2) - _layer_flops('maps', tokens, grid, 32, 2)
+    layers = sum(isinstance(m, MultiheadSelfAttention) and m.talking_heads
+                 for m in model.modules())
+    assert layers == 4 and extra > 0
+    assert folded['vitdense']['executed_flops'] - maps_flops == layers * extra
+    # at this size a CPU writes the maps out: executed = model
+    assert chosen['vitdense']['executed_flops'] == maps_flops
+    kernels = folded['vitdense']['attention']
+    assert [(k['kernel'], k['query'][-1], k['calls']) for k in kernels] == [
+        ('flash (CPU)', 2 * 16, layers)]  # heads × head width, one call per layer
+    assert chosen['vitdense']['attention'] == []
+
+
+def test_vit_records_its_attention_kernel_and_a_math_fallback_fails_the_case(tmp_path):
+    record = gpu_report.measure_backbone(_spec('vit'), 'cls', False, gpu_report.CPU, RATES)
+    ours = record['vitdense']  # the tiny arch has no timm counterpart
+    (kernel,) = ours['attention']
+    assert kernel['kernel'] == 'flash (CPU)' and kernel['calls'] == 4  # one per block
+    # the fused kernel's backward computes the logits q·kᵀ again: 2·B·H·N·N·d FLOPs
+    batch, heads, tokens, width = kernel['query']
+    recomputed = kernel['calls'] * 2 * batch * heads * tokens * tokens * width
+    assert ours['executed_flops'] - ours['model_flops'] == recomputed > 0
+    assert ours['model_share'] == pytest.approx(ours['model_flops'] / ours['ms'] * 1e3 / 1e9)
+    query = torch.randn(1, 2, 8, 16)
+    with gpu_report.AttentionKernels() as kernels:
+        torch.nn.functional.scaled_dot_product_attention(query, query, query, dropout_p=0.5)
+    assert [k['kernel'] for k in kernels.summary()] == ['math']
+    with gpu_report.fused_attention(), pytest.raises(RuntimeError, match='No available kernel'):
+        torch.nn.functional.scaled_dot_product_attention(query, query, query, dropout_p=0.5)
+
+
+def test_every_talking_heads_path_a_dense_step_and_the_page(tmp_path, capsys):
+    out, page = tmp_path / 'report.jsonl', tmp_path / 'gpu_report.md'
+    page.write_text('# Report\n\nHow to run it.\n')
+    gpu_report.main(['--device', 'cpu', '--out', str(out), '--list'])
+    names = [line.split(None, 2)[-1] for line in capsys.readouterr().out.splitlines()]
+    assert names[:3] == ['step mask-rcnn_r50_fpn_1x_coco',  # the dense steps first
+                         'step mask-rcnn_cait-d6-p8_fpn_demo-coco',
+                         'step upernet_cait-d6-p8_demo-ade']
+    paths = talking_heads.available_paths(torch.device('cpu'))
+    assert {'blocks', 'fold', 'maps'} <= set(paths)
+    assert [n for n in names if n.startswith('talking-heads')] == [
+        f'talking-heads {path} 4x6' for path in paths]
+    assert names[-1] == 'backbone tiny_xcit dense compiled'
+    gpu_report.main(['--device', 'cpu', '--out', str(out), '--docs', str(page), '--cases',
+                     'talking-heads *', 'step upernet_cait-*', '--talking-heads', 'fold'])
+    records = gpu_report.recorded_cases(out)
+    assert len(records) == len(paths) + 1
+    assert [r for r in records.values() if 'error' in r] == []
+    maps = records['talking-heads maps 4x6']['executed_flops']
+    assert all(records[f'talking-heads {path} 4x6']['model_flops'] == maps for path in paths)
+    assert records['talking-heads fold 4x6']['executed_flops'] > maps
+    assert records['talking-heads blocks 4x6']['uncounted_ops'] == [
+        'vitdense::talking_heads', 'vitdense::talking_heads_backward']
+    # the segmentor's step: the fold's extra FLOPs, layer by layer, are all that separate
+    # the executed count from the architecture's
+    step = records['step upernet_cait-d6-p8_demo-ade [fold]']
+    assert step['ms'] > 0 and step['account_gib'] > 0 and step['dtype'] == 'float32'
+    cfg = load_config(str(REPO_ROOT / 'configs/cait/upernet_cait-d6-p8_demo-ade.py'))
+    layers = [m for m in build_model(cfg, 'count', device='meta').backbone.modules()
+              if isinstance(m, MultiheadSelfAttention) and m.talking_heads]
+    grid = (step['input'][0] // 8, step['input'][1] // 8)
+    dims, heads = layers[0].qkv.in_features, layers[0].num_heads
+    tokens = torch.randn(step['batch'], grid[0] * grid[1], dims, requires_grad=True)
+    extra = _layer_flops('fold', tokens, grid, dims, heads) - \
+        _layer_flops('maps', tokens, grid, dims, heads)
+    assert step['executed_flops'] - step['model_flops'] == len(layers) * extra > 0
+    text = page.read_text()
+    assert text.startswith('# Report\n\nHow to run it.\n\n' + gpu_report.RESULTS_BEGIN)
+    for heading in ('### Training steps', '### Talking heads', '### Backbones'):
+        assert heading in text
+    assert f'| upernet_cait-d6-p8_demo-ade.py | {step["batch"]} × 64×96 | float32 |' in text
+    gpu_report.main(['--out', str(out), '--docs', str(page), '--render'])  # in place
+    assert page.read_text() == text

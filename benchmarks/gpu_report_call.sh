@@ -1,0 +1,22 @@
+#!/bin/bash
+# One device call of the GPU report (docs/gpu_report.md), from the repository root of a lent
+# GPU machine, with .whl/ (the OpenMMLab wheels) and work_dirs/gpu_report/ (the records of the
+# earlier calls, if any) carried. Arguments go to `python -m benchmarks.gpu_report`. Writes
+# $OUT/gpu_report.jsonl (every record so far) and, on the first call, $OUT/cuda_parity.txt.
+set -u
+if [ ! -d /tmp/site/mmdet ]; then  # a fresh machine: install the carried wheels once
+  python3 -m pip uninstall -y -q transformers sentence-transformers peft 2>/dev/null
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+earlier=work_dirs/gpu_report
+[ -f $earlier/gpu_report.jsonl ] && cp $earlier/gpu_report.jsonl "$OUT/"
+if [ ! -f $earlier/cuda_parity.txt ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_cuda_parity.py \
+    > "$OUT/cuda_parity.txt" 2>&1
+  tail -n 3 "$OUT/cuda_parity.txt"
+fi
+python3 -m benchmarks.gpu_report --out "$OUT/gpu_report.jsonl" "$@" | cut -c1-300
+python3 -m benchmarks.gpu_report --out "$OUT/gpu_report.jsonl" --list "$@" | cut -c1-8 | sort | uniq -c
