@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
 # torchrun for the dist_*.sh scripts: torchrun.sh NPROC SCRIPT [SCRIPT args...]
-# Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT as in OpenMMLab. The interpreter is
-# $PYTHON, else the project's environment (.venv/bin/python, as tools/install.sh makes it),
-# else python3 on PATH. Without GPUs the processes run on CPU with the gloo backend.
-# Workers stop when this launcher is killed; --dist-timeout SECONDS bounds how long one
-# waits for a stopped peer.
+# One node: a free rendezvous port is picked (two jobs on one node do not collide) unless
+# PORT is set. Several nodes: NNODES, NODE_RANK, MASTER_ADDR, PORT (default 29500) as in
+# OpenMMLab, the same on every node. The interpreter is chosen by tools/python_env.sh.
+# Without GPUs the processes run on CPU with the gloo backend.
+# SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 to this launcher are passed on to the workers,
+# which save a checkpoint of the iteration in progress and exit (docs/cluster.md); the
+# launcher waits SHUTDOWN_TIMEOUT seconds (default 300) for them before SIGKILL. Workers stop
+# when this launcher is killed; --dist-timeout SECONDS bounds how long one waits for a
+# stopped peer.
 set -euo pipefail
 NPROC=$1
 SCRIPT=$2
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-if [ -n "${PYTHON:-}" ]; then
-  PY="$PYTHON"
-elif [ -x "${VITDENSE_VENV:-$ROOT/.venv}/bin/python" ]; then
-  PY="${VITDENSE_VENV:-$ROOT/.venv}/bin/python"
-else
-  PY="$(command -v python3 || command -v python)"
-fi
-"$PY" -c 'import torch' 2>/dev/null || {
-  echo "torchrun.sh: $PY cannot import torch; run tools/install.sh or set PYTHON" >&2; exit 1; }
+source "$(dirname "$0")/python_env.sh"
 
-PYTHONPATH="$ROOT:${PYTHONPATH:-}" exec "$PY" -m torch.distributed.run \
-    --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" \
-    --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${PORT:-29500}" \
+if [ "${NNODES:-1}" = 1 ] && [ -z "${PORT:-}" ]; then
+  RENDEZVOUS=(--standalone)
+else
+  RENDEZVOUS=(--nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}"
+              --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${PORT:-29500}")
+fi
+exec "$PY" -m torch.distributed.run "${RENDEZVOUS[@]}" \
+    --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
+    --shutdown-timeout="${SHUTDOWN_TIMEOUT:-300}" \
     --nproc_per_node="$NPROC" "$SCRIPT" "${@:3}" --launcher pytorch

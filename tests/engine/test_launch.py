@@ -114,7 +114,8 @@ def test_launch_script_prefers_the_project_environment(tmp_path):
     # A checkout whose .venv has a python: torchrun.sh runs it, not the one on PATH.
     checkout = tmp_path / 'checkout'
     (checkout / 'tools').mkdir(parents=True)
-    (checkout / 'tools' / 'torchrun.sh').write_text((REPO_ROOT / 'tools/torchrun.sh').read_text())
+    for script in ('torchrun.sh', 'python_env.sh'):
+        (checkout / 'tools' / script).write_text((REPO_ROOT / 'tools' / script).read_text())
     venv_python = checkout / '.venv' / 'bin' / 'python'
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text(f'#!/bin/sh\necho "venv python $*"\nexec {sys.executable} "$@"\n')
