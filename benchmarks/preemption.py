@@ -1,0 +1,122 @@
+"""Preemption in the middle of an epoch, measured as a cluster job meets it.
+
+For one process (``tools/train.py``) and for 2 nodes x 2 processes on loopback
+(``tools/dist_train.sh`` with NNODES=2, NODE_RANK=0|1, MASTER_ADDR=127.0.0.1, gloo on CPU),
+on the demo classifier (3 epochs, deterministic CPU kernels):
+
+1. an uninterrupted reference run;
+2. the same run, sent SIGTERM once process 0 logs the first iteration of epoch 2 (to the one
+   process, or to node 0's launcher only: node 1 learns of it through the processes'
+   agreement at the iteration's end): the seconds from the signal until every process has
+   exited, their exit statuses, and the checkpoint ``last_checkpoint`` names;
+3. ``--resume`` to the end: the largest absolute difference between its final weights and
+   the reference's (0 means bit for bit).
+
+    python -m benchmarks.preemption --out work_dirs/preemption
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from vitdense.checkpoint_io import safe_load
+from vitdense.demo_data import make_demo_imagenet
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py'
+ENV = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHON': sys.executable, 'OMP_NUM_THREADS': '1'}
+MID_EPOCH = re.compile(r'Epoch\(train\) +\[2\]\[ *1/')
+
+
+EXTRA_OPTIONS: list[str] = []  # --cfg-options given on the command line, after the run's own
+
+
+def _options(data_root: Path) -> list[str]:
+    loaders = [f'{split}_dataloader.{key}' for split in ('train', 'val', 'test')
+               for key in (f'dataset.data_root={data_root}', 'num_workers=0',
+                           'persistent_workers=False')]
+    return ['--cfg-options', *loaders, 'train_dataloader.batch_size=4',
+            'val_dataloader.batch_size=5', 'train_cfg.max_epochs=3', 'train_cfg.val_interval=3',
+            'default_hooks.checkpoint.interval=3', 'default_hooks.logger.interval=1',
+            'randomness.seed=0', 'randomness.deterministic=True', *EXTRA_OPTIONS]
+
+
+def _commands(layout: str, work: Path, data_root: Path, resume: bool) -> list[tuple[list, dict]]:
+    """(command, environment) of each launcher of ``layout`` ('1' or '2x2')."""
+    extra = ['--work-dir', str(work), *(['--resume'] if resume else []), *_options(data_root)]
+    if layout == '1':
+        return [([sys.executable, 'tools/train.py', CONFIG, *extra], ENV)]
+    return [(['bash', 'tools/dist_train.sh', CONFIG, '2', *extra],
+             {**ENV, 'NNODES': '2', 'NODE_RANK': str(node), 'MASTER_ADDR': '127.0.0.1',
+              'PORT': str(29650 + int(resume))}) for node in (0, 1)]
+
+
+def _run(layout: str, work: Path, data_root: Path, resume: bool = False,
+         preempt: bool = False) -> dict:
+    """Run ``layout`` to its end, or SIGTERM node 0's launcher mid-epoch (``preempt``)."""
+    launchers = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                 for command, env in _commands(layout, work, data_root, resume)]
+    log, signalled = [], None
+    for line in launchers[0].stdout:
+        log.append(line)
+        if preempt and signalled is None and MID_EPOCH.search(line):
+            launchers[0].send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+    statuses = [launcher.wait() for launcher in launchers]
+    result = dict(statuses=statuses, log_tail=''.join(log)[-2000:])
+    if signalled is not None:
+        result['seconds_to_exit'] = round(time.monotonic() - signalled, 1)
+        result['stopped_after'] = re.findall(r'stopped by a preemption signal after iteration '
+                                             r'(\d+)', ''.join(log))
+        pointer = work / 'last_checkpoint'
+        result['checkpoint'] = pointer.read_text() if pointer.is_file() else None
+    return result
+
+
+def _max_difference(a: Path, b: Path) -> float:
+    ours, theirs = safe_load(str(a))['state_dict'], safe_load(str(b))['state_dict']
+    return max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in theirs)
+
+
+def measure(layout: str, out: Path, data_root: Path) -> dict:
+    reference = _run(layout, out / f'{layout}_reference', data_root)
+    stopped = _run(layout, out / f'{layout}_preempted', data_root, preempt=True)
+    resumed = _run(layout, out / f'{layout}_preempted', data_root, resume=True)
+    return dict(layout=layout, reference_statuses=reference['statuses'],
+                preempted=stopped, resumed_statuses=resumed['statuses'],
+                max_abs_difference=_max_difference(out / f'{layout}_reference/epoch_3.pth',
+                                                   out / f'{layout}_preempted/epoch_3.pth'))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--out', type=Path, default=Path('work_dirs/preemption'))
+    parser.add_argument('--layouts', nargs='+', default=['1', '2x2'], choices=['1', '2x2'])
+    parser.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
+                        help='more config overrides for every run')
+    args = parser.parse_args()
+    EXTRA_OPTIONS.extend(args.cfg_options)
+    args.out.mkdir(parents=True, exist_ok=True)
+    data_root = make_demo_imagenet(args.out / 'data', num_train=4, num_val=1, size=72)
+    torch.set_num_threads(1)
+    results = [measure(layout, args.out, data_root) for layout in args.layouts]
+    for result in results:  # the log's end only where something is to be explained
+        if result['max_abs_difference'] == 0:
+            del result['preempted']['log_tail']
+    print(json.dumps(results, indent=1))
+    (args.out / 'results.json').write_text(json.dumps(results, indent=1))
+
+
+if __name__ == '__main__':
+    main()
