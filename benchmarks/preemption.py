@@ -74,6 +74,8 @@ def _run(layout: str, work: Path, data_root: Path, resume: bool = False,
             signalled = time.monotonic()
     statuses = [launcher.wait() for launcher in launchers]
     result = dict(statuses=statuses, log_tail=''.join(log)[-2000:])
+    if not preempt and any(statuses):
+        raise RuntimeError(f'{layout} run in {work} failed: {statuses}\n{result["log_tail"]}')
     if signalled is not None:
         result['seconds_to_exit'] = round(time.monotonic() - signalled, 1)
         result['stopped_after'] = re.findall(r'stopped by a preemption signal after iteration '
