@@ -126,6 +126,24 @@ def test_launch_script_prefers_the_project_environment(tmp_path):
     assert 'venv python -m torch.distributed.run' in result.stdout
 
 
+@pytest.mark.parametrize('nodes, rendezvous', [
+    ({}, '--standalone'),  # one node: a free port, two jobs on one node do not collide
+    (dict(NNODES='2', NODE_RANK='1', MASTER_ADDR='10.0.0.1', PORT='29533'),
+     '--nnodes=2 --node_rank=1 --master_addr=10.0.0.1 --master_port=29533')])
+def test_launch_script_rendezvous_and_forwarded_signals(tmp_path, nodes, rendezvous):
+    python = tmp_path / 'python'
+    python.write_text('#!/bin/sh\necho "python $*"\n')  # says how torchrun would be started
+    python.chmod(0o755)
+    env = {**{k: v for k, v in os.environ.items() if k not in ('NNODES', 'PORT')},
+           'PYTHON': str(python), **nodes}
+    result = subprocess.run(['bash', str(REPO_ROOT / 'tools/torchrun.sh'), '2', 'x.py', '--a'],
+                            capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.splitlines()[-1] == (
+        f'python -m torch.distributed.run {rendezvous} '
+        '--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=300 '
+        '--nproc_per_node=2 x.py --a --launcher pytorch')
+
+
 def test_slurm_variables_become_the_process_group_environment():
     environ = dict(SLURM_PROCID='5', SLURM_NTASKS='8', SLURM_LOCALID='1', SLURM_JOB_ID='123457',
                    SLURM_NODELIST='gpu-a[007-008,010],cpu1')
