@@ -323,9 +323,9 @@ def test_roi_align_empty_rois_and_float16():
 
 
 def test_other_ops_exist_and_raise_naming_the_op():
-    with pytest.raises(MissingCompiledOpError, match=r"'psamask_forward'.*mmcv_ops.md.*--full"):
-        mmcv.ops.PSAMask('collect', (3, 3))(torch.rand(1, 9, 4, 4))
-    with pytest.raises(MissingCompiledOpError, match="'carafe_forward'"):
-        mmcv_ext.carafe_forward()
+    with pytest.raises(MissingCompiledOpError, match=r"'carafe_forward'.*mmcv_ops.md.*--full"):
+        mmcv.ops.carafe(torch.rand(1, 4, 4, 4), torch.rand(1, 9, 8, 8), 3, 1, 2)
+    with pytest.raises(MissingCompiledOpError, match="'deform_roi_pool_forward'"):
+        mmcv_ext.deform_roi_pool_forward()
     with pytest.raises(AttributeError):
         mmcv_ext.__wrapped__  # noqa: B018  (dunders are not ops)

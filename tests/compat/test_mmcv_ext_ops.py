@@ -288,3 +288,35 @@ def test_masked_conv_equals_the_convolution_at_the_masked_positions(dtype, kerne
     mask = (torch.rand(1, 9, 8, generator=gen) > 0.6).to(dtype)
     reference = F.conv2d(x, conv.weight, conv.bias, padding=kernel // 2) * (mask[:, None] > 0)
     assert_matches('masked convolution', conv(x, mask), reference, FORWARD_RTOL)
+
+
+# --- PSANet's attention masks ---------------------------------------------------------------
+
+def _psamask_reference(mask: torch.Tensor, collect: bool, h_mask: int,
+                       w_mask: int) -> torch.Tensor:
+    """mmcv's kernel loop: the mask value of offset (i, j) at feature position (h, w) goes to
+    row (h + i - h_mask // 2, w + j - w_mask // 2) of column (h, w) of the attention map
+    (collect), or the transposed place (distribute), where that row is on the map."""
+    batch, _, height, width = mask.shape
+    out = mask.new_zeros(batch, height * width, height * width)
+    for h in range(height):
+        for w in range(width):
+            for i in range(h_mask):
+                for j in range(w_mask):
+                    y, x = h + i - (h_mask - 1) // 2, w + j - (w_mask - 1) // 2
+                    if 0 <= y < height and 0 <= x < width:
+                        row, col = (y * width + x, h * width + w)
+                        row, col = (row, col) if collect else (col, row)
+                        out[:, row, col] = mask[:, i * w_mask + j, h, w]
+    return out.view(batch, height * width, height, width)
+
+
+@pytest.mark.parametrize('dtype', DTYPES)
+@pytest.mark.parametrize('psa_type', ['collect', 'distribute'])
+def test_psamask_equals_the_kernel_loop(dtype, psa_type):
+    mask_size = (5, 3)
+    mask = torch.randn(2, 15, 4, 6, generator=torch.Generator().manual_seed(0)).to(dtype)
+    assert_op_matches(
+        mmcv.ops.PSAMask(psa_type, mask_size),
+        lambda m: _psamask_reference(m, psa_type == 'collect', *mask_size),
+        [mask.requires_grad_()], ['mask'])

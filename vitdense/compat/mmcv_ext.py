@@ -10,8 +10,8 @@ when no compiled extension is installed.  It serves, on any device, the compiled
 that mmdet's and mmseg's shipped configs reach and that torch or torchvision compute exactly
 (``docs/mmcv_ops.md`` has the inventory): ``nms``, soft-NMS, ``nms_match``,
 RoIAlign (average and max pooling), the sigmoid and softmax focal losses, multi-scale
-deformable attention, deformable and modulated deformable convolution, and masked
-convolution.  Each function
+deformable attention, deformable and modulated deformable convolution, masked
+convolution and PSANet's attention masks.  Each function
 takes the arguments mmcv's Python wrappers pass to the compiled one and writes the output and
 gradient buffers it is handed in place, as the CUDA kernels do; it computes in the dtypes it is
 given, outside autocast and autograd, as a compiled kernel does.
@@ -39,8 +39,8 @@ __all__ = ['MissingCompiledOpError', 'IMPLEMENTED', 'nms', 'softnms', 'nms_match
            'ms_deform_attn_forward', 'ms_deform_attn_backward', 'deform_conv_forward',
            'deform_conv_backward_input', 'deform_conv_backward_parameters',
            'modulated_deform_conv_forward', 'modulated_deform_conv_backward',
-           'masked_im2col_forward', 'masked_col2im_forward', 'get_compiler_version',
-           'get_compiling_cuda_version']
+           'masked_im2col_forward', 'masked_col2im_forward', 'psamask_forward',
+           'psamask_backward', 'get_compiler_version', 'get_compiling_cuda_version']
 
 BACKEND = MissingCompiledOpError.BACKEND
 
@@ -586,6 +586,51 @@ def masked_col2im_forward(col: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, i
                           height: int, width: int, channels: int) -> None:
     """Each column of ``col`` (channels, positions) into image 0 of ``im`` at its position."""
     im[0, :, mask_h_idx, mask_w_idx] = col
+
+
+# --- PSANet's point-wise spatial attention masks ---------------------------------------------
+
+_PSA_COLLECT = 0   # mmcv's psa_type codes: 0 collect, 1 distribute
+
+
+def _psamask_index(psa_type: int, h_feature: int, w_feature: int, h_mask: int, w_mask: int,
+                   half_h_mask: int, half_w_mask: int,
+                   device: torch.device) -> tuple[Tensor, Tensor]:
+    """Where each mask entry (mask position m, feature position p) goes in the
+    (H * W) x (H * W) attention map, flat: at row q, column p (collect) or row p, column q
+    (distribute), q being p moved by the mask offset; and which entries fall on the map."""
+    shape = (h_mask, w_mask, h_feature, w_feature)   # mask offset (i, j), position (h, w)
+    i, j, h, w = (torch.arange(n, device=device).view([-1 if d == k else 1 for d in range(4)])
+                  for k, n in enumerate(shape))
+    y, x = (h + i - half_h_mask).expand(shape), (w + j - half_w_mask).expand(shape)
+    on_map = ((y >= 0) & (y < h_feature) & (x >= 0) & (x < w_feature)).flatten(2).flatten(0, 1)
+    moved = (y * w_feature + x).flatten(2).flatten(0, 1)
+    here = (h * w_feature + w).expand(shape).flatten(2).flatten(0, 1)
+    size = h_feature * w_feature
+    flat = moved * size + here if psa_type == _PSA_COLLECT else here * size + moved
+    return flat[on_map], on_map
+
+
+@_kernel
+def psamask_forward(input: Tensor, output: Tensor, psa_type: int, num_: int, h_feature: int,
+                    w_feature: int, h_mask: int, w_mask: int, half_h_mask: int,
+                    half_w_mask: int) -> None:
+    """PSANet's mask (N, h_mask * w_mask, H, W) laid into the attention map ``output``
+    (N, H * W, H, W), collected or distributed; entries off the map are left as they are."""
+    flat, on_map = _psamask_index(psa_type, h_feature, w_feature, h_mask, w_mask,
+                                  half_h_mask, half_w_mask, input.device)
+    output.view(num_, -1)[:, flat] = input.reshape(num_, h_mask * w_mask, -1)[:, on_map]
+
+
+@_kernel
+def psamask_backward(grad_output: Tensor, grad_input: Tensor, psa_type: int, num_: int,
+                     h_feature: int, w_feature: int, h_mask: int, w_mask: int,
+                     half_h_mask: int, half_w_mask: int) -> None:
+    """The gradient by the mask: each mask entry's place in the attention map's gradient."""
+    flat, on_map = _psamask_index(psa_type, h_feature, w_feature, h_mask, w_mask,
+                                  half_h_mask, half_w_mask, grad_output.device)
+    grad_input.view(num_, h_mask * w_mask, -1)[:, on_map] = (
+        grad_output.reshape(num_, -1)[:, flat])
 
 
 def get_compiler_version() -> str:

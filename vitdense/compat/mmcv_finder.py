@@ -45,7 +45,7 @@ class MissingCompiledOpError(NotImplementedError):
             f"mmcv op '{op}'{detail} needs mmcv's compiled extension, which is not installed: "
             f'this environment runs mmcv-lite with the {self.BACKEND}, which cover nms, '
             'soft-NMS, nms_match, RoIAlign, the focal losses, multi-scale deformable '
-            'attention and (modulated) deformable and masked convolution only '
+            "attention, (modulated) deformable and masked convolution and PSANet's masks only "
             '(docs/mmcv_ops.md). Install the compiled mmcv with `bash tools/install.sh '
             '--full-mmcv` (builds mmcv 2.1.0 from source: a C++ compiler, and nvcc for CUDA '
             'ops, are needed).')
