@@ -4,4 +4,5 @@
 _base_ = 'mmdet::_base_/default_runtime.py'
 custom_imports = dict(imports=['vitdense'], allow_failed_imports=False)
 default_hooks = dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', max_keep_ckpts=3))
-randomness = dict(diff_rank_seed=True)
+# seed=None: process 0 draws one seed and shares it (mmengine's Runner needs the key)
+randomness = dict(seed=None, diff_rank_seed=True)

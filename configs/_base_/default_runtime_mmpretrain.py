@@ -3,4 +3,5 @@
 # numbers (seed + rank, as the DeiT / CaiT / XCiT training code).
 _base_ = 'mmpretrain::_base_/default_runtime.py'
 default_hooks = dict(checkpoint=dict(type='vitdense.SafeCheckpointHook'))
-randomness = dict(diff_rank_seed=True)
+# seed=None: process 0 draws one seed and shares it (mmengine's Runner needs the key)
+randomness = dict(seed=None, diff_rank_seed=True)

@@ -14,3 +14,5 @@ def test_config_names_the_safe_checkpoint_hook_and_per_rank_seeds(config):
     cfg = Config.fromfile(str(config), import_custom_modules=False)
     assert cfg.default_hooks.checkpoint.type == 'vitdense.SafeCheckpointHook'
     assert cfg.randomness.diff_rank_seed is True
+    # mmengine's Runner calls set_randomness(**randomness): a seed key must be there
+    assert 'seed' in cfg.randomness

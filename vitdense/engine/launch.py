@@ -283,9 +283,9 @@ def close_process_group() -> None:
 
 
 def run_tool(main: Callable[[], None]) -> None:
-    """Run a tool's ``main``, close the process group, and exit with
+    """Run a tool's ``main`` and close the process group; exit with
     :data:`~vitdense.engine.preemption.PREEMPTED_EXIT_CODE` when a preemption signal stopped
-    training after its checkpoint was saved."""
+    training after its checkpoint was saved, else return."""
     status = 0
     try:
         main()
@@ -293,7 +293,8 @@ def run_tool(main: Callable[[], None]) -> None:
         print(f'rank {get_rank()}: {stop}', file=sys.stderr, flush=True)
         status = stop.exit_code
     close_process_group()  # after the except clause has let go of the runner's frames
-    sys.exit(status)
+    if status:  # a normal end returns, so that a caller running the tool in-process goes on
+        sys.exit(status)
 
 
 def add_safety_hooks(cfg: Config, max_nonfinite: int = 5) -> None:
