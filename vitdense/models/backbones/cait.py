@@ -35,6 +35,12 @@ class CaiT(ColumnarBackbone):
         (r'\.attn\.proj_l\.', '.attn.mix_logits.'),
         (r'\.attn\.proj_w\.', '.attn.mix_weights.'),
     )
+    timm_export_rules = (
+        (r'^cls_blocks\.', 'blocks_token_only.'),
+        (r'\.attn\.mix_logits\.', '.attn.proj_l.'),
+        (r'\.attn\.mix_weights\.', '.attn.proj_w.'),
+        (r'\.ls([12])\.gamma$', r'.gamma_\1'),
+    )
     timm_models = (
         ('xxs24', {}, 'cait_xxs24_224'), ('xxs36', {}, 'cait_xxs36_224'),
         ('xs24', dict(img_size=384), 'cait_xs24_384'), ('xs36', {}, None),

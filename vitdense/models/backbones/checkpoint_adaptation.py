@@ -32,6 +32,13 @@ def rename_key(key: str, rules: tuple[Rule, ...]) -> str:
 
 
 CLASS_ATTENTION_SPLIT = re.compile(r'^cls_blocks\.\d+\.attn\.(qkv|k)\.')
+#: our keys -> timm's where every family's timm model names them differently (the inverse of
+#: ``SHARED_CHECKPOINT_RULES`` for timm's names): timm keeps the position table as a bare tensor
+SHARED_TIMM_RULES: tuple[Rule, ...] = (
+    (r'^pos_embed\.weight$', 'pos_embed'),
+)
+#: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning
+NOT_IN_TIMM = r'^pyramid\.'
 
 
 class CheckpointAdaptation:
@@ -44,6 +51,9 @@ class CheckpointAdaptation:
 
     #: the family's key renames (regex, replacement), after ``SHARED_CHECKPOINT_RULES``
     checkpoint_rules: tuple[Rule, ...] = ()
+    #: our keys -> the family's timm model's (regex, replacement), after
+    #: ``SHARED_TIMM_RULES``: the inverse of ``checkpoint_rules`` for timm's layout
+    timm_export_rules: tuple[Rule, ...] = ()
     #: keys of foreign checkpoints that have no counterpart here (classifier heads)
     foreign_only_keys = r'^(head|head_dist|fc_norm|pre_logits)\.'
 
@@ -79,6 +89,40 @@ class CheckpointAdaptation:
                 v = state_dict.pop(f'{base}.v.{param}')
             state_dict[f'{base}.kv.{param}'] = torch.cat([k, v])
         return state_dict
+
+    @classmethod
+    def split_for_timm(cls, state_dict: dict) -> dict:
+        """The inverse of :meth:`merge_checkpoint_tensors` for timm's layout: class
+        attention's fused key-value map split into timm's key and value maps."""
+        for key in [k for k in state_dict if re.search(r'^cls_blocks\.\d+\.attn\.kv\.', k)]:
+            base, _, param = key.rsplit('.', 2)
+            state_dict[f'{base}.k.{param}'], state_dict[f'{base}.v.{param}'] = (
+                state_dict.pop(key).chunk(2))
+        return state_dict
+
+    @classmethod
+    def export_to_timm(cls, state_dict: dict) -> dict:
+        """A backbone state dict of this family in our layout, in the layout of the family's
+        timm model (``timm_export_rules``, :meth:`split_for_timm`); the dense pyramid, which
+        timm has no module for, is left out.
+
+        Raises ValueError unless loading the result back (:meth:`convert_checkpoint`) gives
+        every tensor exactly: the export rules must invert the loading rules.
+        """
+        kept = {k: v for k, v in state_dict.items() if not re.match(NOT_IN_TIMM, k)}
+        split = cls.split_for_timm(dict(kept))
+        exported = {rename_key(key, SHARED_TIMM_RULES + cls.timm_export_rules): value
+                    for key, value in split.items()}
+        loaded_back = cls.convert_checkpoint(exported)
+        differing = sorted(k for k in kept.keys() | loaded_back.keys()
+                           if k not in kept or k not in loaded_back
+                           or not torch.equal(kept[k], loaded_back[k]))
+        if differing:
+            raise ValueError(
+                f'{cls.__name__}: the timm export does not load back exactly for '
+                f'{len(differing)} tensors ({", ".join(differing[:6])}): timm_export_rules / '
+                f'split_for_timm must invert checkpoint_rules / merge_checkpoint_tensors')
+        return exported
 
     def adapt_checkpoint(self, state_dict: dict, strict: bool = True) -> dict:
         """A checkpoint of any layout this family reads (official release, timm, ours;

@@ -31,6 +31,9 @@ class ConViT(ColumnarBackbone):
     checkpoint_rules = (
         (r'\.attn\.gating_param$', '.attn.gating'),
     )
+    timm_export_rules = (
+        (r'\.attn\.gating$', '.attn.gating_param'),
+    )
     timm_models = (
         ('tiny', {}, 'convit_tiny'), ('small', {}, 'convit_small'), ('base', {}, 'convit_base'),
         ('tiny_plus', {}, None), ('small_plus', {}, None), ('base_plus', {}, None),

@@ -19,6 +19,10 @@ from .base import AttentionLayout, ColumnarBackbone
 from .checkpoint_adaptation import Rule, rename_key
 
 STEMS = ('linear', 'hmlp')
+#: timm's per-branch modules of a parallel block (``attns.<b>.norm``, ...) -> ours
+TIMM_PARALLEL_MODULES = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn',
+                         ('attns', 'ls'): 'ls1', ('ffns', 'norm'): 'norm2',
+                         ('ffns', 'mlp'): 'mlp', ('ffns', 'ls'): 'ls2'}
 #: detectron2's ViTDet detector keys (``ViT`` in ``backbone.net``, ``SimpleFeaturePyramid``
 #: stages ``backbone.simfp_<log2 stride>.<index>``) -> ours (``backbone.`` ViT built with
 #: ``dense_class_token=False``, ``neck.`` :class:`SimpleFeaturePyramid`)
@@ -136,16 +140,35 @@ class ViT(ColumnarBackbone):
         branched parameters."""
         state_dict = super().merge_checkpoint_tensors(state_dict)
         pattern = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
-        names = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn', ('attns', 'ls'): 'ls1',
-                 ('ffns', 'norm'): 'norm2', ('ffns', 'mlp'): 'mlp', ('ffns', 'ls'): 'ls2'}
         branches: dict[str, dict[int, torch.Tensor]] = {}
         for key in [k for k in state_dict if pattern.match(k)]:
             block, group, branch, module, param = pattern.match(key).groups()
-            target = f'{block}.{names[group, module]}.{param}'
+            target = f'{block}.{TIMM_PARALLEL_MODULES[group, module]}.{param}'
             branches.setdefault(target, {})[int(branch)] = state_dict.pop(key)
         for target, tensors in branches.items():
             stacked = torch.stack([tensors[b] for b in sorted(tensors)])
             if target.split('.')[2].startswith('ls'):
                 stacked = stacked.view(len(tensors), 1, 1, -1)
             state_dict[target] = stacked
+        return state_dict
+
+    @classmethod
+    def split_for_timm(cls, state_dict: dict) -> dict:
+        """Our branched parameters (blocks whose norms hold one row per branch) as timm's
+        per-branch modules ``attns.<b>`` / ``ffns.<b>``: the inverse of
+        :meth:`merge_checkpoint_tensors`."""
+        state_dict = super().split_for_timm(state_dict)
+        branched = {key[:-len('.norm1.weight')] for key, value in state_dict.items()
+                    if re.match(r'^blocks\.\d+\.norm1\.weight$', key) and value.dim() == 2}
+        timm_modules = {ours: theirs for theirs, ours in TIMM_PARALLEL_MODULES.items()}
+        pattern = re.compile(r'^(blocks\.\d+)\.(norm1|attn|ls1|norm2|mlp|ls2)\.(.+)$')
+        for key in list(state_dict):
+            match = pattern.match(key)
+            if not match or match.group(1) not in branched:
+                continue
+            block, module, param = match.groups()
+            group, name = timm_modules[module]
+            for branch, tensor in enumerate(state_dict.pop(key)):
+                tensor = tensor.reshape(-1) if module.startswith('ls') else tensor
+                state_dict[f'{block}.{group}.{branch}.{name}.{param}'] = tensor.clone()
         return state_dict

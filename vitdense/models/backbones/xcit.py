@@ -43,6 +43,13 @@ class XCiT(ColumnarBackbone):
         (r'\.norm3\.', '.norm_lpi.'),
         (r'\.local_mp\.', '.lpi.'),
     )
+    timm_export_rules = (
+        (r'^cls_blocks\.', 'cls_attn_blocks.'),
+        (r'\.ls_lpi\.gamma$', '.gamma3'),
+        (r'\.ls([12])\.gamma$', r'.gamma\1'),
+        (r'\.norm_lpi\.', '.norm3.'),
+        (r'\.lpi\.', '.local_mp.'),
+    )
     timm_models = tuple((arch, dict(patch_size=p), f'xcit_{arch}_p{p}_224')
                         for arch in arch_zoo for p in (16, 8))
 
