@@ -136,7 +136,7 @@ def test_a_classifiers_head_is_written_as_timms_head():
         assert _relative(head(ours(images)[0]), theirs(images)) <= 1e-5
 
 
-def test_a_dense_model_without_fill_missing_and_options_timm_lacks_are_refused():
+def test_a_dense_model_without_fill_missing_options_timm_lacks_and_other_archs_are_refused():
     dense = _perturbed(XCiT, {})
     with pytest.raises(ValueError, match=r'lacks 39 tensors of xcit_nano_12_p16_224 \(cls_token'
                                          r'.*fill_missing=True \(--fill-missing\)'):
@@ -146,6 +146,14 @@ def test_a_dense_model_without_fill_missing_and_options_timm_lacks_are_refused()
     with pytest.raises(ValueError, match=r'vit_tiny_patch16_224 has no tensor for 8 of the '
                                          r'checkpoint \(blocks\.0\.attn\.rel_pos'):
         to_timm(ViT, windowed.state_dict(), 'vit_tiny_patch16_224', TIMM_TINY)
+    tiny = _perturbed(ViT, {}, out_type='cls_token').state_dict()
+    with pytest.raises(ValueError, match=r"lacks 96 tensors of vit_tiny_patch16_224's trunk "
+                                         r'\(blocks\.4\.norm1\.weight.*another arch'):
+        to_timm(ViT, tiny, 'vit_tiny_patch16_224', dict(img_size=IMG_SIZE))
+    with pytest.raises(ValueError, match=r"vit_tiny_patch16_224 \(options \{'depth': 4\}\) "
+                                         r'does not load the export, another arch(.|\n)*'
+                                         r'size mismatch for cls_token'):
+        to_timm(ViT, tiny, 'vit_tiny_patch16_224', dict(depth=4))
 
 
 def test_timm_model_names_come_from_the_family_table():

@@ -8,14 +8,18 @@ timm's ``num_classes=0``, headless); a dense model's classification stage (final
 class-attention blocks, CaiT's and XCiT's class token) is not trained, so the export refuses
 unless ``fill_missing`` takes those tensors from timm's initialisation of the model.
 """
+import re
 from typing import Optional
 
 import timm
 
 from .base import ColumnarBackbone
+from .checkpoint_adaptation import SHARED_CHECKPOINT_RULES, rename_key
 
 #: mmpretrain's linear classifier head (``LinearClsHead``) -> timm's ``head``
 HEAD_PREFIX = 'head.fc.'
+#: the classification stage (our names), which a dense model does not build
+CLASSIFICATION_STAGE = r'^(norm\.|cls_token$|cls_blocks\.)'
 
 
 def split_checkpoint(checkpoint: dict) -> tuple[dict, dict]:
@@ -76,6 +80,13 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict, timm_model: str,
             f'({", ".join(unexpected[:6])}): the backbone is of another arch (name the timm '
             f'model and its options) or uses an option timm lacks (window attention, '
             f'relative positions, the hMLP stem)')
+    trunk = [key for key in missing if not re.match(CLASSIFICATION_STAGE, rename_key(
+        key, SHARED_CHECKPOINT_RULES + family.checkpoint_rules))]
+    if trunk:
+        raise ValueError(
+            f'the checkpoint lacks {len(trunk)} tensors of {timm_model}\'s trunk '
+            f'({", ".join(trunk[:6])}): it is of another arch (name the timm model and its '
+            f'options)')
     if missing and not fill_missing:
         raise ValueError(
             f'the checkpoint lacks {len(missing)} tensors of {timm_model} '
@@ -86,6 +97,10 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict, timm_model: str,
     try:
         model.load_state_dict(exported, strict=True)
     except RuntimeError as error:
-        raise ValueError(f'{timm_model} does not load the export: {error}') from None
+        mismatches = [line.strip() for line in str(error).splitlines()[1:]]
+        raise ValueError(f'{timm_model} (options {timm_kwargs or {}}) does not load the export, '
+                         f'another arch (name the timm model and its options): '
+                         f'{len(mismatches)} tensors differ\n  ' + '\n  '.join(mismatches[:6])
+                         ) from None
     return exported, missing
 
