@@ -77,16 +77,19 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> None:
     """Backbone, neck and RPN on the image; box and mask heads on the most RoIs a test
-    image can have (their features are RoIAlign outputs: only their shape matters)."""
+    image can have (their features are RoIAlign outputs: only their shape matters). A
+    cascade runs every stage's box head on the proposals and every stage's mask head on
+    the detections (mmdet averages the stages' masks)."""
     features = model.extract_feat(images)
     model.rpn_head(features)
     roi_head, test_cfg = cfg.model.roi_head, cfg.model.test_cfg
-    for head, extractor, count in (
+    for heads, extractor, count in (
             (model.roi_head.bbox_head, roi_head.bbox_roi_extractor, test_cfg.rpn.max_per_img),
             (model.roi_head.mask_head, roi_head.mask_roi_extractor, test_cfg.rcnn.max_per_img)):
         size = extractor.roi_layer.output_size
         size = (size, size) if isinstance(size, int) else tuple(size)
-        head(images.new_zeros(count, extractor.out_channels, *size))
+        for head in heads if isinstance(heads, torch.nn.ModuleList) else [heads]:
+            head(images.new_zeros(count, extractor.out_channels, *size))
 
 
 def _cpu_flash_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:

@@ -310,6 +310,12 @@ def count_activations(model: torch.nn.Module, cfg: Config, batch: int,
 _HEADS_COUNTS: dict[str, int] = {}
 
 
+def detector_classes(model: torch.nn.Module) -> int:
+    """The classes of a two-stage detector's box head (a cascade's: its stages')."""
+    box_head = model.roi_head.bbox_head
+    return (box_head[-1] if isinstance(box_head, torch.nn.ModuleList) else box_head).num_classes
+
+
 def _count_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
                           shape: tuple[int, int], amp: bool, objects: int) -> int:
     """The RPN and RoI heads' saved bytes, run for real on the CPU on random features of
@@ -332,7 +338,7 @@ def _run_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, ba
                                requires_grad=True) for f in features)
     heads.extract_feat = lambda _: leaves
     saved = SavedTensors(tuple(heads.parameters()) + tuple(heads.buffers()))
-    samples = _det_samples(batch, shape, objects, heads.roi_head.bbox_head.num_classes)
+    samples = _det_samples(batch, shape, objects, detector_classes(heads))
     with saved.recording(), _precision(amp, 'cpu'):
         heads.loss(torch.empty(batch, 3, *shape, device='meta'), samples)
     return saved.bytes
@@ -405,7 +411,7 @@ def time_step(config: str, batch: int, shape: tuple[int, int], repeats: int = 1,
     if cfg.default_scope == 'mmseg':
         samples = _seg_samples(batch, shape, model.decode_head.num_classes, 'cpu')
     else:
-        samples = _det_samples(batch, shape, objects, model.roi_head.bbox_head.num_classes)
+        samples = _det_samples(batch, shape, objects, detector_classes(model))
 
     def step() -> None:
         optimizer.zero_grad()
