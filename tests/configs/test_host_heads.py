@@ -1,0 +1,216 @@
+"""Every host head family on a vitdense backbone: the hosts' own configs (``mmdet::``,
+``mmseg::``), with the backbone, the widths its neck or head reads and the class count
+replaced as a user replaces them, train 2 iterations on the demo sets and are scored by the
+real evaluator (CocoMetric, IoUMetric).
+
+Tiny on purpose (64 px images, a 4-block 32-wide backbone, few queries): the heads' wiring
+to the backbone is what is under test, not what they learn.
+"""
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mmengine.config import Config, ConfigDict
+from mmengine.runner import Runner
+
+from vitdense.demo_data import make_demo_ade, make_demo_coco
+from vitdense.engine.launch import point_at_data_root
+
+from common import CONFIGS
+
+WIDTH = 32
+IMAGE_SIZE = 64
+DEMO_ARCH = dict(embed_dims=WIDTH, num_layers=4, num_heads=2)
+#: the multi-layer pyramid: strides 4-32, or 8-32 for the 3-level necks
+PYRAMID = dict(_delete_=True, type='vitdense.XCiT', arch=DEMO_ARCH, patch_size=8,
+               pyramid_norm_cfg=dict(type='BN'), init_cfg=None)
+PYRAMID_8_32 = dict(PYRAMID, pyramid_levels=(1, 2, 3))
+#: ViTDet's layout: the last block's map through the simple pyramid
+LAST_MAP = dict(PYRAMID, pyramid=False, out_indices=(-1,))
+SIMPLE_PYRAMID = dict(_delete_=True, type='vitdense.SimpleFeaturePyramid', in_channels=WIDTH,
+                      out_channels=WIDTH, scale_factors=(2.0, 1.0, 0.5, 0.25), num_outs=5)
+FOUR = [WIDTH] * 4
+THREE = [WIDTH] * 3
+FEW_QUERIES = 20
+#: transformer heads with one encoder and two decoder layers (6 / 6 in the hosts'), keeping
+#: as many detections as there are queries (the top-k of queries × classes)
+DETR_LAYERS = {'model.encoder.num_layers': 1, 'model.decoder.num_layers': 2,
+               'model.test_cfg.max_per_img': FEW_QUERIES}
+
+
+def mask2former_layers(head: str, train_cfg: str) -> dict:
+    """Mask2Former's ``head`` with one pixel-decoder layer, two decoder layers and 256
+    points sampled per mask (6, 9 and 12,544 in the hosts')."""
+    return {f'model.{head}.pixel_decoder.encoder.num_layers': 1,
+            f'model.{head}.transformer_decoder.num_layers': 2,
+            f'model.{train_cfg}.num_points': 256}
+
+
+#: the RoI heads' inputs are the neck's width (cascade: each of the 3 stages)
+ROI_WIDTHS = {'model.rpn_head.in_channels': WIDTH,
+              'model.roi_head.bbox_roi_extractor.out_channels': WIDTH,
+              'model.roi_head.mask_roi_extractor.out_channels': WIDTH,
+              'model.roi_head.mask_head.in_channels': WIDTH,
+              **{f'model.roi_head.bbox_head.{stage}.in_channels': WIDTH for stage in range(3)}}
+
+#: host config, the settings a user changes for a vitdense backbone (as --cfg-options)
+DETECTORS = {
+    'cascade-mask-rcnn-fpn': ('mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
+                              {'model.backbone': PYRAMID, 'model.neck.in_channels': FOUR}),
+    'cascade-mask-rcnn-vitdet': ('mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
+                                 {'model.backbone': LAST_MAP, 'model.neck': SIMPLE_PYRAMID,
+                                  **ROI_WIDTHS}),
+    'retinanet': ('mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
+                  {'model.backbone': PYRAMID, 'model.neck.in_channels': FOUR}),
+    'fcos': ('mmdet::fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py',
+             {'model.backbone': PYRAMID, 'model.neck.in_channels': FOUR}),
+    'htc': ('mmdet::htc/htc-without-semantic_r50_fpn_1x_coco.py',
+            {'model.backbone': PYRAMID, 'model.neck.in_channels': FOUR}),
+    'point-rend': ('mmdet::point_rend/point-rend_r50-caffe_fpn_ms-1x_coco.py',
+                   {'model.backbone': PYRAMID, 'model.neck.in_channels': FOUR}),
+    'rtmdet-ins': ('mmdet::rtmdet/rtmdet-ins_tiny_8xb32-300e_coco.py',
+                   {'model.backbone': PYRAMID_8_32, 'model.neck.in_channels': THREE}),
+    'mask2former': ('mmdet::mask2former/mask2former_r50_8xb2-lsj-50e_coco.py',
+                    {'model.backbone': PYRAMID, 'model.data_preprocessor.batch_augments': None,
+                     'model.panoptic_head.in_channels': FOUR,
+                     'model.panoptic_head.num_queries': FEW_QUERIES,
+                     'model.test_cfg.max_per_image': FEW_QUERIES,
+                     **mask2former_layers('panoptic_head', 'train_cfg')}),
+    'dino': ('mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py',
+             {'model.backbone': PYRAMID_8_32, 'model.neck.in_channels': THREE,
+              'model.num_queries': FEW_QUERIES, **DETR_LAYERS}),
+    'deformable-detr': ('mmdet::deformable_detr/deformable-detr_r50_16xb2-50e_coco.py',
+                        {'model.backbone': PYRAMID_8_32, 'model.neck.in_channels': THREE,
+                         'model.num_queries': FEW_QUERIES, **DETR_LAYERS}),
+}
+SEGMENTORS = {
+    'mask2former-seg': ('mmseg::mask2former/mask2former_r50_8xb2-160k_ade20k-512x512.py',
+                        {'model.backbone': PYRAMID, 'model.decode_head.in_channels': FOUR,
+                         'model.decode_head.num_queries': FEW_QUERIES,
+                         **mask2former_layers('decode_head', 'decode_head.train_cfg')}),
+    'deeplabv3plus': ('mmseg::deeplabv3plus/deeplabv3plus_r50-d8_4xb4-80k_ade20k-512x512.py',
+                      {'model.backbone': PYRAMID, 'model.decode_head.in_channels': WIDTH,
+                       'model.decode_head.c1_in_channels': WIDTH,
+                       'model.auxiliary_head.in_channels': WIDTH}),
+    'pspnet': ('mmseg::pspnet/pspnet_r50-d8_4xb4-80k_ade20k-512x512.py',
+               {'model.backbone': PYRAMID, 'model.decode_head.in_channels': WIDTH,
+                'model.auxiliary_head.in_channels': WIDTH}),
+    'segformer-head': ('mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
+                       {'model.backbone': PYRAMID, 'model.decode_head.in_channels': FOUR}),
+    'knet': ('mmseg::knet/knet-s3_r50-d8_upernet_8xb2-adamw-80k_ade20k-512x512.py',
+             {'model.backbone': PYRAMID,
+              'model.decode_head.kernel_generate_head.in_channels': FOUR,
+              'model.auxiliary_head.in_channels': WIDTH}),
+    'segmenter-head': ('mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py',
+                       {'model.backbone': dict(LAST_MAP, type='vitdense.ViT'),
+                        **{f'model.decode_head.{key}': WIDTH for key in
+                           ('in_channels', 'channels', 'embed_dims')},
+                        'model.decode_head.num_heads': 2}),
+}
+COCO_CLASSES, ADE_CLASSES = 3, 5
+
+
+def _with_classes(node, num_classes: int, was: int):
+    """``node`` with every class count of the host's data set (``was``) made ``num_classes``,
+    per-class loss weights (the classes' and the no-object one) cut to match, and SyncBN made
+    BN (one process on a CPU)."""
+    if isinstance(node, dict):
+        out = ConfigDict()
+        for key, value in node.items():
+            if key in ('num_classes', 'num_things_classes') and value == was:
+                value = num_classes
+            elif key == 'class_weight' and isinstance(value, list) and len(value) == was + 1:
+                value = value[:num_classes] + value[-1:]
+            elif key == 'type' and value == 'SyncBN':
+                value = 'BN'
+            elif key == 'score_thr':
+                value = 0.0  # an untrained head's scores: the evaluator still gets boxes
+            out[key] = _with_classes(value, num_classes, was)
+        return out
+    if isinstance(node, (list, tuple)):
+        return type(node)(_with_classes(value, num_classes, was) for value in node)
+    return node
+
+
+def _on_demo_set(cfg: Config, demo_base: str, data_root: Path) -> None:
+    """The demo set's loaders at ``IMAGE_SIZE`` in place of the host's; the host's
+    evaluator, reading the demo annotations."""
+    demo = Config.fromfile(str(CONFIGS / '_base_/datasets' / demo_base))
+    for pipeline in (demo.train_dataloader.dataset.pipeline,
+                     demo.val_dataloader.dataset.pipeline):
+        for transform in pipeline:
+            if transform.type == 'Resize':
+                transform.scale = (IMAGE_SIZE, IMAGE_SIZE)
+    cfg.train_dataloader = dict(demo.train_dataloader, batch_size=2, num_workers=0,
+                                persistent_workers=False)
+    cfg.val_dataloader = cfg.test_dataloader = dict(
+        demo.val_dataloader, batch_size=2, num_workers=0, persistent_workers=False)
+    cfg.test_evaluator = cfg.val_evaluator
+    if 'ann_file' in cfg.test_evaluator:
+        cfg.test_evaluator.ann_file = demo.val_evaluator.ann_file
+    point_at_data_root(cfg, data_root)
+    cfg.val_dataloader = cfg.val_evaluator = cfg.val_cfg = None
+
+
+def _two_iterations(host_config: str, options: dict, demo_base: str, data_root: Path,
+                    num_classes: int, was: int, work_dir: Path) -> Config:
+    leaf = work_dir / 'leaf.py'
+    leaf.write_text(f'_base_ = {host_config!r}\n')
+    cfg = Config.fromfile(str(leaf))
+    cfg.merge_from_dict(copy.deepcopy(options), allow_list_keys=True)
+    cfg.model = _with_classes(cfg.model, num_classes, was)
+    if cfg.default_scope == 'mmseg':
+        cfg.model.data_preprocessor.size = (IMAGE_SIZE, IMAGE_SIZE)
+        cfg.model.pretrained = None  # the ResNet / ViT checkpoint of the host's base
+        cfg.model.test_cfg = dict(mode='whole')
+    _on_demo_set(cfg, demo_base, data_root)
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=2, val_interval=3)
+    cfg.param_scheduler = []
+    cfg.custom_hooks = []  # the hosts' pipeline switches and EMA belong to their full runs
+    cfg.default_hooks.checkpoint = None
+    cfg.default_hooks.logger = dict(type='LoggerHook', interval=1)
+    cfg.log_processor = dict(by_epoch=False)
+    cfg.randomness = dict(seed=0)
+    cfg.work_dir = str(work_dir)
+    return cfg
+
+
+@pytest.fixture(scope='module')
+def demo_coco(tmp_path_factory) -> Path:
+    return make_demo_coco(tmp_path_factory.mktemp('coco'), num_train=4, num_val=2,
+                          size=IMAGE_SIZE)
+
+
+@pytest.fixture(scope='module')
+def demo_ade(tmp_path_factory) -> Path:
+    return make_demo_ade(tmp_path_factory.mktemp('ade'), num_train=4, num_val=2,
+                         size=IMAGE_SIZE)
+
+
+def _train_and_test(cfg: Config) -> dict:
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    losses = np.array(runner.message_hub.get_scalar('train/loss').data[0])
+    assert len(losses) == 2 and np.isfinite(losses).all(), losses
+    return runner.test()
+
+
+@pytest.mark.parametrize('name', list(DETECTORS))
+def test_detector_trains_and_is_evaluated(name, demo_coco, tmp_path):
+    host_config, options = DETECTORS[name]
+    cfg = _two_iterations(host_config, options, 'demo_coco.py', demo_coco, COCO_CLASSES, 80,
+                          tmp_path)
+    metrics = _train_and_test(cfg)
+    masks = 'segm' in cfg.test_evaluator.metric
+    for kind in ('bbox', 'segm') if masks else ('bbox',):
+        assert 0 <= metrics[f'coco/{kind}_mAP'] <= 1, metrics
+
+
+@pytest.mark.parametrize('name', list(SEGMENTORS))
+def test_segmentor_trains_and_is_evaluated(name, demo_ade, tmp_path):
+    host_config, options = SEGMENTORS[name]
+    cfg = _two_iterations(host_config, options, 'demo_ade.py', demo_ade, ADE_CLASSES, 150,
+                          tmp_path)
+    metrics = _train_and_test(cfg)
+    assert 0 <= metrics['mIoU'] <= 100, metrics
