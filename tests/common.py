@@ -85,3 +85,25 @@ def reference_bias(rel_pos: nn.Module, q: torch.Tensor,
             bias[..., query, key] = q[..., query, :] @ (rel_pos.height[qi - ki + rows - 1] +
                                                         rel_pos.width[qj - kj + cols - 1])
     return bias
+
+
+def max_relative_diff(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """Largest absolute difference over the reference's largest magnitude: one number that
+    holds features of any scale to the same floor."""
+    return ((ours - reference).abs().max() / reference.abs().max()).item()
+
+
+def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter and BatchNorm statistic of ``model`` drawn at random (LayerScale
+    gammas, temperatures and gates too, whose initial values would hide a tensor that is
+    not loaded), so that a feature comparison sees each tensor."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                noise = torch.randn(tensor.shape, generator=generator) * .2
+                if name.endswith(('running_var', 'temperature')):
+                    noise = noise.abs() + .5
+                tensor.copy_(noise)
+    model.eval()  # some libraries' train() returns None
+    return model

@@ -46,14 +46,10 @@ def read_state_dict(checkpoint: Union[str, os.PathLike, dict]) -> dict:
 
 
 def load_weights(model: ColumnarBackbone, state_dict: dict) -> ColumnarBackbone:
-    """Load a checkpoint of any layout the family reads, adapted explicitly (a checkpoint of
-    another architecture is refused, naming the model's arch); every tensor the model uses
-    must be there (the dense pyramid excepted, which classification checkpoints never have)."""
-    result = model.load_state_dict(model.adapt_checkpoint(state_dict), strict=False)
-    missing = [key for key in result.missing_keys if not key.startswith('pyramid.')]
-    if missing:
-        raise KeyError(f'checkpoint lacks {len(missing)} tensors of {type(model).__name__}: '
-                       f'{", ".join(missing[:8])}')
+    """Load a checkpoint of any layout the family reads, adapted explicitly: exactly, or
+    refused with what the checkpoint is and the option that loads it (the backbone's
+    ``adapt_checkpoint``; only tensors new in fine-tuning, such as the pyramid, may be absent)."""
+    model.load_state_dict(model.adapt_checkpoint(state_dict), strict=False)
     return model
 
 

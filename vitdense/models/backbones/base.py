@@ -125,6 +125,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         dense_class_token: False: a dense model's trunk carries no class token (Li et al.: the
             checkpoint's class token and its position row are dropped on load), as window
             attention and relative positions need.
+        norm_eps: epsilon of every LayerNorm of the blocks and of the final norm: 1e-6 as
+            timm and the official releases, 1e-5 for mmseg's ViTs (torch's default).
+        fc_norm: with ``out_type='avg_featmap'``, normalise the averaged tokens (timm's
+            ``fc_norm``, MAE's fine-tuned layout) instead of averaging normalised tokens.
         pos_antialias: resample learned position tables to other grids with antialiasing
             (timm's default); False: plain bicubic, as detectron2's ``get_abs_pos``.
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
@@ -155,6 +159,12 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     #: the family's named variants as (arch, constructor options, the timm model it
     #: reproduces or None where timm has none): how a timm checkpoint finds its arch
     timm_models: tuple[tuple[str, dict, Optional[str]], ...] = ()
+    #: checkpoint tensors of the classification stage (final norm, class attention): a
+    #: dense model builds none of them and leaves them unused
+    classification_keys = r'^(norm|fc_norm|cls_blocks)\.'
+    #: checkpoint tensors of the tokens prepended to the patches: unused by a model that
+    #: builds no class token (a dense trunk without it, ViTDet)
+    prefix_token_keys = r'^(cls_token|reg_token)$'
 
     def __init__(self,
                  arch: Union[str, dict],
@@ -178,6 +188,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  use_rel_pos: bool = False,
                  rel_pos_img_size: Optional[Union[int, Sequence[int]]] = None,
                  dense_class_token: bool = True,
+                 fc_norm: bool = False,
+                 norm_eps: float = NORM_EPS,
                  pos_antialias: bool = True,
                  init_cfg: Optional[Union[dict, list]] = None,
                  pretrained: Optional[str] = None,
@@ -188,7 +200,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self._set_arch(arch, arch_overrides, depth, layer_scale)
         self.patch_size, self.in_channels = patch_size, in_channels
         self.pretrain_grid = tuple(size // patch_size for size in _pair(img_size))
-        self._check_options(out_type, padding, with_cp)
+        self._check_options(out_type, padding, with_cp, fc_norm)
+        self.fc_norm_after_pooling, self.norm_eps = fc_norm, norm_eps
         self.out_type, self.dense = out_type, out_type == 'featmap'
         self.pyramid_levels = self._check_pyramid_levels(pyramid_levels,
                                                          pyramid and self.dense)
@@ -230,6 +243,17 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         ``arch['num_cls_layers']`` blocks that exists for classification only (Touvron et
         al. 2021, "Going deeper", §3)."""
         return self.num_layers
+
+    @property
+    def num_registers(self) -> int:
+        """Register tokens (Darcet et al., 2024) the trunk carries after its class token
+        (ViT's ``reg_tokens``; none where the trunk carries no class token)."""
+        return self.arch.get('reg_tokens', 0) if self.trunk_has_class_token else 0
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens the trunk carries before the patches: class token, registers."""
+        return int(self.trunk_has_class_token) + self.num_registers
 
     @property
     def trunk_has_class_token(self) -> bool:
@@ -283,7 +307,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.num_heads = self.arch['num_heads']
 
     @staticmethod
-    def _check_options(out_type: str, padding: str, with_cp: Union[bool, int]) -> None:
+    def _check_options(out_type: str, padding: str, with_cp: Union[bool, int],
+                       fc_norm: bool) -> None:
         if out_type not in OUT_TYPES:
             raise ValueError(f'unknown out_type {out_type!r}; expected one of {OUT_TYPES}')
         if padding not in PADDINGS:
@@ -291,6 +316,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         if not isinstance(with_cp, int) or with_cp < 0:
             raise ValueError(f'with_cp must be True, False or a number of blocks >= 0, got '
                              f'{with_cp!r}')
+        if fc_norm and out_type == 'cls_token':
+            raise ValueError("fc_norm normalises averaged tokens: it needs out_type="
+                             "'avg_featmap' (or 'featmap', which builds no norm)")
 
     def _build_embeddings(self, dense_class_token: bool) -> None:
         """Patch embedding, where the class token joins, position encoding."""
@@ -328,9 +356,14 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             self.cls_blocks = nn.ModuleList(self.build_class_attention_block()
                                             for _ in range(self.arch['num_cls_layers']))
         if not self.dense:
-            self.norm = nn.LayerNorm(self.embed_dims, eps=NORM_EPS)
+            # named as in timm: ``fc_norm`` where the pooled tokens are normalised
+            setattr(self, 'fc_norm' if self.fc_norm_after_pooling else 'norm',
+                    nn.LayerNorm(self.embed_dims, eps=self.norm_eps))
         has_cls = self.trunk_has_class_token or self.cls_blocks is not None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if has_cls else None
+        self.reg_token = None
+        if self.num_registers:
+            self.reg_token = nn.Parameter(torch.zeros(1, self.num_registers, self.embed_dims))
         self.pyramid = None
         if self.pyramid_levels:
             self.pyramid = MultiLevelPyramid(self.embed_dims, self.patch_size,
@@ -426,8 +459,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                 nn.init.trunc_normal_(module.weight, std=.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        if self.cls_token is not None:
-            nn.init.trunc_normal_(self.cls_token, std=.02)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=.02)
 
     # ------------------------------------------------------------------ forward
     def _check_input(self, x: torch.Tensor) -> None:
@@ -442,7 +476,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         return block(tokens, hw, **kwargs)
 
     def _prepend_cls_token(self, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        """The class token (and the registers, where the trunk has them) before ``tokens``."""
+        prefix = [self.cls_token] + ([self.reg_token] if self.reg_token is not None else [])
+        return torch.cat([t.expand(tokens.shape[0], -1, -1) for t in prefix] + [tokens], dim=1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self._check_input(x)
@@ -489,7 +525,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         return patches.transpose(1, 2).reshape(tokens.shape[0], -1, *hw)
 
     def _pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        num_prefix = 1 if self.trunk_has_class_token else 0
+        num_prefix = self.num_prefix_tokens
+        if self.fc_norm_after_pooling:
+            return self.fc_norm(tokens[:, num_prefix:].mean(dim=1))
         if self.out_type == 'avg_featmap':
             return self.norm(tokens[:, num_prefix:]).mean(dim=1)
         if self.trunk_has_class_token:
@@ -514,6 +552,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                 param.requires_grad = False
         if self.frozen_stages >= 0 and self.class_token_layer == 0:
             self.cls_token.requires_grad = False
+            if self.reg_token is not None:
+                self.reg_token.requires_grad = False
 
     def train(self, mode: bool = True) -> 'ColumnarBackbone':
         super().train(mode)
@@ -531,7 +571,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         if not param_name.startswith(prefix):
             return num_ids - 1, num_ids
         name = param_name[len(prefix):]
-        if name.startswith(('patch_embed', 'pos_embed')) or \
+        if name.startswith(('patch_embed', 'pos_embed', 'reg_token')) or \
                 (name == 'cls_token' and self.class_token_layer == 0):
             return 0, num_ids
         if name.startswith('blocks.'):
@@ -540,8 +580,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters trained without weight decay: position encodings, class token,
-        LayerScale gammas, relative position tables (as Li et al. 2022) and the family's
-        ``no_weight_decay_names``."""
+        registers, LayerScale gammas, relative position tables (as Li et al. 2022) and the
+        family's ``no_weight_decay_names``."""
         names = '|'.join(('gamma',) + self.no_weight_decay_names)
-        keep = re.compile(rf'^(cls_token|pos_embed\..*|.*\.({names})|.*\.rel_pos\..*)$')
+        keep = re.compile(rf'^(cls_token|reg_token|pos_embed\..*|.*\.({names})|.*\.rel_pos\..*)$')
         return {name for name, _ in self.named_parameters() if keep.match(name)}

@@ -41,6 +41,7 @@ class CaiT(ColumnarBackbone):
         (r'\.attn\.mix_weights\.', '.attn.proj_w.'),
         (r'\.ls([12])\.gamma$', r'.gamma_\1'),
     )
+    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.mix_logits\.')
     timm_models = (
         ('xxs24', {}, 'cait_xxs24_224'), ('xxs36', {}, 'cait_xxs36_224'),
         ('xs24', dict(img_size=384), 'cait_xs24_384'), ('xs36', {}, None),
@@ -61,9 +62,10 @@ class CaiT(ColumnarBackbone):
         mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
                                        talking_heads=True, rel_pos_grid=layout.rel_pos_grid)
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
-                                drop_path, self.drop_rate, window_size=layout.window_size)
+                                drop_path, self.drop_rate, window_size=layout.window_size,
+                                norm_eps=self.norm_eps)
 
     def build_class_attention_block(self) -> nn.Module:
         arch = self.arch
         return ClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
-                                   arch['layer_scale'], arch['qkv_bias'])
+                                   arch['layer_scale'], arch['qkv_bias'], norm_eps=self.norm_eps)

@@ -6,6 +6,7 @@ the family's ``checkpoint_rules``), tensors split or stacked differently are mer
 what the model's mode does not build is dropped, before torch's own ``load_state_dict``
 (which takes our layout only). ``ColumnarBackbone`` gets this from :class:`CheckpointAdaptation`.
 """
+import math
 import re
 from typing import Optional
 
@@ -39,6 +40,49 @@ SHARED_TIMM_RULES: tuple[Rule, ...] = (
 )
 #: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning
 NOT_IN_TIMM = r'^pyramid\.'
+BLOCK_INDEX = re.compile(r'^blocks\.(\d+)\.')
+
+
+def _table_prefix_rows(rows: int) -> int:
+    """Rows of a position table before its square grid (class token, registers)."""
+    return next(p for p in range(rows) if math.isqrt(rows - p) ** 2 == rows - p)
+
+
+def describe_checkpoint(state_dict: dict) -> dict:
+    """What a checkpoint in our layout is: family (the registered family whose
+    ``checkpoint_markers`` match most), depth, width, LayerScale, registers, rows of the
+    position table before its grid (the class token's), normalisation after pooling
+    (``fc_norm``), class-attention blocks."""
+    from . import backbone_families  # the families import this module
+    scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
+              if cls.checkpoint_markers and all(
+                  any(re.search(m, k) for k in state_dict) for m in cls.checkpoint_markers)}
+    blocks = {int(m.group(1)) for m in map(BLOCK_INDEX.match, state_dict) if m}
+    table = state_dict.get('pos_embed.weight')
+    norm = state_dict.get('blocks.0.norm1.weight')
+    reg_token = state_dict.get('reg_token')
+    return dict(
+        family=max(scores, key=scores.get) if scores else 'unknown',
+        depth=max(blocks) + 1 if blocks else 0,
+        width=norm.shape[-1] if norm is not None else None,
+        layer_scale=any(k.endswith('.ls1.gamma') for k in state_dict if BLOCK_INDEX.match(k)),
+        registers=reg_token.shape[1] if reg_token is not None else 0,
+        table_prefix_rows=None if table is None or table.dim() != 3 else
+        _table_prefix_rows(table.shape[1]),
+        fc_norm=any(k.startswith('fc_norm.') for k in state_dict),
+        class_attention_blocks=len({k.split('.')[1] for k in state_dict
+                                    if k.startswith('cls_blocks.')}))
+
+
+def format_facts(facts: dict) -> str:
+    """One line of :func:`describe_checkpoint`'s facts."""
+    rows = facts['table_prefix_rows']
+    return (f"{facts['family']}, depth {facts['depth']}, width {facts['width']}, "
+            f"{'with' if facts['layer_scale'] else 'no'} LayerScale, "
+            f"{facts['registers']} registers, position table "
+            f"{'-' if rows is None else f'with {rows} prefix rows'}, "
+            f"{'fc_norm after pooling, ' if facts['fc_norm'] else ''}"
+            f"{facts['class_attention_blocks']} class-attention blocks")
 
 
 class CheckpointAdaptation:
@@ -55,7 +99,12 @@ class CheckpointAdaptation:
     #: ``SHARED_TIMM_RULES``: the inverse of ``checkpoint_rules`` for timm's layout
     timm_export_rules: tuple[Rule, ...] = ()
     #: keys of foreign checkpoints that have no counterpart here (classifier heads)
-    foreign_only_keys = r'^(head|head_dist|fc_norm|pre_logits)\.'
+    foreign_only_keys = r'^(head|head_dist|pre_logits)\.'
+    #: key patterns only this family's checkpoints have all of (what an error names)
+    checkpoint_markers: tuple[str, ...] = ()
+    #: tensors of the model a checkpoint may lack: new in fine-tuning, initialised so that
+    #: the checkpoint's function is kept (the dense pyramid, zero relative position tables)
+    new_in_fine_tuning = r'^pyramid\.|\.attn\.rel_pos\.'
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
@@ -124,51 +173,67 @@ class CheckpointAdaptation:
                 f'split_for_timm must invert checkpoint_rules / merge_checkpoint_tensors')
         return exported
 
-    def adapt_checkpoint(self, state_dict: dict, strict: bool = True) -> dict:
+    def adapt_checkpoint(self, state_dict: dict, strict: bool = True,
+                         truncate: bool = False) -> dict:
         """A checkpoint of any layout this family reads (official release, timm, ours;
         bare or wrapped in ``model`` / ``state_dict``), in the layout of this model.
 
-        Keys go through :meth:`convert_checkpoint`; tensors of the classification stage
-        are dropped (and logged) when the model is dense. Raises ValueError naming the
-        arch when tensors have other shapes than the model's (no load could use them;
-        position tables excepted: :class:`LearnedPositionEmbedding` resamples them) and,
-        with ``strict``, when the checkpoint is of another architecture: tensors of the
-        model missing (the dense pyramid, new in fine-tuning, excepted) while unknown
-        ones are present.
+        Keys go through :meth:`convert_checkpoint`; tensors the model's mode does not build
+        (:meth:`built_by_other_modes`) are dropped and logged, and with ``truncate`` so are
+        the trunk blocks beyond the model's depth. Raises ValueError when tensors have other
+        shapes than the model's (position tables excepted: they are resampled) and, with
+        ``strict``, when any tensor of the model is missing (those new in fine-tuning
+        excepted: ``new_in_fine_tuning``) or any checkpoint tensor is left unused: the
+        error says what the checkpoint is and which option loads it.
         """
         if isinstance(state_dict.get('state_dict'), dict):
             state_dict = state_dict['state_dict']
         converted = self.convert_checkpoint(state_dict)
         expected = self.state_dict()
-        unused = sorted(k for k in converted if k not in expected and self._unused_in_mode(k))
+        unused = sorted(k for k in converted if k not in expected and (
+            self.built_by_other_modes(k) or truncate and self._beyond_depth(k)))
         for key in unused:
             del converted[key]
         mismatched = [
             f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}'
             for k, v in converted.items()
             if k in expected and k != 'pos_embed.weight' and v.shape != expected[k].shape]
-        missing = [k for k in expected if k not in converted and not k.startswith('pyramid.')]
+        missing = [k for k in expected
+                   if k not in converted and not re.search(self.new_in_fine_tuning, k)]
         unexpected = [k for k in converted if k not in expected]
-        if mismatched or (strict and missing and unexpected):
-            details = mismatched[:10] if mismatched else [
-                f'missing: {", ".join(missing[:8])}', f'unexpected: {", ".join(unexpected[:8])}']
-            raise ValueError(
-                f'checkpoint does not match {type(self).__name__}(arch={self.arch_name}, '
-                f'embed_dims={self.embed_dims}, num_layers={self.num_layers}, patch_size='
-                f'{self.patch_size}): {len(mismatched)} tensors with other shapes, '
-                f'{len(missing)} missing, {len(unexpected)} unexpected' +
-                ''.join(f'\n  {d}' for d in details))
+        if mismatched or (strict and (missing or unexpected or self._class_row_differs(
+                converted))):
+            raise ValueError(self._mismatch_message(converted, mismatched, missing,
+                                                    unexpected))
         if unused:
             MMLogger.get_current_instance().info(
-                f'{type(self).__name__}: out_type={self.out_type!r} does not use '
+                f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
         return converted
 
+    def _mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],
+                          unexpected: list[str]) -> str:
+        """What the checkpoint is, what the model is, and the options that would load it."""
+        found = describe_checkpoint(converted)
+        model = self.describe_model()
+        details = mismatched[:10] + [
+            f'{name}: {", ".join(keys[:8])}{", ..." if len(keys) > 8 else ""}'
+            for name, keys in (('missing', missing), ('unexpected', unexpected)) if keys]
+        options = self.options_to_load(found, model) or [
+            f'no option of {type(self).__name__} loads it; build the model the checkpoint '
+            f'was trained as']
+        return (f'checkpoint does not match {type(self).__name__}(arch={self.arch_name}, '
+                f'embed_dims={self.embed_dims}, num_layers={self.num_layers}, patch_size='
+                f'{self.patch_size}): {len(mismatched)} tensors with other shapes, '
+                f'{len(missing)} missing, {len(unexpected)} unexpected\n'
+                f'  checkpoint: {format_facts(found)}\n  model:      {format_facts(model)}\n'
+                f'  to load it: {"; ".join(options)}' + ''.join(f'\n  {d}' for d in details))
+
     def init_weights(self) -> None:
         """mmengine's initialisation, except that ``Pretrained`` entries of ``init_cfg``
-        load through :meth:`adapt_checkpoint` (after the others, as in mmengine): the
-        checkpoint must be of this architecture; tensors it lacks keep their
-        initialisation (mmengine's non-strict load, which logs them)."""
+        load through :meth:`load_pretrained` (after the others, as in mmengine): exactly,
+        or with an error naming the options that would load the checkpoint; only tensors
+        new in fine-tuning (``new_in_fine_tuning``) keep their initialisation."""
         init_cfgs = [self.init_cfg] if isinstance(self.init_cfg, dict) else self.init_cfg
         pretrained = [cfg for cfg in init_cfgs or [] if cfg.get('type') == 'Pretrained']
         if self.is_init or not pretrained:
@@ -181,14 +246,16 @@ class CheckpointAdaptation:
             self.init_cfg = init_cfgs
         for cfg in pretrained:
             self.load_pretrained(cfg['checkpoint'], cfg.get('prefix'),
-                                 cfg.get('map_location', 'cpu'))
+                                 cfg.get('map_location', 'cpu'), cfg.get('truncate', False))
 
     def load_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
-                        map_location: str = 'cpu') -> None:
+                        map_location: str = 'cpu', truncate: bool = False) -> None:
         """Load a checkpoint file as ``init_cfg=dict(type='Pretrained', checkpoint=...,
-        prefix=...)`` does: ``prefix`` selects a part of a whole-model checkpoint (e.g.
-        ``'backbone.'`` of a classifier). The file is read weights-only whatever the
-        environment says (``checkpoint_io.load_checkpoint`` of the package)."""
+        prefix=..., truncate=...)`` does: ``prefix`` selects a part of a whole-model
+        checkpoint (e.g. ``'backbone.'`` of a classifier); ``truncate=True`` loads a deeper
+        trunk's first blocks. Loading is exact or raises (:meth:`adapt_checkpoint`). The
+        file is read weights-only whatever the environment says (``checkpoint_io.
+        load_checkpoint`` of the package)."""
         # imported here: importing the models registers no file backend (checkpoint_io does)
         from ...checkpoint_io import load_checkpoint
         logger = MMLogger.get_current_instance()
@@ -201,9 +268,81 @@ class CheckpointAdaptation:
                           if key.startswith(prefix)}
             if not state_dict:
                 raise ValueError(f"no tensor of {checkpoint} starts with '{prefix}'")
-        mmengine_checkpoint.load_state_dict(self, self.adapt_checkpoint(state_dict),
-                                            strict=False, logger='current')
+        try:
+            adapted = self.adapt_checkpoint(state_dict, truncate=truncate)
+        except ValueError as error:
+            raise ValueError(f'{checkpoint}'
+                             f'{f" (prefix {prefix!r})" if prefix else ""}: {error}') from None
+        mmengine_checkpoint.load_state_dict(self, adapted, strict=False, logger='current')
 
-    def _unused_in_mode(self, key: str) -> bool:
-        """Checkpoint tensors of the classification stage that dense mode does not build."""
-        return self.dense and (key.startswith(('norm.', 'cls_blocks.')) or key == 'cls_token')
+    def describe_model(self) -> dict:
+        """:func:`describe_checkpoint`'s facts for the checkpoint this model would load."""
+        facts = describe_checkpoint(self.state_dict())
+        table = getattr(self.pos_embed, 'checkpoint_prefix_tokens', None)
+        return {**facts, 'family': type(self).__name__, 'depth': self.num_layers,
+                'width': self.embed_dims, 'table_prefix_rows': table}
+
+    def options_to_load(self, found: dict, model: dict) -> list[str]:
+        """The constructor options (and ``Pretrained`` keys) that would load a checkpoint of
+        ``found`` facts into a model like this one (``model``: :meth:`describe_model`)."""
+        if found['family'] == 'unknown':
+            return []
+        if found['family'] != model['family']:
+            return [f"a {found['family']} backbone (type='vitdense.{found['family']}'), "
+                    f"depth {found['depth']}, width {found['width']}"]
+        options = []
+        if (found['depth'], found['width']) != (model['depth'], model['width']):
+            options.append(self.arch_option(found['depth'], found['width']))
+            if found['depth'] > model['depth'] and found['width'] == model['width']:
+                options.append(f"or load its first {model['depth']} blocks: "
+                               f"init_cfg=dict(type='Pretrained', ..., truncate=True)")
+        if found['layer_scale'] != model['layer_scale']:
+            options.append('layer_scale=1e-5 (any value: the checkpoint\'s gammas replace '
+                           'it)' if found['layer_scale'] else 'layer_scale=None')
+        if found['registers'] != model['registers']:
+            options.append(f"reg_tokens={found['registers']}")
+        if self._class_row_differs_by(found['table_prefix_rows']):
+            options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
+                           f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
+                           f" the class token's row)")
+        if found['fc_norm'] != model['fc_norm'] and not self.dense:
+            options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
+                           "normalised: MAE's fine-tuned layout)" if found['fc_norm']
+                           else 'fc_norm=False')
+        return options
+
+    def arch_option(self, depth: int, width: Optional[int]) -> str:
+        """The ``arch`` (names of ``arch_zoo``) of a trunk of ``depth`` blocks of ``width``,
+        else ``depth=`` where the width is this model's."""
+        names = [name for name, arch in self.arch_zoo.items()
+                 if (arch['num_layers'], arch['embed_dims']) == (depth, width)]
+        if names:
+            return ' or '.join(f'arch={name!r}' for name in names)
+        if width == self.embed_dims:
+            return f'depth={depth}'
+        return f'arch=dict(embed_dims={width}, num_layers={depth}, num_heads=...)'
+
+    def built_by_other_modes(self, key: str) -> bool:
+        """Whether checkpoint tensor ``key`` belongs to a part this model's mode does not
+        build: the classification stage of a dense model, the class token (and registers)
+        of a trunk that carries none."""
+        return bool(self.dense and re.match(self.classification_keys, key) or
+                    self.cls_token is None and re.match(self.prefix_token_keys, key))
+
+    def _beyond_depth(self, key: str) -> bool:
+        match = BLOCK_INDEX.match(key)
+        return bool(match) and int(match.group(1)) >= self.num_layers
+
+    def _class_row_differs_by(self, rows: Optional[int]) -> bool:
+        """Whether a position table with ``rows`` prefix rows is another layout than the
+        model's (which reads tables with ``checkpoint_prefix_tokens`` rows, or as many as
+        it keeps)."""
+        embed = self.pos_embed
+        if rows is None or not hasattr(embed, 'checkpoint_prefix_tokens'):
+            return False
+        return rows not in (embed.num_prefix_tokens, embed.checkpoint_prefix_tokens)
+
+    def _class_row_differs(self, converted: dict) -> bool:
+        table = converted.get('pos_embed.weight')
+        return table is not None and table.dim() == 3 and self._class_row_differs_by(
+            _table_prefix_rows(table.shape[1]))

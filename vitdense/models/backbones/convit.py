@@ -34,6 +34,7 @@ class ConViT(ColumnarBackbone):
     timm_export_rules = (
         (r'\.attn\.gating$', '.attn.gating_param'),
     )
+    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.gating$')
     timm_models = (
         ('tiny', {}, 'convit_tiny'), ('small', {}, 'convit_small'), ('base', {}, 'convit_base'),
         ('tiny_plus', {}, None), ('small_plus', {}, None), ('base_plus', {}, None),
@@ -65,7 +66,8 @@ class ConViT(ColumnarBackbone):
             mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
                                            rel_pos_grid=layout.rel_pos_grid)
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
-                                drop_path, self.drop_rate, window_size=layout.window_size)
+                                drop_path, self.drop_rate, window_size=layout.window_size,
+                                norm_eps=self.norm_eps)
 
     def _init_parameters(self) -> None:
         super()._init_parameters()

@@ -47,6 +47,21 @@ DETECTRON2_VITDET_RULES: tuple[Rule, ...] = (
     # detectron2's Conv2d holds its norm; ours is conv + norm
     (r'^(neck\.(lateral|fpn)_convs\.\d\.)weight$', r'\1conv.weight'),
 )
+#: OpenMMLab's ViT keys (mmpretrain ``VisionTransformer`` / ``DeiT3``, mmseg
+#: ``VisionTransformer``) -> ours; mmseg's attention is torch's ``nn.MultiheadAttention``
+#: (``in_proj`` holds q, k, v stacked as our ``qkv``)
+OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
+    (r'^layers\.', 'blocks.'),
+    (r'^ln1\.', 'norm.'),
+    (r'^(blocks\.\d+)\.ln([12])\.', r'\1.norm\2.'),
+    (r'^patch_embed\.projection\.', 'patch_embed.proj.'),
+    (r'\.attn\.attn\.in_proj_(weight|bias)$', r'.attn.qkv.\1'),
+    (r'\.attn\.attn\.out_proj\.', '.attn.proj.'),
+    (r'\.ffn\.layers\.0\.0\.', '.mlp.fc1.'),
+    (r'\.ffn\.layers\.1\.', '.mlp.fc2.'),
+    (r'\.attn\.gamma1\.weight$', '.ls1.gamma'),
+    (r'\.ffn\.gamma2\.weight$', '.ls2.gamma'),
+)
 
 
 def convert_detectron2_vitdet(state_dict: dict) -> dict:
@@ -67,6 +82,10 @@ class ViT(ColumnarBackbone):
         num_parallel: parallel attention / FFN branches per block ("Three things" §3).
         stem: 'linear' patch projection or 'hmlp'.
         stem_norm: 'BN' or 'LN' inside the hMLP stem.
+        no_embed_class: the position table has rows for the patches only; the class token
+            (and registers) get no position (timm's option: DeiT III, DINOv2).
+        reg_tokens: register tokens after the class token (Darcet et al., 2024; timm's
+            option: DINOv2 with registers).
         Other arguments (``depth``, e.g. 18 for ViT-S18×2, and ``layer_scale`` among them):
         see :class:`ColumnarBackbone`.
     """
@@ -79,7 +98,9 @@ class ViT(ColumnarBackbone):
         'huge': dict(embed_dims=1280, num_layers=32, num_heads=16),
     }
     arch_defaults = dict(mlp_ratio=4., qkv_bias=True, layer_scale=None, num_parallel=1,
-                         stem='linear', stem_norm='BN')
+                         stem='linear', stem_norm='BN', no_embed_class=False, reg_tokens=0)
+    checkpoint_rules = OPENMMLAB_VIT_RULES
+    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.',)
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
         ('small', {}, 'vit_small_patch16_224'),
@@ -97,8 +118,10 @@ class ViT(ColumnarBackbone):
 
     def __init__(self, arch: Union[str, dict] = 'base', *args,
                  num_parallel: Optional[int] = None, stem: Optional[str] = None,
-                 stem_norm: Optional[str] = None, **kwargs) -> None:
-        given = dict(num_parallel=num_parallel, stem=stem, stem_norm=stem_norm)
+                 stem_norm: Optional[str] = None, no_embed_class: Optional[bool] = None,
+                 reg_tokens: Optional[int] = None, **kwargs) -> None:
+        given = dict(num_parallel=num_parallel, stem=stem, stem_norm=stem_norm,
+                     no_embed_class=no_embed_class, reg_tokens=reg_tokens)
         overrides = {**(kwargs.pop('arch_overrides', None) or {}),
                      **{key: value for key, value in given.items() if value is not None}}
         super().__init__(arch, *args, arch_overrides=overrides, **kwargs)
@@ -112,9 +135,15 @@ class ViT(ColumnarBackbone):
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
 
     def build_pos_embed(self) -> nn.Module:
+        if self.arch['reg_tokens'] < 0:
+            raise ValueError(f'reg_tokens must be >= 0, got {self.arch["reg_tokens"]}')
+        if self.arch['no_embed_class']:
+            return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
+                                            unpositioned_prefix_tokens=self.num_prefix_tokens,
+                                            antialias=self.pos_antialias)
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
-                                        num_prefix_tokens=int(self.trunk_has_class_token),
-                                        checkpoint_prefix_tokens=1,
+                                        num_prefix_tokens=self.num_prefix_tokens,
+                                        checkpoint_prefix_tokens=1 + self.arch['reg_tokens'],
                                         antialias=self.pos_antialias)
 
     def place_class_token(self) -> int:
@@ -132,13 +161,17 @@ class ViT(ColumnarBackbone):
                                        rel_pos_grid=layout.rel_pos_grid)
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
                                 drop_path, self.drop_rate, num_branches=arch['num_parallel'],
-                                window_size=layout.window_size)
+                                window_size=layout.window_size, norm_eps=self.norm_eps)
 
     @classmethod
     def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
         """Stack timm's per-branch parallel modules (``attns.<b>`` / ``ffns.<b>``) into our
-        branched parameters."""
+        branched parameters; a patch projection saved without bias (mmseg's
+        ``patch_bias=False``) gets the zero bias that computes the same."""
         state_dict = super().merge_checkpoint_tensors(state_dict)
+        weight = state_dict.get('patch_embed.proj.weight')
+        if weight is not None and 'patch_embed.proj.bias' not in state_dict:
+            state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])
         pattern = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
         branches: dict[str, dict[int, torch.Tensor]] = {}
         for key in [k for k in state_dict if pattern.match(k)]:

@@ -50,6 +50,7 @@ class XCiT(ColumnarBackbone):
         (r'\.norm_lpi\.', '.norm3.'),
         (r'\.lpi\.', '.local_mp.'),
     )
+    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.temperature$')
     timm_models = tuple((arch, dict(patch_size=p), f'xcit_{arch}_p{p}_224')
                         for arch in arch_zoo for p in (16, 8))
 
@@ -63,10 +64,11 @@ class XCiT(ColumnarBackbone):
         arch = self.arch
         mixer = CrossCovarianceAttention(self.embed_dims, self.num_heads, arch['qkv_bias'])
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
-                                drop_path, self.drop_rate, local_patch_interaction=True)
+                                drop_path, self.drop_rate, local_patch_interaction=True,
+                                norm_eps=self.norm_eps)
 
     def build_class_attention_block(self) -> nn.Module:
         arch = self.arch
         return XCiTClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
                                        arch['layer_scale'], arch['qkv_bias'],
-                                       tokens_norm=arch['tokens_norm'])
+                                       tokens_norm=arch['tokens_norm'], norm_eps=self.norm_eps)

@@ -117,12 +117,13 @@ class TransformerBlock(nn.Module):
         num_branches: parallel branches; the mixer must be built with the same number.
         window_size: > 0: the token mixer attends within windows of this many tokens a side
             (ViTDet), the grid zero-padded to a multiple of it.
+        norm_eps: epsilon of the LayerNorms (1e-6 as timm; mmseg's ViTs train with 1e-5).
     """
 
     def __init__(self, dim: int, token_mixer: nn.Module, mlp_ratio: float = 4.,
                  layer_scale: Optional[float] = None, drop_path: float = 0., drop: float = 0.,
                  local_patch_interaction: bool = False, num_branches: int = 1,
-                 window_size: int = 0) -> None:
+                 window_size: int = 0, norm_eps: float = NORM_EPS) -> None:
         super().__init__()
         if window_size < 0:
             raise ValueError(f'window_size must be >= 0, got {window_size}')
@@ -130,16 +131,16 @@ class TransformerBlock(nn.Module):
             raise ValueError('window attention does not support parallel branches')
         self.num_branches = num_branches
         self.window_size = window_size
-        self.norm1 = make_layer_norm(dim, NORM_EPS, num_branches)
+        self.norm1 = make_layer_norm(dim, norm_eps, num_branches)
         self.attn = token_mixer
         self.ls1 = _layer_scale(dim, layer_scale, num_branches)
         if local_patch_interaction:
-            self.norm_lpi = nn.LayerNorm(dim, eps=NORM_EPS)
+            self.norm_lpi = nn.LayerNorm(dim, eps=norm_eps)
             self.lpi = LocalPatchInteraction(dim)
             self.ls_lpi = _layer_scale(dim, layer_scale)
         else:
             self.lpi = None
-        self.norm2 = make_layer_norm(dim, NORM_EPS, num_branches)
+        self.norm2 = make_layer_norm(dim, norm_eps, num_branches)
         self.mlp = FeedForward(dim, int(dim * mlp_ratio), drop, num_branches)
         self.ls2 = _layer_scale(dim, layer_scale, num_branches)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -175,12 +176,12 @@ class ClassAttentionBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.,
                  layer_scale: Optional[float] = None, qkv_bias: bool = True,
-                 drop_path: float = 0.) -> None:
+                 drop_path: float = 0., norm_eps: float = NORM_EPS) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=NORM_EPS)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = ClassAttention(dim, num_heads, qkv_bias)
         self.ls1 = _layer_scale(dim, layer_scale)
-        self.norm2 = nn.LayerNorm(dim, eps=NORM_EPS)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = FeedForward(dim, int(dim * mlp_ratio))
         self.ls2 = _layer_scale(dim, layer_scale)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()

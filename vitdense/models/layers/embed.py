@@ -119,12 +119,19 @@ class LearnedPositionEmbedding(nn.Module):
 
     ``checkpoint_prefix_tokens``: prefix rows of the family's checkpoints; those beyond
     ``num_prefix_tokens`` are dropped on load (ViTDet's dense ViT has no class token).
+    ``unpositioned_prefix_tokens``: leading tokens (class token, registers) the table has no
+    rows for and that pass unchanged (timm's ``no_embed_class``: DeiT III, DINOv2).
     ``antialias``: resampling to the input's grid with antialiasing (timm) or plain bicubic
     (ViTDet)."""
 
     def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0,
-                 checkpoint_prefix_tokens: int = 0, antialias: bool = True) -> None:
+                 checkpoint_prefix_tokens: int = 0, antialias: bool = True,
+                 unpositioned_prefix_tokens: int = 0) -> None:
         super().__init__()
+        if unpositioned_prefix_tokens and num_prefix_tokens:
+            raise ValueError('a table has rows for all prefix tokens or for none: '
+                             'num_prefix_tokens and unpositioned_prefix_tokens exclude each other')
+        self.unpositioned_prefix_tokens = unpositioned_prefix_tokens
         self.grid = tuple(grid)
         self.num_prefix_tokens = num_prefix_tokens
         self.checkpoint_prefix_tokens = max(checkpoint_prefix_tokens, num_prefix_tokens)
@@ -157,8 +164,12 @@ class LearnedPositionEmbedding(nn.Module):
                                                   self.num_prefix_tokens)
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
-        return tokens + resample_position_table(self.weight, self.grid, hw,
-                                                self.num_prefix_tokens, self.antialias)
+        table = resample_position_table(self.weight, self.grid, hw, self.num_prefix_tokens,
+                                        self.antialias)
+        skip = self.unpositioned_prefix_tokens
+        if skip:
+            return torch.cat([tokens[:, :skip], tokens[:, skip:] + table], dim=1)
+        return tokens + table
 
 
 class FourierPositionEncoding(nn.Module):
