@@ -107,3 +107,13 @@ def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
                 tensor.copy_(noise)
     model.eval()  # some libraries' train() returns None
     return model
+
+
+def assert_features_match(ours, reference, floor: float = 1e-5) -> None:
+    """Each of the feature tensors ``ours`` has the shape of the reference's and a
+    :func:`max_relative_diff` within ``floor``; the largest printed (``pytest -s``)."""
+    assert len(ours) == len(reference)
+    for mine, theirs in zip(ours, reference):
+        assert mine.shape == theirs.shape
+        assert max_relative_diff(mine, theirs) <= floor
+    print(f'max relative diff {max(max_relative_diff(*pair) for pair in zip(ours, reference)):.1e}')

@@ -9,7 +9,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 
-from common import TINY_ARCH, TINY_BACKBONES, max_relative_diff, perturb_
+from common import TINY_ARCH, TINY_BACKBONES, assert_features_match, perturb_
 
 FAMILIES = dict(vit=ViT, cait=CaiT, xcit=XCiT, convit=ConViT)
 
@@ -35,11 +35,6 @@ def _dense_reference(reference: VisionTransformer, images: torch.Tensor) -> list
                                            output_fmt='NCHW', intermediates_only=True)
 
 
-def _assert_exact(ours: torch.Tensor, reference: torch.Tensor) -> None:
-    assert ours.shape == reference.shape
-    assert max_relative_diff(ours, reference) <= 1e-5
-
-
 def test_layer_scale_checkpoint_needs_layer_scale_then_loads_exactly(tmp_path):
     """DINOv2's layout (LayerScale) into a ViT built without it was a silent partial load."""
     reference = _timm_vit(init_values=1e-5)
@@ -53,8 +48,7 @@ def test_layer_scale_checkpoint_needs_layer_scale_then_loads_exactly(tmp_path):
                        out_indices=(0, 1, 2, 3), layer_scale=1.)
     images = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        for mine, theirs in zip(ours(images), _dense_reference(reference, images)):
-            _assert_exact(mine, theirs)
+        assert_features_match(ours(images), _dense_reference(reference, images))
 
 
 def test_a_deeper_or_shallower_checkpoint_names_the_arch_and_truncation():
@@ -115,11 +109,10 @@ def test_mae_fine_tuned_layout_needs_fc_norm_then_loads_exactly(tmp_path):
     images = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         expected = reference.forward_head(reference.forward_features(images), pre_logits=True)
-        _assert_exact(ours(images)[0], expected)
+        assert_features_match(ours(images), [expected])
         dense = _pretrained(ViT, TINY_ARCH, path, img_size=64, pyramid=False,
                             out_indices=(0, 1, 2, 3))
-        for mine, theirs in zip(dense(images), _dense_reference(reference, images)):
-            _assert_exact(mine, theirs)
+        assert_features_match(dense(images), _dense_reference(reference, images))
 
 
 @pytest.mark.parametrize('family', FAMILIES)

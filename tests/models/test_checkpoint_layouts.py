@@ -7,9 +7,9 @@ import torch
 from mmengine.logging import MessageHub
 from timm.models.vision_transformer import VisionTransformer
 
-from vitdense.models import ViT
+from vitdense.models import ViT, XCiT
 
-from common import TINY_ARCH, max_relative_diff, perturb_
+from common import TINY_ARCH, assert_features_match, max_relative_diff, perturb_
 
 FLOOR = 1e-5
 
@@ -19,15 +19,6 @@ def _pretrained(path, prefix=None, **kwargs):
                                          prefix=prefix), **kwargs)
     model.init_weights()
     return model.eval()
-
-
-def _assert_exact(ours, reference) -> None:
-    """Every output within the floor; the largest difference printed (``pytest -s``)."""
-    assert len(ours) == len(reference)
-    for mine, theirs in zip(ours, reference):
-        assert mine.shape == theirs.shape
-        assert max_relative_diff(mine, theirs) <= FLOOR
-    print(f'max relative diff {max(max_relative_diff(*pair) for pair in zip(ours, reference)):.1e}')
 
 
 def _openmmlab_checkpoint(path, state_dict: dict) -> None:
@@ -63,10 +54,10 @@ def test_timm_tables_without_class_row_and_registers(tmp_path, layout):
     images = torch.randn(2, 3, options['img_size'], options['img_size'])
     with torch.no_grad():
         classifier = _pretrained(path, out_type='cls_token', **ours)
-        _assert_exact(classifier(images), [reference.forward_head(
+        assert_features_match(classifier(images), [reference.forward_head(
             reference.forward_features(images), pre_logits=True)])
         dense = _pretrained(path, pyramid=False, out_indices=(0, 1, 2, 3), **ours)
-        _assert_exact(dense(images), reference.forward_intermediates(
+        assert_features_match(dense(images), reference.forward_intermediates(
             images, indices=[0, 1, 2, 3], norm=False, intermediates_only=True))
 
 
@@ -94,11 +85,11 @@ def test_mmpretrain_classifier_checkpoints(tmp_path, source):
     with torch.no_grad():
         classifier.backbone.out_type = 'cls_token'
         ours = _pretrained(path, 'backbone.', img_size=64, out_type='cls_token', **deit3)
-        _assert_exact(ours(images), classifier.backbone(images)[-1:])
+        assert_features_match(ours(images), classifier.backbone(images)[-1:])
         classifier.backbone.out_type = 'featmap'
         ours = _pretrained(path, 'backbone.', img_size=64, pyramid=False,
                            out_indices=(0, 1, 2), **deit3)
-        _assert_exact(ours(images), classifier.backbone(images)[:3])
+        assert_features_match(ours(images), classifier.backbone(images)[:3])
 
 
 def test_mmseg_encoder_decoder_checkpoint_with_its_layer_norm_eps(tmp_path):
@@ -122,7 +113,33 @@ def test_mmseg_encoder_decoder_checkpoint_with_its_layer_norm_eps(tmp_path):
         expected = reference(images)
         ours = _pretrained(path, 'backbone.', img_size=64, pyramid=False,
                            out_indices=(0, 1, 2, 3), norm_eps=1e-5)
-        _assert_exact(ours(images), expected)
+        assert_features_match(ours(images), expected)
         default_eps = _pretrained(path, 'backbone.', img_size=64, pyramid=False,
                                   out_indices=(0, 1, 2, 3))
         assert max_relative_diff(default_eps(images)[0], expected[0]) > 100 * FLOOR
+
+
+def test_mmpretrain_xcit_classifier_checkpoint(tmp_path):
+    """mmpretrain's XCiT ImageClassifier (ConvModules in the stem and LPI, separate q, k, v
+    in class attention; BN statistics and temperatures perturbed)."""
+    from mmpretrain.models import ImageClassifier
+    from mmpretrain.models.backbones import XCiT as MMPretrainXCiT
+    torch.manual_seed(0)
+    arch = dict(embed_dims=32, depth=4, num_heads=2, img_size=64, patch_size=16,
+                layer_scale_init_value=1e-5, tokens_norm=True)
+    classifier = perturb_(ImageClassifier(backbone=dict(type='XCiT', **arch), head=dict(
+        type='LinearClsHead', num_classes=10, in_channels=32)))
+    dense_reference = MMPretrainXCiT(out_type='featmap', out_indices=(0, 1, 2), **arch)
+    dense_reference.load_state_dict(classifier.backbone.state_dict())
+    dense_reference.eval()
+    path = tmp_path / 'mmpretrain_xcit.pth'
+    _openmmlab_checkpoint(path, classifier.state_dict())
+    images = torch.randn(2, 3, 64, 64)
+    options = dict(init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone.'))
+    with torch.no_grad():
+        ours = XCiT(TINY_ARCH, out_type='cls_token', **options)
+        ours.init_weights()
+        assert_features_match(ours.eval()(images), classifier.backbone(images))
+        ours = XCiT(TINY_ARCH, pyramid=False, out_indices=(0, 1, 2), **options)
+        ours.init_weights()
+        assert_features_match(ours.eval()(images), dense_reference(images))

@@ -18,10 +18,13 @@ Rule = tuple[str, str]
 #: key renames official layouts of every family need, applied before a family's own
 #: ``checkpoint_rules``: a learned position table saved as a bare tensor and a block's
 #: LayerScale gammas named gamma_1 / gamma_2 or gamma1 / gamma2 (as the official releases
-#: of the families save them), ours being ls1.gamma / ls2.gamma as in timm
+#: of the families save them), ours being ls1.gamma / ls2.gamma as in timm, and
+#: OpenMMLab's FFN (``ffn.layers``: a linear with its activation, then a linear)
 SHARED_CHECKPOINT_RULES: tuple[Rule, ...] = (
     (r'^pos_embed$', 'pos_embed.weight'),
     (r'\.gamma_?([12])$', r'.ls\1.gamma'),
+    (r'\.ffn\.layers\.0\.0\.', '.mlp.fc1.'),
+    (r'\.ffn\.layers\.1\.', '.mlp.fc2.'),
 )
 
 

@@ -57,8 +57,6 @@ OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
     (r'^patch_embed\.projection\.', 'patch_embed.proj.'),
     (r'\.attn\.attn\.in_proj_(weight|bias)$', r'.attn.qkv.\1'),
     (r'\.attn\.attn\.out_proj\.', '.attn.proj.'),
-    (r'\.ffn\.layers\.0\.0\.', '.mlp.fc1.'),
-    (r'\.ffn\.layers\.1\.', '.mlp.fc2.'),
     (r'\.attn\.gamma1\.weight$', '.ls1.gamma'),
     (r'\.ffn\.gamma2\.weight$', '.ls2.gamma'),
 )

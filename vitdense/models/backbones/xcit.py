@@ -11,6 +11,20 @@ from ..layers.attention import CrossCovarianceAttention
 from ..layers.blocks import TransformerBlock, XCiTClassAttentionBlock
 from ..layers.embed import ConvPatchEmbed, FourierPositionEncoding
 from .base import ColumnarBackbone
+from .checkpoint_adaptation import Rule
+
+
+#: mmpretrain's XCiT keys -> ours (after the official renames): ConvModules (``conv`` /
+#: ``bn``) in the stem, the position projection and the LPI; ``xca_layers`` / ``ca_layers``
+#: for the blocks
+OPENMMLAB_XCIT_RULES: tuple[Rule, ...] = (
+    (r'^xca_layers\.', 'blocks.'),
+    (r'^ca_layers\.', 'cls_blocks.'),
+    (r'^pos_embed\.token_projection\.conv\.', 'pos_embed.token_projection.'),
+    (r'\.lpi\.conv1\.bn\.', '.lpi.bn.'),
+    (r'\.lpi\.conv([12])\.conv\.', r'.lpi.conv\1.'),
+) + tuple((rf'^patch_embed\.proj\.{i}\.{name}\.', f'patch_embed.proj.{2 * i}.{index}.')
+          for i in range(4) for index, name in enumerate(('conv', 'bn')))
 
 
 @MODELS.register_module()
@@ -42,7 +56,7 @@ class XCiT(ColumnarBackbone):
         (r'\.gamma3$', '.ls_lpi.gamma'),
         (r'\.norm3\.', '.norm_lpi.'),
         (r'\.local_mp\.', '.lpi.'),
-    )
+    ) + OPENMMLAB_XCIT_RULES
     timm_export_rules = (
         (r'^cls_blocks\.', 'cls_attn_blocks.'),
         (r'\.ls_lpi\.gamma$', '.gamma3'),
