@@ -198,13 +198,12 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  arch_overrides: Optional[dict] = None) -> None:
         super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
         self._set_arch(arch, arch_overrides, depth, layer_scale)
-        self.patch_size, self.in_channels = patch_size, in_channels
+        self.patch_size, self.in_channels, self.norm_eps = patch_size, in_channels, norm_eps
         self.pretrain_grid = tuple(size // patch_size for size in _pair(img_size))
         self._check_options(out_type, padding, with_cp, fc_norm)
-        self.fc_norm_after_pooling, self.norm_eps = fc_norm, norm_eps
-        self.out_type, self.dense = out_type, out_type == 'featmap'
-        self.pyramid_levels = self._check_pyramid_levels(pyramid_levels,
-                                                         pyramid and self.dense)
+        self.out_type, self.fc_norm_after_pooling = out_type, fc_norm
+        self.dense = out_type == 'featmap'
+        self.pyramid_levels = self._check_pyramid_levels(pyramid_levels, pyramid and self.dense)
         self.out_indices = self._check_out_indices(out_indices)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         self.drop_rate, self.padding, self.pos_antialias = drop_rate, padding, pos_antialias
