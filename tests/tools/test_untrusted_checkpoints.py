@@ -100,9 +100,10 @@ def test_a_checkpoint_that_runs_code_is_refused(tool, where, tmp_path, data_root
     assert not (tmp_path / 'converted.pth').exists()
 
 
-def test_other_loading_schemes_are_weights_only_too(tmp_path, monkeypatch):
+def test_a_scheme_that_cannot_be_read_weights_only_is_refused(tmp_path, monkeypatch):
     # mmengine's remote schemes (http, ceph, pavi, ...) call torch.load without weights_only;
-    # a scheme that does the same, with the user's environment asking torch to trust files
+    # a scheme vitdense does not fetch itself is refused before it reads anything, even with
+    # the user's environment asking torch to trust files, and that setting is left alone
     from mmengine.runner.checkpoint import CheckpointLoader
     marker = tmp_path / 'payload-ran'
     evil = tmp_path / 'remote.pth'
@@ -113,7 +114,8 @@ def test_other_loading_schemes_are_weights_only_too(tmp_path, monkeypatch):
             str(tmp_path / name[len('fake-remote://'):]), map_location))
     use_safe_loading()
     monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
-    with pytest.raises(UnsafeCheckpointError, match='fake-remote://remote.pth'):
+    with pytest.raises(ValueError, match='fake-remote://remote.pth: checkpoints of the '
+                       'fake-remote:// scheme cannot be read weights-only here; copy the file'):
         CheckpointLoader.load_checkpoint('fake-remote://remote.pth')
     assert not marker.exists()
-    assert os.environ['TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'] == '1'  # the user's setting is back
+    assert os.environ['TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'] == '1'
