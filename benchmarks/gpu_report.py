@@ -29,11 +29,11 @@ math kernel fails its case instead.
 Each record is one JSON line appended to ``--out`` (flushed and fsynced) as soon as it is
 measured; a run skips the cases ``--out`` already holds (``--retry-errors``: except those
 that failed), starts no case after ``--budget-s`` and stops any case at ``--case-limit-s``
-(recorded as an error), so that a 10-minute device call always returns what it measured and
+(recorded as an error), so that a 10-minute call always returns what it measured and
 the next call goes on. ``--docs`` writes the Markdown page from all of ``--out``'s records
 (``--render`` only that). Without a GPU the same code runs small (one tiny arch per family,
 tiny inputs, the demo configs, one repetition, the ``aot_eager`` backend): a check that the
-report works, not a measurement. docs/gpu_report.md says how to run it on a lent GPU.
+report works, not a measurement. docs/gpu_report.md says how to run it on a GPU machine without network.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/bin/bash
-# One device call of the GPU report (docs/gpu_report.md), from the repository root of a lent
-# GPU machine, with .whl/ (the OpenMMLab wheels) and work_dirs/gpu_report/ (the records of the
-# earlier calls, if any) carried. Arguments go to `python -m benchmarks.gpu_report`. Writes
+# One call of the GPU report (docs/gpu_report.md), from the repository root on a GPU machine
+# without network, with .whl/ (the OpenMMLab wheels) and work_dirs/gpu_report/ (the records of
+# the earlier calls, if any) beside it and OUT an empty folder whose files come back. Arguments go to `python -m benchmarks.gpu_report`. Writes
 # $OUT/gpu_report.jsonl (every record so far) and, on the first call, $OUT/cuda_parity.txt.
 set -u
 if [ ! -d /tmp/site/mmdet ]; then  # a fresh machine: install the carried wheels once
