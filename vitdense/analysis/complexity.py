@@ -9,6 +9,8 @@ convolutions, matrix products and attention (torch's CPU flash-attention kernels
 norms, activations and pooling are not counted. Talking heads are counted written out (the
 architecture's products, as the papers count them), not as the fused call that does heads ×
 those products; GPSA's positional term is counted as it runs, separable along the grid.
+Multiply-adds leave out a learned position table's resampling to the input's grid (it
+prepares a parameter, and at the table's own grid it is the identity).
 
 :func:`analyse` counts a config's model built and run on the meta device (shapes only: no
 memory, no arithmetic), one image: a classifier's logits, a segmentor's decode head (no
@@ -20,13 +22,14 @@ Command line: ``tools/analysis_tools/get_flops.py``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from mmengine.config import Config
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from vitdense.engine.hosts import build_model, host_of
+from vitdense.models.layers.embed import LearnedPositionEmbedding
 from vitdense.models.layers.talking_heads import forced_path
 
 #: FLOPs of one multiply-add (a multiplication and an addition)
@@ -112,17 +115,28 @@ def _flop_formulas() -> dict:
     return formulas
 
 
-def count_flops(step: Callable[[], Any]) -> int:
-    """FLOPs of one call of ``step``, 2 per multiply-add (see the module doc)."""
+def count_flops(step: Callable[[], Any], left_out: Iterable[torch.nn.Module] = ()) -> int:
+    """FLOPs of one call of ``step``, 2 per multiply-add (see the module doc), less those
+    computed inside the modules ``left_out``."""
+    inside: list[int] = []  # the running total entering (negated) and leaving each module
     with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
-        step()
-    return counter.get_total_flops()
+        hooks = [hook for module in left_out for hook in (
+            module.register_forward_pre_hook(
+                lambda *_: inside.append(-counter.get_total_flops())),
+            module.register_forward_hook(lambda *_: inside.append(counter.get_total_flops())))]
+        try:
+            step()
+        finally:
+            for hook in hooks:
+                hook.remove()
+    return counter.get_total_flops() - sum(inside)
 
 
-def count_multiply_adds(step: Callable[[], Any]) -> int:
+def count_multiply_adds(step: Callable[[], Any],
+                        left_out: Iterable[torch.nn.Module] = ()) -> int:
     """Multiply-adds of one call of ``step``: :func:`count_flops` over
     :data:`FLOPS_PER_MULTIPLY_ADD`."""
-    return count_flops(step) // FLOPS_PER_MULTIPLY_ADD
+    return count_flops(step, left_out) // FLOPS_PER_MULTIPLY_ADD
 
 
 @torch.no_grad()
@@ -133,10 +147,12 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
         param.requires_grad_(False)
     device = next(model.parameters()).device
     images = torch.randn(1, 3, *shape, device=device)
+    tables = [module for module in model.modules()
+              if isinstance(module, LearnedPositionEmbedding)]
     with forced_path(model, 'maps'):
         if cfg.default_scope == 'mmdet':
-            return count_multiply_adds(lambda: _run_detector(model, cfg, images))
-        return count_multiply_adds(lambda: model(images, None, mode='tensor'))
+            return count_multiply_adds(lambda: _run_detector(model, cfg, images), tables)
+        return count_multiply_adds(lambda: model(images, None, mode='tensor'), tables)
 
 
 def analyse(config: str, shape: tuple[int, int] | None = None) -> dict:
