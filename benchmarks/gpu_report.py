@@ -18,7 +18,8 @@ Cases, in this order (``--list`` prints them with what ``--out`` holds of each):
   (fp16 autocast); compiled cases time the first call (the compile) and the steady step.
 
 Every step record carries ``model_flops`` (the architecture's arithmetic, talking heads
-written out, as the papers and the model index count it; counted on the meta device) and
+written out, the position table's resampling to the input's grid left out, as the papers
+and the model index count it; counted on the meta device) and
 ``executed_flops`` (what the kernels that ran execute: CaiT's fold does heads × the
 attention FLOPs, recomputed in backward), each as a share of the matrix-product rate of the
 step's compute type measured at the start of the run; and the attention kernel each
@@ -61,6 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from benchmarks.benchmark_lib import (OURS, BackboneSpec, build_backbone_pair, count_flops,
                                       environment, first_call_s, flatten_outputs, make_step,
                                       synchronizer, time_interleaved)
+from vitdense.analysis.complexity import position_tables
 from vitdense.engine.compile import compile_function
 from vitdense.models.layers import talking_heads
 
@@ -229,13 +231,13 @@ def training_step(module: nn.Module, inputs: torch.Tensor,
 
 
 def architecture_flops(module: nn.Module, inputs: torch.Tensor) -> int:
-    """FLOPs of :func:`training_step` of ``module`` as the architecture defines it: a copy
-    on the meta device (shapes only, so written-out maps cost no memory), talking heads
-    written out."""
+    """FLOPs of :func:`training_step` of ``module`` as the architecture defines it and the
+    model index counts it: a copy on the meta device (shapes only, so written-out maps cost
+    no memory), talking heads written out, the position tables' resampling left out."""
     meta = copy.deepcopy(module).to('meta')
     meta_inputs = torch.empty(inputs.shape, device='meta', requires_grad=inputs.requires_grad)
     with talking_heads.forced_path(meta, 'maps'):
-        return count_flops(training_step(meta, meta_inputs, None))
+        return count_flops(training_step(meta, meta_inputs, None), position_tables(meta))
 
 
 class UncountedOps(TorchDispatchMode):

@@ -14,6 +14,7 @@ from common import CHECKOUT_ENV, REPO_ROOT
 
 from benchmarks import gpu_report
 from benchmarks.benchmark_lib import build_ours, count_flops
+from vitdense.analysis.complexity import position_tables
 from vitdense.analysis.memory import load_config
 from vitdense.engine.hosts import build_model
 from vitdense.models.layers import talking_heads
@@ -81,6 +82,13 @@ def _layer_flops(path: str, tokens: torch.Tensor, grid, embed_dims: int, heads: 
     return count_flops(gpu_report.training_step(gpu_report.OnGrid(layer, grid), tokens, None))
 
 
+def _resampling_flops(model: torch.nn.Module, images: torch.Tensor) -> int:
+    """FLOPs of a training step spent resampling the position tables to the input's grid:
+    executed, but not the architecture's (the model index and the papers leave them out)."""
+    step = gpu_report.training_step(model, images, None)
+    return count_flops(step) - count_flops(step, position_tables(model))
+
+
 FOLDED = replace(gpu_report.CPU, talking_heads_path='fold')  # what a GPU runs at COCO's input
 
 
@@ -94,7 +102,10 @@ def test_cait_executes_the_folds_extra_flops_and_counts_the_architectures():
     images = torch.randn(1, 3, *size)
     with talking_heads.forced_path(model, 'maps'):
         maps_flops = count_flops(gpu_report.training_step(model, images, None))
-    assert folded['vitdense']['model_flops'] == chosen['vitdense']['model_flops'] == maps_flops
+        resampling = _resampling_flops(model, images)
+    assert resampling > 0
+    assert folded['vitdense']['model_flops'] == chosen['vitdense']['model_flops'] == \
+        maps_flops - resampling
     # the fold adds, per talking-heads layer, its extra FLOPs over the maps
     grid = (size[0] // 16, size[1] // 16)
     tokens = torch.randn(1, grid[0] * grid[1], 32, requires_grad=True)
@@ -119,7 +130,11 @@ def test_vit_records_its_attention_kernel_and_a_math_fallback_fails_the_case(tmp
     # the fused kernel's backward computes the logits q·kᵀ again: 2·B·H·N·N·d FLOPs
     batch, heads, tokens, width = kernel['query']
     recomputed = kernel['calls'] * 2 * batch * heads * tokens * tokens * width
-    assert ours['executed_flops'] - ours['model_flops'] == recomputed > 0
+    size = gpu_report.CPU.cls_size
+    resampling = _resampling_flops(build_ours(_spec('vit'), 'dense', size),
+                                   torch.randn(batch, 3, size, size))
+    assert ours['executed_flops'] - ours['model_flops'] == recomputed + resampling
+    assert recomputed > 0 and resampling > 0
     assert ours['model_share'] == pytest.approx(ours['model_flops'] / ours['ms'] * 1e3 / 1e9)
     query = torch.randn(1, 2, 8, 16)
     with gpu_report.AttentionKernels() as kernels:
@@ -152,19 +167,23 @@ def test_every_talking_heads_path_a_dense_step_and_the_page(tmp_path, capsys):
     assert records['talking-heads fold 4x6']['executed_flops'] > maps
     assert records['talking-heads blocks 4x6']['uncounted_ops'] == [
         'vitdense::talking_heads', 'vitdense::talking_heads_backward']
-    # the segmentor's step: the fold's extra FLOPs, layer by layer, are all that separate
-    # the executed count from the architecture's
+    # the segmentor's step: the fold's extra FLOPs, layer by layer, and the position
+    # table's resampling are all that separate the executed count from the architecture's
     step = records['step upernet_cait-d6-p8_demo-ade [fold]']
     assert step['ms'] > 0 and step['account_gib'] > 0 and step['dtype'] == 'float32'
     cfg = load_config(str(REPO_ROOT / 'configs/cait/upernet_cait-d6-p8_demo-ade.py'))
-    layers = [m for m in build_model(cfg, 'count', device='meta').backbone.modules()
+    backbone = build_model(cfg, 'count', device='meta').backbone
+    layers = [m for m in backbone.modules()
               if isinstance(m, MultiheadSelfAttention) and m.talking_heads]
     grid = (step['input'][0] // 8, step['input'][1] // 8)
     dims, heads = layers[0].qkv.in_features, layers[0].num_heads
     tokens = torch.randn(step['batch'], grid[0] * grid[1], dims, requires_grad=True)
     extra = _layer_flops('fold', tokens, grid, dims, heads) - \
         _layer_flops('maps', tokens, grid, dims, heads)
-    assert step['executed_flops'] - step['model_flops'] == len(layers) * extra > 0
+    resampling = _resampling_flops(
+        backbone, torch.empty(step['batch'], 3, *step['input'], device='meta'))
+    assert step['executed_flops'] - step['model_flops'] == len(layers) * extra + resampling
+    assert extra > 0 and resampling > 0
     text = page.read_text()
     assert text.startswith('# Report\n\nHow to run it.\n\n' + gpu_report.RESULTS_BEGIN)
     for heading in ('### Training steps', '### Talking heads', '### Backbones'):

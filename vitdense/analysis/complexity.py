@@ -139,6 +139,12 @@ def count_multiply_adds(step: Callable[[], Any],
     return count_flops(step, left_out) // FLOPS_PER_MULTIPLY_ADD
 
 
+def position_tables(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The learned position tables of ``model``: what the papers' counts leave out (their
+    resampling to the input's grid prepares a parameter)."""
+    return [module for module in model.modules() if isinstance(module, LearnedPositionEmbedding)]
+
+
 @torch.no_grad()
 def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int, int]) -> int:
     """Multiply-adds of one test-time forward of a (1, 3, H, W) image (see the module doc)."""
@@ -147,8 +153,7 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
         param.requires_grad_(False)
     device = next(model.parameters()).device
     images = torch.randn(1, 3, *shape, device=device)
-    tables = [module for module in model.modules()
-              if isinstance(module, LearnedPositionEmbedding)]
+    tables = position_tables(model)
     with forced_path(model, 'maps'):
         if cfg.default_scope == 'mmdet':
             return count_multiply_adds(lambda: _run_detector(model, cfg, images), tables)
