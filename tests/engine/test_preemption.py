@@ -52,9 +52,11 @@ class SignalAfter(Hook):
 
 
 def epoch_run(work_dir: Path, signal_after: int | None = None, resume: bool = False,
-              distributed: bool = False, signum: int = signal.SIGTERM) -> tuple[Record, Runner]:
+              distributed: bool = False, signum: int = signal.SIGTERM,
+              checkpoint: dict | None = None) -> tuple[Record, Runner]:
     """3 epochs of 3 batches of 2 per process (shuffled per epoch), an epoch checkpoint at
-    epoch 2 only; ``Preempted`` is caught and left in ``runner.preempted``."""
+    epoch 2 only (or as ``checkpoint`` says); ``Preempted`` is caught and left in
+    ``runner.preempted``."""
     record = Record()
     torch.manual_seed(0)
     multi_process = dict(launcher='pytorch', cfg=dict(model_wrapper_cfg=dict(
@@ -68,7 +70,8 @@ def epoch_run(work_dir: Path, signal_after: int | None = None, resume: bool = Fa
         param_scheduler=[dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0,
                               end=4)],
         train_cfg=dict(by_epoch=True, max_epochs=3),
-        default_hooks=dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', interval=2)),
+        default_hooks=dict(checkpoint=dict(type='vitdense.SafeCheckpointHook',
+                                           **(checkpoint or dict(interval=2)))),
         custom_hooks=[ExactResumeHook(), record, SignalAfter(signal_after, signum),
                       PreemptionHook(signals=('SIGTERM', 'SIGUSR1'), requeue=False)],
         resume=resume, experiment_name=f'preempt{next(RUN_IDS)}',
@@ -119,6 +122,22 @@ def test_resume_without_the_skip_would_differ(tmp_path):
     torch.save(checkpoint, tmp_path / 'work' / 'iter_5.pth')
     resumed = epoch_run(tmp_path / 'work', resume=True)
     assert not _same_weights(resumed[1], full[1])
+
+
+def test_preemption_saves_count_among_the_checkpoints_kept(tmp_path):
+    # max_keep_ckpts=2: a run stopped and resumed again and again keeps its two newest
+    # checkpoints, whether epoch checkpoints or the saves on a signal.
+    keep = dict(interval=1, max_keep_ckpts=2)
+    stages = [(2, {'iter_2.pth'}), (4, {'epoch_1.pth', 'iter_4.pth'}),
+              (5, {'iter_4.pth', 'iter_5.pth'}), (None, {'epoch_2.pth', 'epoch_3.pth'})]
+    for stage, (signal_after, files) in enumerate(stages):
+        runner = epoch_run(tmp_path, signal_after=signal_after, resume=stage > 0,
+                           checkpoint=keep)[1]
+        assert (runner.preempted is None) == (signal_after is None)
+        assert {path.name for path in tmp_path.glob('*.pth')} == files, f'stage {stage}'
+        named = Path((tmp_path / 'last_checkpoint').read_text())
+        assert named.is_file() and named.name == (f'iter_{signal_after}.pth' if signal_after
+                                                  else 'epoch_3.pth')
 
 
 def test_unknown_or_uncatchable_signal_is_refused():
