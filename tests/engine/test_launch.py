@@ -1,10 +1,12 @@
 """vitdense/engine/launch.py, the command-line safety of the tools: mistyped --cfg-options keys,
---resume with nothing or a bad file to resume, one resume decision for all processes, a
-process-group timeout, workers that die with their launcher, SLURM's variables, evaluation
+--resume with nothing or a bad file to resume, one resume decision for all processes (every
+launcher), a process-group timeout, workers that die with their launcher, SLURM's and Open
+MPI's variables, evaluation
 results gathered over the process group, and the launch scripts' choice of interpreter."""
 from __future__ import annotations
 
 import os
+import os.path as osp
 import signal
 import subprocess
 import sys
@@ -18,8 +20,9 @@ from mmengine.config import Config
 from mmengine.logging import MMLogger
 
 from vitdense.checkpoint_io import CorruptCheckpointError
-from vitdense.engine.launch import (add_safety_hooks, apply_resume, export_slurm_environment,
-                                    first_host, gather_results_over_process_group, load_config,
+from vitdense.engine.launch import (add_safety_hooks, apply_resume, export_mpi_environment,
+                                    export_slurm_environment, first_host,
+                                    gather_results_over_process_group, load_config,
                                     slurm_master_port)
 
 from common import REPO_ROOT
@@ -158,6 +161,25 @@ def test_slurm_variables_become_the_process_group_environment():
         export_slurm_environment(dict(SLURM_NTASKS='2', SLURM_LOCALID='0', SLURM_NODELIST='n1'))
 
 
+def test_open_mpi_variables_become_the_process_group_environment():
+    environ = dict(OMPI_COMM_WORLD_RANK='3', OMPI_COMM_WORLD_SIZE='4',
+                   OMPI_COMM_WORLD_LOCAL_RANK='1', OMPI_COMM_WORLD_LOCAL_SIZE='2',
+                   MASTER_ADDR='10.0.0.1')
+    export_mpi_environment(environ)
+    assert (environ['RANK'], environ['WORLD_SIZE'], environ['LOCAL_RANK']) == ('3', '4', '1')
+    assert (environ['MASTER_ADDR'], environ['MASTER_PORT']) == ('10.0.0.1', '29500')
+    one_node = dict(OMPI_COMM_WORLD_RANK='0', OMPI_COMM_WORLD_SIZE='2',
+                    OMPI_COMM_WORLD_LOCAL_RANK='0', OMPI_COMM_WORLD_LOCAL_SIZE='2')
+    export_mpi_environment(one_node)
+    assert one_node['MASTER_ADDR'] == '127.0.0.1'
+    with pytest.raises(RuntimeError, match='on several nodes: set MASTER_ADDR'):
+        export_mpi_environment({**one_node, 'OMPI_COMM_WORLD_LOCAL_SIZE': '1',
+                                'MASTER_ADDR': ''})
+    with pytest.raises(RuntimeError, match='OMPI_COMM_WORLD_LOCAL_RANK not set; start the '
+                                           "tool with Open MPI's mpirun"):
+        export_mpi_environment(dict(OMPI_COMM_WORLD_RANK='0', OMPI_COMM_WORLD_SIZE='2'))
+
+
 def test_distributed_metrics_gather_over_the_process_group(tmp_path):
     cfg, _ = load_config(CONFIG, None, 'none', str(tmp_path))
     cfg.test_evaluator = [dict(type='IoUMetric'), dict(type='IoUMetric', collect_dir='/shared')]
@@ -168,14 +190,25 @@ def test_distributed_metrics_gather_over_the_process_group(tmp_path):
     assert cfg.val_evaluator.metrics == dict(type='IoUMetric', collect_device='gpu')
 
 
-def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str) -> None:
+def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: str) -> None:
     """Process ``rank`` of two runs ``--resume`` on its node (the folder it works in, where
-    the work dir ``work_dirs/run`` is); writes what happened."""
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE='2')
+    the work dir ``work_dirs/run`` is); writes what happened. ``launcher='mpi'``: the process
+    has the variables Open MPI's mpirun gives it and joins the job through the tools' own
+    set-up (:func:`load_config`)."""
+    torch.set_num_threads(1)
     os.chdir(nodes[rank])
-    torch.distributed.init_process_group('gloo')
-    cfg = Config(dict(work_dir='work_dirs/run'))
+    if launcher == 'mpi':
+        os.environ.update(OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
+                          OMPI_COMM_WORLD_SIZE='2', OMPI_COMM_WORLD_LOCAL_SIZE='2',
+                          MASTER_PORT=str(port))
+        for name in ('MASTER_ADDR', 'RANK', 'WORLD_SIZE'):
+            os.environ.pop(name, None)
+        cfg, _ = load_config(osp.join(out, 'job.py'), None, 'mpi', 'work_dirs/run')
+    else:
+        os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                          WORLD_SIZE='2')
+        torch.distributed.init_process_group('gloo')
+        cfg = Config(dict(work_dir='work_dirs/run'))
     try:
         apply_resume(cfg, 'auto')
         outcome = f'resume={cfg.resume} load_from={cfg.load_from}'
@@ -186,9 +219,11 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _resume_two_processes(nodes: list[Path], out: Path) -> list[str]:
+def _resume_two_processes(nodes: list[Path], out: Path, launcher: str = 'pytorch') -> list[str]:
+    (out / 'job.py').write_text("default_scope = 'mmseg'\n")  # a job's config, host imported
+    load_config(str(out / 'job.py'), None, 'none', None)  # here, so that forks start with it
     port = 29500 + (os.getpid() + len(str(out))) % 1000
-    mp.start_processes(_resume_on_rank, args=(port, [str(n) for n in nodes], str(out)),
+    mp.start_processes(_resume_on_rank, args=(port, [str(n) for n in nodes], str(out), launcher),
                        nprocs=2, start_method='fork')
     return [(out / f'rank{rank}.txt').read_text() for rank in (0, 1)]
 
@@ -199,19 +234,20 @@ def _checkpoint(node: Path, step: int, size: int = 1) -> None:
                node / f'work_dirs/run/iter_{step}.pth')
 
 
-def test_one_resume_decision_for_the_job(tmp_path):
+@pytest.mark.parametrize('launcher', ['pytorch', 'mpi'])
+def test_one_resume_decision_for_the_job(tmp_path, launcher):
     # Node-local work dirs after both nodes were killed: node 0 holds iter_6; node 1 iter_3,
     # then an iter_6 of another run; then both see one shared folder.
     node0, node1 = tmp_path / 'node0', tmp_path / 'node1'
     _checkpoint(node0, 6)
     _checkpoint(node1, 3)
-    for outcome in _resume_two_processes([node0, node1], tmp_path):
+    for outcome in _resume_two_processes([node0, node1], tmp_path, launcher):
         assert outcome == ('error: --resume: process 0 chose work_dirs/run/iter_6.pth, which '
                            'rank(s) [1] cannot read (rank 1: no such file); give every node '
                            'the same work dir (a shared file system) or copy the checkpoint '
                            'to each node, then resume again')
     _checkpoint(node1, 6, size=1000)
-    for outcome in _resume_two_processes([node0, node1], tmp_path):
+    for outcome in _resume_two_processes([node0, node1], tmp_path, launcher):
         assert 'rank(s) [1] cannot read (rank 1: its file of that name is another' in outcome
-    outcomes = _resume_two_processes([node0, node0], tmp_path)
+    outcomes = _resume_two_processes([node0, node0], tmp_path, launcher)
     assert outcomes == ['resume=True load_from=work_dirs/run/iter_6.pth'] * 2

@@ -114,14 +114,15 @@ def open_process_group(cfg: Config, launcher: str) -> None:
     """Join the job's process group before the Runner is built, so that the processes can
     agree on what to resume from (:func:`apply_resume`); the Runner then uses this group.
 
-    ``slurm``: the ranks and the rendezvous come from SLURM's variables
-    (:func:`export_slurm_environment`); the group is then opened as for ``pytorch``, which
-    also works without GPUs (mmengine's SLURM start needs one GPU per process).
+    ``slurm`` and ``mpi``: the ranks and the rendezvous come from the variables ``srun`` or
+    Open MPI's ``mpirun`` gives each process (:func:`export_slurm_environment`,
+    :func:`export_mpi_environment`); the group is then opened as for ``pytorch``, which also
+    works without GPUs (mmengine's SLURM and MPI starts need one GPU per process).
     """
     if launcher == 'slurm':
         export_slurm_environment(os.environ)
     elif launcher == 'mpi':
-        return  # mmengine's MPI start, in the Runner
+        export_mpi_environment(os.environ)
     if not torch.cuda.is_available():
         _prepare_cpu_distributed(cfg)
     elif not torch.distributed.is_initialized():
@@ -163,6 +164,32 @@ def export_slurm_environment(environ: MutableMapping[str, str]) -> None:
                    LOCAL_RANK=environ['SLURM_LOCALID'])
     environ.setdefault('MASTER_ADDR', first_host(environ['SLURM_NODELIST']))
     environ.setdefault('MASTER_PORT', str(slurm_master_port(environ['SLURM_JOB_ID'])))
+
+
+#: the rendezvous port of ``--launcher mpi`` when MASTER_PORT is not set (torch's default)
+MPI_DEFAULT_PORT = '29500'
+
+
+def export_mpi_environment(environ: MutableMapping[str, str]) -> None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the variables Open
+    MPI's ``mpirun`` gives each process. MASTER_ADDR, when not set, is this machine if every
+    process runs on it, else an error says to pass node 0's address; MASTER_PORT, when not
+    set, is :data:`MPI_DEFAULT_PORT`."""
+    needed = ('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_LOCAL_RANK')
+    missing = [name for name in needed if not environ.get(name)]
+    if missing:
+        raise RuntimeError(f'--launcher mpi: {", ".join(missing)} not set; start the tool '
+                           'with Open MPI\'s mpirun, or use --launcher pytorch under torchrun '
+                           '(tools/dist_train.sh)')
+    environ.update(RANK=environ['OMPI_COMM_WORLD_RANK'],
+                   WORLD_SIZE=environ['OMPI_COMM_WORLD_SIZE'],
+                   LOCAL_RANK=environ['OMPI_COMM_WORLD_LOCAL_RANK'])
+    if not environ.get('MASTER_ADDR'):
+        if environ.get('OMPI_COMM_WORLD_LOCAL_SIZE') != environ['WORLD_SIZE']:
+            raise RuntimeError('--launcher mpi on several nodes: set MASTER_ADDR to the '
+                               'address of the node of process 0 (mpirun -x MASTER_ADDR=...)')
+        environ['MASTER_ADDR'] = '127.0.0.1'
+    environ.setdefault('MASTER_PORT', MPI_DEFAULT_PORT)
 
 
 def gather_results_over_process_group(cfg: Config) -> None:
