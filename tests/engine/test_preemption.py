@@ -1,6 +1,7 @@
 """A preemption signal in the middle of an epoch: the run saves a checkpoint of exactly that
 iteration and stops; ``resume`` repeats the uninterrupted run bit for bit, loading no batch
-already trained, in one process and in two (the signal reaching one of them only)."""
+already trained, in one process and in two (the signal reaching one of them only), and
+with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``."""
 from __future__ import annotations
 
 import itertools
@@ -15,9 +16,12 @@ import torch.multiprocessing as mp
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
+from vitdense.demo_data import make_demo_imagenet
 from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, PreemptionHook,
                              find_resumable_checkpoint)
+from vitdense.engine.launch import load_config, point_at_data_root
 
+from common import REPO_ROOT
 from test_resume import AugmentedData, Record, noisy_net
 
 RUN_IDS = itertools.count()
@@ -138,6 +142,49 @@ def test_preemption_saves_count_among_the_checkpoints_kept(tmp_path):
         named = Path((tmp_path / 'last_checkpoint').read_text())
         assert named.is_file() and named.name == (f'iter_{signal_after}.pth' if signal_after
                                                   else 'epoch_3.pth')
+
+
+DEMO_CLASSIFIER = REPO_ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py'
+
+
+def demo_classifier_run(work_dir: Path, data_root: Path, signal_after: int | None = None,
+                        resume: bool = False) -> Runner:
+    """The demo classifier (random-resized crop, flip, RandAugment, random erasing in 2
+    loader workers; Mixup / CutMix), 1 epoch of 3 batches of 4, no validation; AdamW (the
+    recipe's LAMB steps slowly on CPU)."""
+    options = {'train_dataloader.batch_size': 4, 'train_dataloader.num_workers': 2,
+               'train_dataloader.persistent_workers': False, 'train_cfg.max_epochs': 1,
+               'train_cfg.val_interval': 10, 'default_hooks.checkpoint.interval': 10,
+               'optim_wrapper.optimizer.type': 'AdamW', 'randomness.seed': 0,
+               'randomness.deterministic': True}
+    cfg, _ = load_config(str(DEMO_CLASSIFIER), options, 'none', str(work_dir))
+    point_at_data_root(cfg, data_root)
+    cfg.update(resume=resume, experiment_name=f'demo{next(RUN_IDS)}',
+               custom_hooks=[dict(type='vitdense.ExactResumeHook'),
+                             dict(type='vitdense.PreemptionHook', requeue=False)])
+    runner = Runner.from_cfg(cfg)
+    runner.register_hook(SignalAfter(signal_after))
+    runner.preempted = None
+    try:
+        runner.train()
+    except Preempted as stop:
+        runner.preempted = stop
+    return runner
+
+
+def test_demo_classifier_with_loader_workers_resumes_mid_epoch_exactly(tmp_path):
+    # Stopped after the first iteration, resumed: the fresh workers load batches 2-3 of
+    # the epoch (worker 0 loads what worker 1 loaded uninterrupted) with the augmentations
+    # of the uninterrupted run.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    full = demo_classifier_run(tmp_path / 'full', data_root)
+    stopped = demo_classifier_run(tmp_path / 'work', data_root, signal_after=1)
+    assert stopped.preempted is not None and stopped.preempted.iteration == 1
+    resumed = demo_classifier_run(tmp_path / 'work', data_root, resume=True)
+    assert resumed.iter == full.iter == 3
+    theirs = full.model.state_dict()
+    assert max(float((value - theirs[key]).abs().max())
+               for key, value in resumed.model.state_dict().items()) == 0
 
 
 def test_unknown_or_uncatchable_signal_is_refused():

@@ -79,9 +79,11 @@ RUN_IDS = itertools.count()  # a logger of its own per run, even within one seco
 def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         budget_seconds: float | None = None,
         kill_in_validation: int | None = None, val_interval: int = 4,
-        distributed: bool = False) -> tuple[Record, Runner]:
+        distributed: bool = False, workers: int = 0,
+        persistent: bool = False) -> tuple[Record, Runner]:
     """9 iterations, checkpoint every 3; ``distributed``: one of the processes of a gloo
-    group, seeded differently per process (``diff_rank_seed``)."""
+    group, seeded differently per process (``diff_rank_seed``); ``workers`` training
+    loader workers (``persistent``: kept from pass to pass)."""
     record = Record(kill_after, kill_in_validation)
     hooks = [ExactResumeHook(), record]
     train_cfg = dict(by_epoch=False, max_iters=9, val_interval=val_interval)
@@ -100,7 +102,8 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
     runner = Runner(
         model=noisy_net(), work_dir=str(work_dir),
         train_dataloader=dict(dataset=AugmentedData(), batch_size=2,
-                              collate_fn=dict(type='default_collate'),
+                              collate_fn=dict(type='default_collate'), num_workers=workers,
+                              persistent_workers=persistent,
                               sampler=dict(type='InfiniteSampler', shuffle=True)),
         val_dataloader=dict(dataset=AugmentedData(), batch_size=3,
                             collate_fn=dict(type='default_collate'),
@@ -140,6 +143,18 @@ def test_resume_repeats_uninterrupted_run(tmp_path, full_run, kill_after):
     assert killed[1].iter == kill_after - 1 and len(list((tmp_path / 'killed').glob('*.pth'))) == 1
     resumed = run(tmp_path / 'killed', resume=True)
     _assert_same_run(full, resumed, first_resumed=kill_after // 3 * 3 + 1)
+
+
+@pytest.mark.parametrize('persistent', [False, True])
+def test_resume_mid_pass_with_loader_workers_repeats_the_run(tmp_path, persistent):
+    # Two workers augment the batches. Resumed after iteration 3 (the sampler's one pass),
+    # fresh workers load batches 4, 5, ... in another order of workers than the
+    # uninterrupted run's, which had drawn for the batches before: each batch's own seed
+    # makes the draws, hence the losses and weights, the same.
+    full = run(tmp_path / 'full', workers=2, persistent=persistent)
+    run(tmp_path / 'killed', kill_after=5, workers=2, persistent=persistent)
+    _assert_same_run(full, run(tmp_path / 'killed', resume=True, workers=2,
+                               persistent=persistent), first_resumed=4)
 
 
 def test_resume_after_a_kill_during_validation(tmp_path, full_run):

@@ -7,7 +7,8 @@ a few iterations on the demo configs). :class:`ExactResumeHook` stores the state
 python's, numpy's and torch's generators in every checkpoint and puts it back at the moment
 the uninterrupted run would draw the next training batch (the batches already trained are
 passed over without loading them), so with deterministic kernels a resumed run repeats the
-uninterrupted one bit for bit.
+uninterrupted one bit for bit. Loader workers, whose random state no checkpoint can hold,
+load each batch from a seed of its own (:class:`_SeededBatches`).
 """
 from __future__ import annotations
 
@@ -116,6 +117,73 @@ class _ResumedBatches:
         return getattr(self.batch_sampler, name)
 
 
+class _SeededIndices(list):
+    """A batch's sample indices and the key of the seed a loader worker loads it with."""
+
+    seed_key: tuple[int, int, int, int]
+
+
+class _SeededBatches:
+    """A loader's batch sampler that hands out each batch's indices with a seed key: the
+    run's seed, the process's rank, the pass over the data and the batch's place in it.
+
+    A loader worker seeds its generators from that key before it loads the batch
+    (:class:`_SeededFetch`), so a batch's augmentations depend on neither the worker that
+    loads it nor what that worker loaded before: a run resumed in the middle of a pass,
+    whose workers start afresh, draws what the uninterrupted run drew. ``passes`` is the
+    number of the next pass (set on resume).
+    """
+
+    def __init__(self, batch_sampler: Any, seed: int, rank: int) -> None:
+        self.batch_sampler, self.seed, self.rank = batch_sampler, seed, rank
+        self.passes = 0
+
+    def __iter__(self) -> Iterator[_SeededIndices]:
+        number, self.passes = self.passes, self.passes + 1
+        for position, indices in enumerate(self.batch_sampler):
+            batch = _SeededIndices(indices)
+            batch.seed_key = (self.seed, self.rank, number, position)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.batch_sampler, name)
+
+
+class _SeededFetch:
+    """A dataset's ``__getitems__`` (what torch's loader calls with a batch's indices):
+    seeds python's, numpy's and torch's generators from the batch's seed key, then loads
+    the samples (with the dataset's own ``__getitems__`` if it has one)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset, self.fetch = dataset, getattr(dataset, '__getitems__', None)
+
+    def __call__(self, indices: list) -> list:
+        key = getattr(indices, 'seed_key', None)
+        if key is not None:
+            seed = int(np.random.SeedSequence(key).generate_state(1)[0])
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+        return self.fetch(indices) if self.fetch else [self.dataset[i] for i in indices]
+
+
+def seed_worker_batches(loader: DataLoader, seed: int, rank: int) -> _SeededBatches | None:
+    """Have ``loader``'s workers load each batch from a seed of its own
+    (:class:`_SeededBatches`); None, and nothing changed, for a loader without workers (it
+    draws from the training process's generators, which checkpoints hold) or without a
+    batch sampler."""
+    if loader.num_workers == 0 or loader.batch_sampler is None:
+        return None
+    loader.dataset.__getitems__ = _SeededFetch(loader.dataset)
+    seeded = _SeededBatches(loader.batch_sampler, seed, rank)
+    object.__setattr__(loader, 'batch_sampler', seeded)  # past torch's guard, as below
+    loader._iterator = None  # persistent workers started before hold the dataset as it was
+    return seeded
+
+
 def _is_infinite(loader: DataLoader) -> bool:
     """Whether the loader's sampler never ends (mmengine's ``InfiniteSampler``)."""
     return isinstance(getattr(loader, 'sampler', None), InfiniteSampler)
@@ -135,6 +203,19 @@ def resume_loader(loader: DataLoader, skip: int, before_first_batch: Callable[[]
                        _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
 
 
+def _restart_loop_iterator(loop: IterBasedTrainLoop) -> None:
+    """Give the loop a new iterator over its loader, from the start of its sampler.
+
+    The loop builds its first iterator before any hook runs. mmengine's ``InfiniteSampler``
+    serves every iterator from one generator, which that first iterator has advanced when
+    its workers prefetched, and closes when it is collected: the sampler gets a new one.
+    """
+    sampler = loop.dataloader.sampler
+    if isinstance(sampler, InfiniteSampler):
+        sampler.indices = sampler._indices_of_rank()
+    loop.dataloader_iterator._iterator = iter(loop.dataloader)
+
+
 @HOOKS.register_module()
 class ExactResumeHook(Hook):
     """Save the random state in checkpoints; on resume skip the trained batches without
@@ -143,9 +224,11 @@ class ExactResumeHook(Hook):
     A checkpoint may be taken in the middle of an epoch (a preemption save): the resumed
     epoch starts where it stopped. Skipping happens on the batch sampler's index lists, so a
     resume at iteration 160k costs index arithmetic, not 160k batches of image decoding.
-    The random state is restored in the main process; with ``num_workers > 0`` the workers'
-    augmentation draws after a mid-pass resume start from their seeds again (no checkpoint
-    holds a worker's state), so such runs resume exactly only with ``num_workers=0``.
+    The random state is restored in the main process. Loader workers (``num_workers > 0``)
+    hold generators of their own that no checkpoint can hold, and a resumed pass hands its
+    batches to other workers than the uninterrupted one did: each batch is therefore loaded
+    from a seed of its own (run seed, rank, pass, place in the pass; :class:`_SeededBatches`),
+    so its augmentations are the same in the resumed run, mid-pass included.
 
     Evaluation between training iterations draws from the same generators (e.g. the data
     loader's base seed), so validation and testing run on a copy of the state and leave the
@@ -162,8 +245,12 @@ class ExactResumeHook(Hook):
         self.pending: dict | None = None
         self.outside_eval: dict | None = None
         self.every_rank: list[dict] | None = None
+        self.seeded: _SeededBatches | None = None
 
     def before_train(self, runner) -> None:
+        """Seed the training loader's workers per batch; in a multi-process run, have every
+        checkpoint save gather the random state of every process."""
+        self.seeded = seed_worker_batches(runner.train_loop.dataloader, runner.seed, get_rank())
         if get_world_size() == 1:
             return
         save = runner.save_checkpoint
@@ -203,6 +290,8 @@ class ExactResumeHook(Hook):
         if isinstance(loop, IterBasedTrainLoop):
             self._resume_iterations(loop)
         elif isinstance(loop, EpochBasedTrainLoop):
+            if self.seeded is not None:
+                self.seeded.passes = loop.epoch
             self._resume_pass(loop.dataloader, loop.iter - loop.epoch * len(loop.dataloader))
 
     def _resume_iterations(self, loop: IterBasedTrainLoop) -> None:
@@ -210,19 +299,23 @@ class ExactResumeHook(Hook):
         number, the rest by index lists; mmengine's own advance (which loads every batch)
         is then answered by :class:`_AlreadyAdvanced`."""
         if loop.iter == 0:
+            if self.seeded is not None:  # the loop's first iterator predates the seeding
+                _restart_loop_iterator(loop)
             return
         if not loop.stop_training:  # a run that trains no further needs no batches
-            loader, skip = loop.dataloader, loop.iter
+            loader, skip, epochs = loop.dataloader, loop.iter, 0
             if not _is_infinite(loader):
                 epochs, skip = divmod(loop.iter, len(loader))
                 loop.dataloader_iterator._epoch = epochs  # mmengine's pass counter
                 if hasattr(loader.sampler, 'set_epoch'):
                     loader.sampler.set_epoch(epochs)
+            if self.seeded is not None:
+                self.seeded.passes = epochs
             print_log(f'resuming at iteration {loop.iter}: the data loader passes over the '
                       f'{loop.iter} batches already trained without loading them',
                       logger='current')
             self._resume_pass(loader, skip)
-            loop.dataloader_iterator._iterator = iter(loader)
+            _restart_loop_iterator(loop)
         loop.dataloader_iterator = _AlreadyAdvanced(loop.dataloader_iterator, loop.iter)
 
     def _resume_pass(self, loader: DataLoader, skip: int) -> None:
