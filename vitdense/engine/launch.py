@@ -216,8 +216,9 @@ def _prepare_cpu_distributed(cfg: Config) -> None:
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and its default DDP wrapper passes
     ``device_ids=[LOCAL_RANK]``; both assume one GPU per process. The process group is opened
     here (the Runner skips ``init_dist`` when one exists) and the model is wrapped by
-    ``vitdense.CPUDistributedDataParallel``, which also turns SyncBN layers into plain BN:
-    each process normalises with its own batch.
+    ``vitdense.CPUDistributedDataParallel``, which also turns SyncBN layers into plain BN
+    (each process normalises with its own batch) and adds the processes' gradients up in rank
+    order (a resumed run repeats the uninterrupted one bit for bit).
     """
     if not torch.distributed.is_initialized():
         timeout = (cfg.get('env_cfg') or {}).get('dist_cfg', {}).get('timeout')
