@@ -40,7 +40,9 @@ def sum_in_rank_order(group: dist.ProcessGroup | None,
     gives ``(g_0 + g_1 + ... + g_{n-1})`` for every element whatever the layout, bucket size
     or collective algorithm. Each part is divided by the number of processes first, as DDP's
     own reduction does, so with two processes the result equals DDP's. Cost: each process
-    receives n buckets where a ring all-reduce moves about two.
+    receives n buckets where a ring all-reduce moves about two. (``find_unused_parameters=
+    True`` also keeps the first layout, but walks the autograd graph every iteration and
+    hides parameters that get no gradient.)
     """
     world_size = dist.get_world_size(group)
     buffer = bucket.buffer().div_(world_size)
