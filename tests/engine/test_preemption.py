@@ -172,6 +172,18 @@ def demo_classifier_run(work_dir: Path, data_root: Path, signal_after: int | Non
     return runner
 
 
+def test_preemption_saves_do_not_count_where_checkpoints_go_elsewhere(tmp_path):
+    # out_dir: the hook keeps one checkpoint there; the saves on a signal, in the work dir,
+    # are not its own to count or remove.
+    keep = dict(interval=1, max_keep_ckpts=1, out_dir=str(tmp_path / 'out'))
+    for stage, signal_after in enumerate([2, 4, None]):
+        epoch_run(tmp_path / 'work', signal_after=signal_after, resume=stage > 0,
+                  checkpoint=keep)
+    assert {path.name for path in (tmp_path / 'work').glob('*.pth')} == {'iter_2.pth',
+                                                                         'iter_4.pth'}
+    assert [path.name for path in (tmp_path / 'out').rglob('*.pth')] == ['epoch_3.pth']
+
+
 def test_demo_classifier_with_loader_workers_resumes_mid_epoch_exactly(tmp_path):
     # Stopped after the first iteration, resumed: the fresh workers load batches 2-3 of
     # the epoch (worker 0 loads what worker 1 loaded uninterrupted) with the augmentations

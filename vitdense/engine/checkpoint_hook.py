@@ -118,8 +118,11 @@ def _last_checkpoint(work_dir: str) -> str | None:
 
 
 def counting_hook(runner: Any) -> SafeCheckpointHook | None:
-    """The run's ``SafeCheckpointHook``, which counts the checkpoints kept, if it has one."""
-    return next((hook for hook in runner.hooks if isinstance(hook, SafeCheckpointHook)), None)
+    """The run's ``SafeCheckpointHook``, which counts the checkpoints kept, if it has one and
+    saves in the work dir (an ``out_dir`` elsewhere, perhaps remote, is not where the saves
+    on a stop signal go)."""
+    return next((hook for hook in runner.hooks if isinstance(hook, SafeCheckpointHook)
+                 and hook.out_dir == runner.work_dir), None)
 
 
 def save_resumable(runner: Any, step: int) -> Path:
