@@ -3,14 +3,16 @@
 replaced as a user replaces them, train 2 iterations on the demo sets and are scored by the
 real evaluator (CocoMetric, IoUMetric).
 
-Tiny on purpose (64 px images, a 4-block 32-wide backbone, few queries): the heads' wiring
-to the backbone is what is under test, not what they learn.
+Tiny on purpose (64 px images, a 4-block 32-wide backbone, R-CNN heads as wide, few
+queries, proposals, sampled RoIs and detections, one thread): the heads' wiring to the
+backbone and to the evaluators is what is under test, not what they learn.
 """
 import copy
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from mmengine.config import Config, ConfigDict
 from mmengine.runner import Runner
 
@@ -33,10 +35,16 @@ SIMPLE_PYRAMID = dict(_delete_=True, type='vitdense.SimpleFeaturePyramid', in_ch
 FOUR = [WIDTH] * 4
 THREE = [WIDTH] * 3
 FEW_QUERIES = 20
-#: transformer heads with one encoder and two decoder layers (6 / 6 in the hosts'), keeping
-#: as many detections as there are queries (the top-k of queries × classes)
-DETR_LAYERS = {'model.encoder.num_layers': 1, 'model.decoder.num_layers': 2,
-               'model.test_cfg.max_per_img': FEW_QUERIES}
+#: what each host keeps of its proposals, denoising queries, PointRend's refined points and
+#: detections, capped for the demo images' one to four objects (the hosts' counts are for
+#: COCO's crowds: 100 detections through a cascade's three mask heads take a minute on a CPU)
+DEMO_CAPS = {'nms_pre': 100, 'max_per_img': FEW_QUERIES, 'max_per_image': FEW_QUERIES,
+             'num_dn_queries': FEW_QUERIES, 'subdivision_steps': 2,
+             'subdivision_num_points': 64}
+#: RoIs sampled per image, by the RPN's and the R-CNN stages' samplers (256 and 512)
+SAMPLED_ROIS = 32
+#: transformer heads with one encoder and two decoder layers (6 / 6 in the hosts')
+DETR_LAYERS = {'model.encoder.num_layers': 1, 'model.decoder.num_layers': 2}
 
 
 def mask2former_layers(head: str, train_cfg: str) -> dict:
@@ -47,20 +55,17 @@ def mask2former_layers(head: str, train_cfg: str) -> dict:
             f'model.{train_cfg}.num_points': 256}
 
 
-#: the RoI heads' inputs are the neck's width (cascade: each of the 3 stages)
-ROI_WIDTHS = {'model.rpn_head.in_channels': WIDTH,
-              'model.roi_head.bbox_roi_extractor.out_channels': WIDTH,
-              'model.roi_head.mask_roi_extractor.out_channels': WIDTH,
-              'model.roi_head.mask_head.in_channels': WIDTH,
-              **{f'model.roi_head.bbox_head.{stage}.in_channels': WIDTH for stage in range(3)}}
+#: the hosts' FPN width, which their RPN and RoI heads read all through (the channels of
+#: these keys), made WIDTH: a cascade's mask heads at 256 channels dominate its CPU time
+RCNN_WIDTH, RCNN_WIDTH_KEYS = 256, ('in_channels', 'out_channels', 'feat_channels',
+                                    'conv_out_channels')
 
 #: host config, the settings a user changes for a vitdense backbone (as --cfg-options)
 DETECTORS = {
     'cascade-mask-rcnn-fpn': ('mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
                               {'model.backbone': PYRAMID, 'model.neck.in_channels': FOUR}),
     'cascade-mask-rcnn-vitdet': ('mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
-                                 {'model.backbone': LAST_MAP, 'model.neck': SIMPLE_PYRAMID,
-                                  **ROI_WIDTHS}),
+                                 {'model.backbone': LAST_MAP, 'model.neck': SIMPLE_PYRAMID}),
     'retinanet': ('mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
                   {'model.backbone': PYRAMID, 'model.neck.in_channels': FOUR}),
     'fcos': ('mmdet::fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py',
@@ -75,7 +80,6 @@ DETECTORS = {
                     {'model.backbone': PYRAMID, 'model.data_preprocessor.batch_augments': None,
                      'model.panoptic_head.in_channels': FOUR,
                      'model.panoptic_head.num_queries': FEW_QUERIES,
-                     'model.test_cfg.max_per_image': FEW_QUERIES,
                      **mask2former_layers('panoptic_head', 'train_cfg')}),
     'dino': ('mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py',
              {'model.backbone': PYRAMID_8_32, 'model.neck.in_channels': THREE,
@@ -111,14 +115,18 @@ SEGMENTORS = {
 COCO_CLASSES, ADE_CLASSES = 3, 5
 
 
-def _with_classes(node, num_classes: int, was: int):
+def _demo_sized(node, num_classes: int, was: int):
     """``node`` with every class count of the host's data set (``was``) made ``num_classes``,
-    per-class loss weights (the classes' and the no-object one) cut to match, and SyncBN made
-    BN (one process on a CPU)."""
+    per-class loss weights (the classes' and the no-object one) cut to match, SyncBN made
+    BN (one process on a CPU) and the counts of :data:`DEMO_CAPS` and the samplers capped."""
     if isinstance(node, dict):
         out = ConfigDict()
         for key, value in node.items():
-            if key in ('num_classes', 'num_things_classes') and value == was:
+            if key in DEMO_CAPS and isinstance(value, int):
+                value = min(value, DEMO_CAPS[key])
+            elif key == 'num' and str(node.get('type', '')).endswith('Sampler'):
+                value = min(value, SAMPLED_ROIS)
+            elif key in ('num_classes', 'num_things_classes') and value == was:
                 value = num_classes
             elif key == 'class_weight' and isinstance(value, list) and len(value) == was + 1:
                 value = value[:num_classes] + value[-1:]
@@ -126,10 +134,20 @@ def _with_classes(node, num_classes: int, was: int):
                 value = 'BN'
             elif key == 'score_thr':
                 value = 0.0  # an untrained head's scores: the evaluator still gets boxes
-            out[key] = _with_classes(value, num_classes, was)
+            out[key] = _demo_sized(value, num_classes, was)
         return out
     if isinstance(node, (list, tuple)):
-        return type(node)(_with_classes(value, num_classes, was) for value in node)
+        return type(node)(_demo_sized(value, num_classes, was) for value in node)
+    return node
+
+
+def _rcnn_narrowed(node):
+    """``node`` with each of its :data:`RCNN_WIDTH_KEYS` of ``RCNN_WIDTH`` made WIDTH."""
+    if isinstance(node, dict):
+        return ConfigDict({key: WIDTH if key in RCNN_WIDTH_KEYS and value == RCNN_WIDTH
+                           else _rcnn_narrowed(value) for key, value in node.items()})
+    if isinstance(node, (list, tuple)):
+        return type(node)(_rcnn_narrowed(value) for value in node)
     return node
 
 
@@ -159,7 +177,10 @@ def _two_iterations(host_config: str, options: dict, demo_base: str, data_root: 
     leaf.write_text(f'_base_ = {host_config!r}\n')
     cfg = Config.fromfile(str(leaf))
     cfg.merge_from_dict(copy.deepcopy(options), allow_list_keys=True)
-    cfg.model = _with_classes(cfg.model, num_classes, was)
+    cfg.model = _demo_sized(cfg.model, num_classes, was)
+    if 'roi_head' in cfg.model:
+        for part in ('neck', 'rpn_head', 'roi_head'):
+            cfg.model[part] = _rcnn_narrowed(cfg.model[part])
     if cfg.default_scope == 'mmseg':
         cfg.model.data_preprocessor.size = (IMAGE_SIZE, IMAGE_SIZE)
         cfg.model.pretrained = None  # the ResNet / ViT checkpoint of the host's base
@@ -174,6 +195,26 @@ def _two_iterations(host_config: str, options: dict, demo_base: str, data_root: 
     cfg.randomness = dict(seed=0)
     cfg.work_dir = str(work_dir)
     return cfg
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """The module's tensors on one thread: they are tiny, and on two shared cores a second
+    thread's hand-offs cost more than it computes (measured: seven times the CPU time of the
+    training steps on a loaded machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def config_text_unformatted():
+    """The Runner logs and dumps its config, formatted by yapf, five times a case (two
+    seconds of CPU, a third of a case's); unformatted here, where no one reads it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Config, 'pretty_text', property(lambda cfg: repr(cfg.to_dict())))
+        yield
 
 
 @pytest.fixture(scope='module')
