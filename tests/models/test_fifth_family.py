@@ -1,7 +1,8 @@
 """A fifth family is one file: ``toy_family.py`` (beside this test, imported by nothing in
 the package) registers ``ToyFormer`` through the public hooks. Nothing else is edited, yet
 the registry lists it, it builds in the classifier, pyramid and ViTDet layouts, and it trains
-in the demo configs of another family with only the backbone's type changed."""
+in the demo configs of another family (classifier, UperNet, ViTDet, Mask R-CNN) with only the
+backbone's type changed."""
 import importlib
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from mmengine.runner import Runner
 
-from vitdense.demo_data import make_demo_ade, make_demo_imagenet
+from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_imagenet
 from vitdense.engine.launch import load_config, point_at_data_root
 from vitdense.models import SimpleFeaturePyramid, backbone_families
 from vitdense.registry import MODELS
@@ -21,6 +22,7 @@ DEMO_CONFIGS = {
     'classifier': 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
     'pyramid': 'configs/vit/upernet_vit-d6-p8_demo-ade.py',
     'vitdet': 'configs/vit/upernet_vit-d6-p8_vitdet_demo-ade.py',
+    'mask-rcnn': 'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',
 }
 
 
@@ -63,6 +65,11 @@ def test_it_trains_in_the_demo_configs(toy_family, layout, tmp_path):
     cfg.model.backbone.type = 'vitdense.ToyFormer'
     if layout == 'classifier':
         data_root = make_demo_imagenet(tmp_path / 'data', num_train=1, num_val=1, size=64)
+    elif layout == 'mask-rcnn':
+        data_root = make_demo_coco(tmp_path / 'data', num_train=2, num_val=1, size=64)
+        resize = next(step for step in cfg.train_dataloader.dataset.pipeline
+                      if step.type == 'Resize')
+        resize.scale = (64, 64)
     else:
         data_root = make_demo_ade(tmp_path / 'data', num_train=2, num_val=1, size=64)
         cfg.model.data_preprocessor.size = (64, 64)
