@@ -34,7 +34,8 @@ Every shipped config, from the model index (`model-index.yml`, `configs/*/metafi
 Parameters and FLOPs (multiply-accumulates of one forward) are counted on the built model by
 `tools/analysis_tools/get_flops.py`: classifiers at their test crop, Mask R-CNN at its padded
 test resize (800 × 1344 on COCO) with its box head on 1000 proposals and mask head on 100
-boxes, segmentors at their 512 × 512 training crop (decode head only). The paper column is the
+boxes (Cascade Mask R-CNN: every stage's box and mask heads), segmentors at their 512 × 512
+training crop (decode head only). The paper column is the
 paper's result for that recipe; our own trained results are not in it. Training memory: the
 peak per GPU of one training step at the config's batch and largest training input (2 × 800 ×
 1344 on COCO, 2 × 512 × 512 on ADE20k), float32 / mixed precision, the precision the config
@@ -123,6 +124,7 @@ def shipped_configs() -> list[Path]:
 
 def task_of(name: str) -> str:
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
+                         ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),
                          ('fpn_', 'Semantic Segmentation')):
         if name.startswith(prefix):
@@ -135,7 +137,7 @@ def training_data(name: str) -> str:
         return {'coco': 'demo COCO-layout set', 'ade': 'demo ADE20k-layout set',
                 'in10': 'demo ImageNet-layout set (10 classes)'}[name.split('_demo-')[1]
                                                                  .split('-')[0].split('.')[0]]
-    if name.startswith('mask-rcnn_'):
+    if name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_')):
         return 'COCO'
     if name.startswith(('upernet_', 'fpn_')):
         return 'ADE20K'
@@ -174,7 +176,8 @@ def measure(config: Path) -> dict:
 def is_dense(config: Path) -> bool:
     """A full dense config (Mask R-CNN, UperNet, Semantic FPN), not a demo."""
     name = config.stem
-    return name.startswith(('mask-rcnn_', 'upernet_', 'fpn_')) and '_demo' not in name
+    return name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_', 'upernet_', 'fpn_')) and \
+        '_demo' not in name
 
 
 def measure_memory(config: Path) -> dict:

@@ -36,6 +36,7 @@ def test_every_family_has_both_tasks_full_and_demo():
     for model in RECIPE:
         family = model.split('-')[0]
         assert f'mask-rcnn_{model}_vitdet_16xb4-lsj-100e_coco-1024x1024.py' in names
+        assert f'cascade-mask-rcnn_{model}_vitdet_16xb4-lsj-100e_coco-1024x1024.py' in names
         assert f'upernet_{model}_vitdet_8xb2-160k_ade20k-512x512.py' in names
         assert f'mask-rcnn_{family}-d6-p8_vitdet_demo-coco.py' in names
         assert f'upernet_{family}-d6-p8_vitdet_demo-ade.py' in names
@@ -61,12 +62,22 @@ def test_full_config_follows_vitdet(config):
         assert backbone.window_size == 14 and backbone.use_rel_pos
         assert windowed | global_blocks == set(range(arch['num_layers']))
         assert not windowed & global_blocks
-    if task == 'mask-rcnn':
+    if task in ('mask-rcnn', 'cascade-mask-rcnn'):
         assert neck.num_outs == 5 and cfg.model.rpn_head.num_convs == 2
-        assert cfg.model.roi_head.bbox_head.type == 'Shared4Conv1FCBBoxHead'
+        box_heads = cfg.model.roi_head.bbox_head
+        box_heads = box_heads if task == 'cascade-mask-rcnn' else [box_heads]
+        assert len(box_heads) == (3 if task == 'cascade-mask-rcnn' else 1)
+        for head in box_heads:  # ViTDet's 4conv1fc with LayerNorm
+            assert head.type == 'Shared4Conv1FCBBoxHead'
+            assert head.norm_cfg.type == cfg.model.roi_head.mask_head.norm_cfg.type == \
+                'vitdense.LN2d'
         assert cfg.optim_wrapper.optimizer == dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999),
                                                    weight_decay=0.1)
         assert cfg.train_cfg.max_iters == 184375 and cfg.train_dataloader.batch_size == 4
+        if task == 'cascade-mask-rcnn':  # detectron2's proposal matchers and box weights
+            stages = cfg.model.train_cfg.rcnn
+            assert [stage.assigner.pos_iou_thr for stage in stages] == [0.5, 0.6, 0.7]
+            assert [head.bbox_coder.target_stds[0] for head in box_heads] == [.1, .05, .033]
         jitter = next(t for t in cfg.train_dataloader.dataset.pipeline
                       if t.type == 'RandomResize')
         assert jitter.scale == (1024, 1024) and jitter.ratio_range == (0.1, 2.0)
