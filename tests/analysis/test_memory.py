@@ -4,18 +4,21 @@ import copy
 import json
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
 from mmengine.registry import MODELS
 
 from vitdense.analysis import memory
+from vitdense.engine.hosts import build_model
 from vitdense.models.layers import talking_heads
 
 from common import CHECKOUT_ENV, REPO_ROOT, TINY_BACKBONES
 
 DET = 'configs/cait/mask-rcnn_cait-d6-p8_fpn_demo-coco.py'
 SEG = 'configs/convit/upernet_convit-d6-p8_demo-ade.py'
+VITDET = 'configs/vit/mask-rcnn_vit-d6-p8_vitdet_demo-coco.py'
 
 
 def tiny(family: str) -> torch.nn.Module:
@@ -144,3 +147,57 @@ def test_sharded_bytes_split_the_first_dimension_padded():
     tensors = [torch.empty(10, 3), torch.empty(4), torch.empty(())]
     # 10 rows over 4 ranks: 3 rows each; 4 over 4: 1; a scalar is one row, kept whole
     assert memory.sharded_bytes(tensors, 4) == 4 * (3 * 3 + 1 + 1)
+
+
+@pytest.mark.parametrize('config', [DET, VITDET])
+def test_float32_stand_ins_count_what_half_precision_kernels_save(config, monkeypatch):
+    """A detector's RPN, RoIAlign, box and mask heads under mixed precision on the CPU, their
+    convolutions and linear maps computed in float32 (the CPU's bfloat16 kernels are ~20x
+    slower), save and are counted as with the bfloat16 kernels. (Proposals, NMS and sampling
+    are left out: their choices turn on values, which the two ways round apart.)"""
+    torch.manual_seed(0)
+    cfg = memory.load_config(str(REPO_ROOT / config))
+    model = build_model(cfg, 'count', device='cpu').train()
+    roi = model.roi_head
+    with torch.no_grad():
+        shapes = [f.shape for f in model.extract_feat(torch.randn(2, 3, 96, 128))]
+    features = tuple(torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
+                     for shape in shapes)
+    corners = torch.rand(40, 2) * torch.tensor([64., 48.])
+    rois = torch.cat([torch.arange(40)[:, None] % 2, corners,
+                      corners + 8 + 24 * torch.rand(40, 2)], dim=1)
+
+    def heads_count(kernels: frozenset) -> int:
+        monkeypatch.setattr(memory, 'FLOAT_KERNELS_ON_CPU', kernels)
+        saved = memory.SavedTensors(tuple(model.parameters()) + tuple(model.buffers()))
+        with saved.recording(), memory.HalfPrecisionPolicy(torch.bfloat16, saved):
+            # outputs held, as a loss holds its graph: a freed storage's key may be reused
+            outputs = [model.rpn_head(features)]
+            for extractor, head in ((roi.bbox_roi_extractor, roi.bbox_head),
+                                    (roi.mask_roi_extractor, roi.mask_head)):
+                outputs.append(head(extractor(features[:extractor.num_inputs], rois)))
+        return saved.bytes
+
+    stand_ins = heads_count(memory.FLOAT_KERNELS_ON_CPU)
+    assert memory.FLOAT_KERNELS_ON_CPU >= {'conv2d', 'linear'} and stand_ins > 1 << 20
+    assert stand_ins == heads_count(frozenset({'roi_align'}))  # RoIAlign has no CPU bfloat16
+
+
+def test_float32_stand_ins_give_the_half_precision_gradients():
+    """Backward through the stand-ins (the saved originals made float32 again) gives the
+    gradients of the bfloat16 kernels, to bfloat16's precision."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 4 * 4, 5))
+    images = torch.randn(2, 3, 6, 6)
+
+    def gradients(kernels: frozenset) -> list:
+        net.zero_grad()
+        saved = memory.SavedTensors(tuple(net.parameters()))
+        with mock.patch.object(memory, 'FLOAT_KERNELS_ON_CPU', kernels), saved.recording(), \
+                memory.HalfPrecisionPolicy(torch.bfloat16, saved):
+            net(images).float().square().sum().backward()
+        return [p.grad.clone() for p in net.parameters()]
+
+    for ours, native in zip(gradients(memory.FLOAT_KERNELS_ON_CPU), gradients(frozenset())):
+        assert (ours - native).norm() <= 1e-2 * native.norm()

@@ -60,16 +60,25 @@ FLOAT_OPS = frozenset({
     'l1_loss', 'smooth_l1_loss', 'mse_loss', 'kl_div', 'poisson_nll_loss',
 })
 
-#: kernels this CPU lacks in half precision that a GPU runs in it: run in float32 here and
-#: their outputs cast back, so that what they save and return has the GPU's dtype
-FLOAT_KERNELS_ON_CPU = frozenset({'roi_align'})
+#: kernels a GPU runs in half precision that a CPU lacks in it (RoIAlign) or runs ~20x slower
+#: than in float32 without bfloat16 units (convolutions and matrix products: a detector's
+#: heads at 1024² took tens of minutes): on real tensors they compute in float32 on float32
+#: copies of their arguments and their outputs are cast back, and what they save is counted
+#: as the half-precision arguments the copies stand in for (:meth:`SavedTensors.standing_in`)
+FLOAT_KERNELS_ON_CPU = frozenset({'roi_align', 'conv2d', 'linear'})
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
+def _cast(value: Any, dtype: torch.dtype,
+          copies: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
+    """``value`` (a tensor, or nested lists and tuples) with its floating tensors in ``dtype``;
+    each (copy, original) pair made is appended to ``copies`` where given."""
     if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
-        return value.to(dtype)
+        copy_ = value.to(dtype)
+        if copies is not None:
+            copies.append((copy_, value))
+        return copy_
     if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype) for v in value)
+        return type(value)(_cast(v, dtype, copies) for v in value)
     return value
 
 
@@ -78,24 +87,44 @@ class HalfPrecisionPolicy(TorchFunctionMode):
     arguments of the half-precision ops are cast to ``dtype``, those of the float32 ops
     to float32; every other op runs in the dtypes it is given (type promotion), as under
     autocast. The casts are new tensors, saved where the op saves its inputs, as autocast's
-    are (its cache of cast weights aside: each weight is used once per step here)."""
+    are (its cache of cast weights aside: each weight is used once per step here).
 
-    def __init__(self, dtype: torch.dtype = HALF) -> None:
+    On real tensors the :data:`FLOAT_KERNELS_ON_CPU` compute in float32; ``saved``, the
+    count of the step, counts what they save as the half-precision tensors a GPU saves."""
+
+    def __init__(self, dtype: torch.dtype = HALF,
+                 saved: Optional['SavedTensors'] = None) -> None:
         super().__init__()
         self.dtype = dtype
+        self.saved = saved
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, '__name__', '').split('.')[0]
-        if name in FLOAT_KERNELS_ON_CPU:
-            dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
-            return _cast(func(*_cast(args, torch.float32), **kwargs), dtype)
         if name in HALF_OPS:
             args, kwargs = _cast(args, self.dtype), {k: _cast(v, self.dtype)
                                                      for k, v in kwargs.items()}
         elif name in FLOAT_OPS and kwargs.get('dtype') is None:
             args = _cast(args, torch.float32)
+        if name in FLOAT_KERNELS_ON_CPU and not _on_meta(args):
+            return self._in_float32(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _in_float32(self, func, args: tuple, kwargs: dict) -> Any:
+        """``func`` on float32 copies of its arguments, its outputs in the dtype of its
+        first tensor argument."""
+        dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        args = _cast(args, torch.float32, copies)
+        kwargs = {k: _cast(v, torch.float32, copies) for k, v in kwargs.items()}
+        standing_in = self.saved.standing_in(copies) if self.saved is not None \
+            else contextlib.nullcontext()
+        with standing_in:
+            return _cast(func(*args, **kwargs), dtype)
+
+
+def _on_meta(args: tuple) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.is_meta for a in args)
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -143,12 +172,29 @@ class SavedTensors:
     def __init__(self, exclude: tuple[torch.Tensor, ...] = ()) -> None:
         self.excluded = {_storage_key(t) for t in exclude}
         self.storages: dict[int, int] = {}
+        #: storage key of a float32 stand-in copy -> the half-precision tensor it stands in for
+        self.stand_ins: dict[int, torch.Tensor] = {}
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _count(self, tensor: torch.Tensor) -> None:
         key = _storage_key(tensor)
         if key not in self.excluded:
             self.storages[key] = tensor.untyped_storage().nbytes()
-        return tensor
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        original = self.stand_ins.get(_storage_key(tensor))
+        if original is None:
+            self._count(tensor)
+            return tensor
+        # the graph keeps the original, as a GPU's kernel would, not the float32 copy
+        self._count(original)
+        return original, tensor.size(), tensor.stride(), tensor.storage_offset()
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        original, size, stride, offset = packed  # the copy (or its view) made again
+        return original.to(torch.float32).as_strided(size, stride, offset)
 
     @property
     def bytes(self) -> int:
@@ -156,8 +202,18 @@ class SavedTensors:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator['SavedTensors']:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield self
+
+    @contextlib.contextmanager
+    def standing_in(self, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+        """Within: what is saved of each (float32 copy, original) pair's copy, or of a view
+        of it, is the original: counted as the original and kept in its place."""
+        self.stand_ins = {_storage_key(copy_): original for copy_, original in copies}
+        try:
+            yield
+        finally:
+            self.stand_ins = {}
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
@@ -264,10 +320,10 @@ def _meta_friendly_seg_accuracy() -> Iterator[None]:
         decode_head.accuracy = original
 
 
-def _precision(amp: bool, device: str) -> contextlib.AbstractContextManager:
+def _precision(amp: bool, device: str, saved: SavedTensors) -> contextlib.AbstractContextManager:
     # real CPU tensors run the half-precision ops in bfloat16, which every CPU kernel takes
     # (RoIAlign, convolutions); it has float16's size
-    return HalfPrecisionPolicy(HALF if device == 'meta' else torch.bfloat16) if amp \
+    return HalfPrecisionPolicy(HALF if device == 'meta' else torch.bfloat16, saved) if amp \
         else contextlib.nullcontext()
 
 
@@ -276,7 +332,7 @@ def count_backbone(backbone: torch.nn.Module, images: torch.Tensor, amp: bool = 
     high resolution: backbones alone, as in docs/memory.md)."""
     backbone.train()
     saved = SavedTensors(tuple(backbone.parameters()) + tuple(backbone.buffers()))
-    with fused_attention_on_meta(), saved.recording(), _precision(amp, images.device.type):
+    with fused_attention_on_meta(), saved.recording(), _precision(amp, images.device.type, saved):
         backbone(images)
     return saved.bytes
 
@@ -293,10 +349,10 @@ def count_activations(model: torch.nn.Module, cfg: Config, batch: int,
     with fused_attention_on_meta():
         if cfg.default_scope == 'mmseg':
             samples = _seg_samples(batch, shape, model.decode_head.num_classes, device)
-            with _meta_friendly_seg_accuracy(), saved.recording(), _precision(amp, device):
+            with _meta_friendly_seg_accuracy(), saved.recording(), _precision(amp, device, saved):
                 model.loss(images, samples)
             return saved.bytes
-        with saved.recording(), _precision(amp, device):
+        with saved.recording(), _precision(amp, device, saved):
             features = model.extract_feat(images)
             if cfg.default_scope == 'mmpretrain':
                 model.head(features)
@@ -339,7 +395,7 @@ def _run_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, ba
     heads.extract_feat = lambda _: leaves
     saved = SavedTensors(tuple(heads.parameters()) + tuple(heads.buffers()))
     samples = _det_samples(batch, shape, objects, detector_classes(heads))
-    with saved.recording(), _precision(amp, 'cpu'):
+    with saved.recording(), _precision(amp, 'cpu', saved):
         heads.loss(torch.empty(batch, 3, *shape, device='meta'), samples)
     return saved.bytes
 
