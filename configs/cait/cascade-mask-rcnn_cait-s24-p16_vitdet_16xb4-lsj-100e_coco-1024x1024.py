@@ -2,7 +2,7 @@
 # weights) with talking heads in 14×14 windows, global attention in blocks 5, 11, 17, 23, layer
 # decay 0.8 (ViTDet's values for its 24-block ViT-L; weight decay as the schedule's), drop path
 # 0.1 (CaiT-S24's own), relative positions and the simple feature pyramid. 4 images of 1024² per
-# GPU need 17.0 GiB under AMP, 25.0 GiB in float32 (tools/analysis_tools/memory.py): no block is
+# GPU need 19.4 GiB under AMP, 26.9 GiB in float32 (tools/analysis_tools/memory.py): no block is
 # recomputed.
 _base_ = '../_base_/cascade-mask-rcnn_columnar-vitdet_lsj-100e_coco.py'
 model = dict(
