@@ -22,7 +22,7 @@ from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, Pr
 from vitdense.engine.launch import load_config, point_at_data_root
 
 from common import REPO_ROOT
-from test_resume import AugmentedData, Record, noisy_net
+from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
 RUN_IDS = itertools.count()
 
@@ -59,8 +59,8 @@ def epoch_run(work_dir: Path, signal_after: int | None = None, resume: bool = Fa
               distributed: bool = False, signum: int = signal.SIGTERM,
               checkpoint: dict | None = None) -> tuple[Record, Runner]:
     """3 epochs of 3 batches of 2 per process (shuffled per epoch), an epoch checkpoint at
-    epoch 2 only (or as ``checkpoint`` says); ``Preempted`` is caught and left in
-    ``runner.preempted``."""
+    epoch 2 only (or as ``checkpoint`` says), a log line every 2 batches of an epoch and at
+    its end; ``Preempted`` is caught and left in ``runner.preempted``."""
     record = Record()
     torch.manual_seed(0)
     multi_process = dict(launcher='pytorch', cfg=dict(model_wrapper_cfg=dict(
@@ -75,7 +75,8 @@ def epoch_run(work_dir: Path, signal_after: int | None = None, resume: bool = Fa
                               end=4)],
         train_cfg=dict(by_epoch=True, max_epochs=3),
         default_hooks=dict(checkpoint=dict(type='vitdense.SafeCheckpointHook',
-                                           **(checkpoint or dict(interval=2)))),
+                                           **(checkpoint or dict(interval=2))),
+                           logger=dict(type='LoggerHook', interval=2, ignore_last=False)),
         custom_hooks=[ExactResumeHook(), record, SignalAfter(signal_after, signum),
                       PreemptionHook(signals=('SIGTERM', 'SIGUSR1'), requeue=False)],
         resume=resume, experiment_name=f'preempt{next(RUN_IDS)}',
@@ -110,10 +111,10 @@ def test_signal_mid_epoch_saves_that_iteration_and_resume_is_exact(tmp_path, sig
     CountedData.loaded[0] = 0
     resumed = epoch_run(tmp_path / 'work', resume=True)
     assert CountedData.loaded[0] == 4 * 2  # iterations 6-9 only: no trained batch is loaded
-    assert sorted(resumed[0].losses) == [6, 7, 8, 9]
-    for i, loss in resumed[0].losses.items():
-        assert torch.equal(loss, full[0].losses[i]), f'iteration {i}'
-    assert _same_weights(resumed[1], full[1])
+    # losses, weights, and each batch's place in its epoch as hooks and log lines read it:
+    # the resumed epoch goes on at [2][3/3] (end of epoch: logged), then [3][1/3], ...
+    assert full[0].log.lines[6].startswith('Epoch(train) [2][3/3]')
+    assert_same_run(full, resumed, first_resumed=6)
     assert (tmp_path / 'work' / 'epoch_2.pth').is_file()  # epoch checkpoints go on as before
 
 

@@ -1,11 +1,14 @@
 """A run stopped after any iteration and resumed repeats the uninterrupted run bit for bit:
-losses and final weights, with random data, dropout, BatchNorm, shuffling, evaluation in
-between, and a time budget whose spent part travels in the checkpoint."""
+losses, final weights, the place of each batch that hooks read and the log lines, with
+random data, dropout, BatchNorm, shuffling, evaluation in between, and a time budget whose
+spent part travels in the checkpoint."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,17 +54,43 @@ class MeanOutput(BaseMetric):
         return dict(mean=float(np.mean(results)))
 
 
+class TrainingLogLines(logging.Handler):
+    """The training log lines (``...(train) [...]``) by iteration, timings left out."""
+
+    TIMINGS = re.compile(r'\s+(eta|time|data_time|memory): \S+')
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__()
+        self.runner = runner
+        self.lines: dict[int, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if '(train) [' in message:
+            self.lines[self.runner.iter + 1] = self.TIMINGS.sub('', message)
+
+
 class Record(Hook):
-    """Losses per iteration; stops the process (raises) after iteration ``kill_after``, or
-    in the validation after iteration ``kill_in_validation``."""
+    """Losses, the place in the epoch (``batch_idx``) and the training log line per
+    iteration; stops the process (raises) after iteration ``kill_after``, or in the
+    validation after iteration ``kill_in_validation``."""
 
     priority = 'LOWEST'
 
     def __init__(self, kill_after: int | None = None,
                  kill_in_validation: int | None = None) -> None:
         self.losses: dict[int, torch.Tensor] = {}
+        self.batch_indices: dict[int, int] = {}
+        self.log: TrainingLogLines | None = None
         self.kill_after = kill_after
         self.kill_in_validation = kill_in_validation
+
+    def before_train(self, runner) -> None:
+        self.log = TrainingLogLines(runner)
+        runner.logger.addHandler(self.log)
+
+    def after_train(self, runner) -> None:
+        runner.logger.removeHandler(self.log)
 
     def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         if runner.iter == self.kill_in_validation:
@@ -69,6 +98,7 @@ class Record(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         self.losses[runner.iter + 1] = outputs['loss'].detach().clone()
+        self.batch_indices[runner.iter + 1] = batch_idx
         if runner.iter + 1 == self.kill_after:
             raise KeyboardInterrupt(f'killed after iteration {self.kill_after}')
 
@@ -122,11 +152,15 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
     return record, runner
 
 
-def _assert_same_run(full: tuple[Record, Runner], resumed: tuple[Record, Runner],
+def assert_same_run(full: tuple[Record, Runner], resumed: tuple[Record, Runner],
                      first_resumed: int) -> None:
     assert sorted(resumed[0].losses) == [i for i in sorted(full[0].losses) if i >= first_resumed]
     for i, loss in resumed[0].losses.items():
         assert torch.equal(loss, full[0].losses[i]), f'iteration {i}'
+    assert resumed[0].batch_indices == {i: place for i, place in full[0].batch_indices.items()
+                                        if i >= first_resumed}
+    assert resumed[0].log.lines == {i: line for i, line in full[0].log.lines.items()
+                                    if i >= first_resumed}
     full_weights, weights = full[1].model.state_dict(), resumed[1].model.state_dict()
     assert all(torch.equal(full_weights[k], weights[k]) for k in full_weights)
 
@@ -142,7 +176,7 @@ def test_resume_repeats_uninterrupted_run(tmp_path, full_run, kill_after):
     killed = run(tmp_path / 'killed', kill_after=kill_after)
     assert killed[1].iter == kill_after - 1 and len(list((tmp_path / 'killed').glob('*.pth'))) == 1
     resumed = run(tmp_path / 'killed', resume=True)
-    _assert_same_run(full, resumed, first_resumed=kill_after // 3 * 3 + 1)
+    assert_same_run(full, resumed, first_resumed=kill_after // 3 * 3 + 1)
 
 
 @pytest.mark.parametrize('persistent', [False, True])
@@ -153,14 +187,14 @@ def test_resume_mid_pass_with_loader_workers_repeats_the_run(tmp_path, persisten
     # makes the draws, hence the losses and weights, the same.
     full = run(tmp_path / 'full', workers=2, persistent=persistent)
     run(tmp_path / 'killed', kill_after=5, workers=2, persistent=persistent)
-    _assert_same_run(full, run(tmp_path / 'killed', resume=True, workers=2,
+    assert_same_run(full, run(tmp_path / 'killed', resume=True, workers=2,
                                persistent=persistent), first_resumed=4)
 
 
 def test_resume_after_a_kill_during_validation(tmp_path, full_run):
     run(tmp_path, kill_in_validation=4)
     assert [p.name for p in tmp_path.glob('*.pth')] == ['iter_3.pth']
-    _assert_same_run(full_run, run(tmp_path, resume=True), first_resumed=4)
+    assert_same_run(full_run, run(tmp_path, resume=True), first_resumed=4)
 
 
 def test_resume_skips_the_evaluation_the_checkpoint_was_followed_by(tmp_path):
@@ -169,7 +203,7 @@ def test_resume_skips_the_evaluation_the_checkpoint_was_followed_by(tmp_path):
     full = run(tmp_path / 'full', val_interval=3)
     run(tmp_path / 'killed', kill_after=5, val_interval=3)
     resumed = run(tmp_path / 'killed', resume=True, val_interval=3)
-    _assert_same_run(full, resumed, first_resumed=4)
+    assert_same_run(full, resumed, first_resumed=4)
 
 
 def _rank_of_two(rank: int, port: int, work_dir: str, out: str, kill_after: int | None,
@@ -229,7 +263,7 @@ def test_time_budgeted_resume_continues_the_budget(tmp_path, iteration_clock):
     # Saved at each quarter of the budget: after iterations 3 and 5 (the older one removed).
     assert [p.name for p in (tmp_path / 'killed').glob('*.pth')] == ['iter_5.pth']
     resumed = run(tmp_path / 'killed', resume=True, budget_seconds=10)
-    _assert_same_run(full, resumed, first_resumed=6)
+    assert_same_run(full, resumed, first_resumed=6)
     assert resumed[1].message_hub.get_scalar('train/budget_used').current() == 1.0
     # Resuming a finished run trains nothing more.
     again = run(tmp_path / 'killed', resume=True, budget_seconds=10)
@@ -277,4 +311,4 @@ def test_resume_loads_no_trained_batch(tmp_path, full_run, monkeypatch):
     # iterations 7-9 (batches of 2) and the validations after 8 and 9 (6 samples each);
     # loading the 6 trained batches again would add 12
     assert len(loaded) == 3 * 2 + 2 * 6
-    _assert_same_run(full_run, resumed, first_resumed=7)
+    assert_same_run(full_run, resumed, first_resumed=7)

@@ -203,6 +203,23 @@ def resume_loader(loader: DataLoader, skip: int, before_first_batch: Callable[[]
                        _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
 
 
+class _IndicesFrom:
+    """A loop's ``run_iter`` for a resumed pass: numbers the batches from ``skip``.
+
+    ``EpochBasedTrainLoop.run_epoch`` numbers the batches the loader hands out from 0, and a
+    resumed pass hands out only those after the ``skip`` already trained: without this,
+    whatever reads the place in the epoch (the log line's ``[epoch][i/n]``, LoggerHook's
+    ``every_n_inner_iters`` and ``end_of_epoch``) would see each batch ``skip`` places early.
+    Set on the loop instance for that pass, where ``run_epoch`` looks ``run_iter`` up.
+    """
+
+    def __init__(self, run_iter: Callable[[int, Any], None], skip: int) -> None:
+        self.run_iter, self.skip = run_iter, skip
+
+    def __call__(self, idx: int, data_batch: Any) -> None:
+        self.run_iter(idx + self.skip, data_batch)
+
+
 def _restart_loop_iterator(loop: IterBasedTrainLoop) -> None:
     """Give the loop a new iterator over its loader, from the start of its sampler.
 
@@ -222,8 +239,10 @@ class ExactResumeHook(Hook):
     loading them and restore the state before the next batch.
 
     A checkpoint may be taken in the middle of an epoch (a preemption save): the resumed
-    epoch starts where it stopped. Skipping happens on the batch sampler's index lists, so a
-    resume at iteration 160k costs index arithmetic, not 160k batches of image decoding.
+    epoch starts where it stopped, its batches numbered as in the uninterrupted run (the
+    place in the epoch that hooks and log lines read). Skipping happens on the batch
+    sampler's index lists, so a resume at iteration 160k costs index arithmetic, not 160k
+    batches of image decoding.
     The random state is restored in the main process. Loader workers (``num_workers > 0``)
     hold generators of their own that no checkpoint can hold, and a resumed pass hands its
     batches to other workers than the uninterrupted one did: each batch is therefore loaded
@@ -284,15 +303,24 @@ class ExactResumeHook(Hook):
 
     def before_train_epoch(self, runner) -> None:
         """On resume, have the loader pass over the batches already trained (none of their
-        samples is loaded) and restore the random state where the uninterrupted run drew
-        its next number."""
+        samples is loaded), restore the random state where the uninterrupted run drew its
+        next number and, in an epoch loop, number the batches of the resumed pass from where
+        the checkpoint stopped (:class:`_IndicesFrom`)."""
         loop = runner.train_loop
         if isinstance(loop, IterBasedTrainLoop):
             self._resume_iterations(loop)
         elif isinstance(loop, EpochBasedTrainLoop):
             if self.seeded is not None:
                 self.seeded.passes = loop.epoch
-            self._resume_pass(loop.dataloader, loop.iter - loop.epoch * len(loop.dataloader))
+            skip = loop.iter - loop.epoch * len(loop.dataloader)
+            self._resume_pass(loop.dataloader, skip)
+            if skip > 0:
+                loop.run_iter = _IndicesFrom(loop.run_iter, skip)
+
+    def after_train_epoch(self, runner) -> None:
+        """The resumed pass is over: the loop numbers the next passes' batches itself."""
+        if isinstance(vars(runner.train_loop).get('run_iter'), _IndicesFrom):
+            del runner.train_loop.run_iter
 
     def _resume_iterations(self, loop: IterBasedTrainLoop) -> None:
         """Skip ``loop.iter`` batches: whole passes of a finite sampler by its epoch
