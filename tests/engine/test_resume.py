@@ -1,7 +1,7 @@
 """A run stopped after any iteration and resumed repeats the uninterrupted run bit for bit:
 losses, final weights, the place of each batch that hooks read and the log lines, with
 random data, dropout, BatchNorm, shuffling, evaluation in between, and a time budget whose
-spent part travels in the checkpoint."""
+spent part travels in the checkpoint and whose saves count for ``max_keep_ckpts``."""
 from __future__ import annotations
 
 import itertools
@@ -110,15 +110,15 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         budget_seconds: float | None = None,
         kill_in_validation: int | None = None, val_interval: int = 4,
         distributed: bool = False, workers: int = 0,
-        persistent: bool = False) -> tuple[Record, Runner]:
-    """9 iterations, checkpoint every 3; ``distributed``: one of the processes of a gloo
+        persistent: bool = False, max_keep_ckpts: int = 1) -> tuple[Record, Runner]:
+    """9 iterations, checkpoint every 3 (``max_keep_ckpts`` kept); ``distributed``: one of the processes of a gloo
     group, seeded differently per process (``diff_rank_seed``); ``workers`` training
     loader workers (``persistent``: kept from pass to pass)."""
     record = Record(kill_after, kill_in_validation)
     hooks = [ExactResumeHook(), record]
     train_cfg = dict(by_epoch=False, max_iters=9, val_interval=val_interval)
     checkpoint = dict(type='vitdense.SafeCheckpointHook', by_epoch=False, interval=3,
-                      max_keep_ckpts=1)
+                      max_keep_ckpts=max_keep_ckpts)
     schedulers = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=4)]
     if budget_seconds is not None:
         hooks += [IterationClock(), TimeBudgetHook(budget_seconds / 60, warmup_iters=3,
@@ -260,7 +260,8 @@ def test_time_budgeted_resume_continues_the_budget(tmp_path, iteration_clock):
     full = run(tmp_path / 'full', budget_seconds=10)
     assert max(full[0].losses) == 10 and (tmp_path / 'full' / 'iter_10.pth').is_file()
     killed = run(tmp_path / 'killed', kill_after=7, budget_seconds=10)
-    # Saved at each quarter of the budget: after iterations 3 and 5 (the older one removed).
+    # Saved at each quarter of the budget: after iterations 3 and 5 (max_keep_ckpts=1: the
+    # older one removed).
     assert [p.name for p in (tmp_path / 'killed').glob('*.pth')] == ['iter_5.pth']
     resumed = run(tmp_path / 'killed', resume=True, budget_seconds=10)
     assert_same_run(full, resumed, first_resumed=6)
@@ -268,6 +269,13 @@ def test_time_budgeted_resume_continues_the_budget(tmp_path, iteration_clock):
     # Resuming a finished run trains nothing more.
     again = run(tmp_path / 'killed', resume=True, budget_seconds=10)
     assert again[0].losses == {} and again[1].iter == 10
+
+
+def test_time_budget_saves_keep_max_keep_ckpts_checkpoints(tmp_path, iteration_clock):
+    # Saved at each quarter of the budget and at its end: after iterations 3, 5, 8 and 10.
+    # The checkpoint hook alone removes saves, beyond its newest two.
+    run(tmp_path, budget_seconds=10, max_keep_ckpts=2)
+    assert {p.name for p in tmp_path.glob('*.pth')} == {'iter_8.pth', 'iter_10.pth'}
 
 
 def test_budget_eta_replaces_max_iters_eta(tmp_path, iteration_clock):

@@ -7,7 +7,7 @@ older one, and a ``last_checkpoint`` naming a missing file. This hook writes loc
 checkpoints and ``last_checkpoint`` atomically (:class:`~vitdense.checkpoint_io.
 AtomicLocalBackend`), points ``last_checkpoint`` at the new file only once it is complete,
 and removes checkpoints beyond ``max_keep_ckpts`` only after that, counting the saves made
-on a preemption signal (:func:`save_resumable`) with its own. Building it (which the
+on a preemption signal or by a time budget (:func:`save_resumable`) with its own. Building it (which the
 Runner does before loading anything) makes mmengine's local checkpoint scheme load through
 :func:`~vitdense.checkpoint_io.safe_load` (:func:`~vitdense.checkpoint_io.use_safe_loading`),
 so ``load_from``, ``resume`` and ``Pretrained`` initialisation read mmengine checkpoints

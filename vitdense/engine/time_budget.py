@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from mmengine.config import Config
-from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner import LogProcessor
@@ -35,9 +34,11 @@ class TimeBudgetHook(Hook):
     that was left (and one resumed after its budget was used up trains no further). A
     checkpoint ``iter_<n>.pth`` is written each ``1 / checkpoints`` of the budget and when
     the budget is used up (mmengine's ``save_last`` only fires at ``max_iters``, which a
-    budgeted run never reaches); the previous one is removed once the new one is on disk
-    and named in ``last_checkpoint``. The log line's ``eta`` is the budget left and
-    ``budget_used`` the fraction spent (the iteration count has no end to measure from);
+    budgeted run never reaches). They count among the checkpoints the run's
+    ``SafeCheckpointHook`` keeps, which alone removes those beyond its ``max_keep_ckpts``
+    (:func:`~vitdense.engine.checkpoint_hook.save_resumable`); a run without one in the
+    work dir keeps them all. The log line's ``eta`` is the budget left and ``budget_used``
+    the fraction spent (the iteration count has no end to measure from);
     :class:`TimeBudgetLogProcessor` puts the minutes spent and budgeted in its header.
     """
 
@@ -126,15 +127,11 @@ class TimeBudgetHook(Hook):
             self._save(runner, runner.iter)
 
     def _save(self, runner, step: int) -> None:
-        """Checkpoint ``iter_<step>.pth`` (atomically), point ``last_checkpoint`` at it, then
-        remove the one this hook wrote before. The budget spent is recorded so the next
-        periodic save waits for the next ``1 / checkpoints`` of the budget."""
+        """Checkpoint ``iter_<step>.pth`` (atomically) and point ``last_checkpoint`` at it.
+        The budget spent is recorded so the next periodic save waits for the next
+        ``1 / checkpoints`` of the budget."""
         self.spent_before, self.start = self.seconds_spent(), self.clock()
-        path = save_resumable(runner, step)
-        if is_main_process() and self.saved is not None and self.saved != path \
-                and self.saved.is_file():
-            self.saved.unlink()
-        self.saved = path
+        self.saved = save_resumable(runner, step)
 
 
 @LOG_PROCESSORS.register_module()
