@@ -1,7 +1,7 @@
 """Every host head family on a vitdense backbone: the hosts' own configs (``mmdet::``,
 ``mmseg::``), with the backbone, the widths its neck or head reads and the class count
 replaced as a user replaces them, train 2 iterations on the demo sets and are scored by the
-real evaluator (CocoMetric, IoUMetric).
+real evaluator (CocoMetric, IoUMetric); so does ViTDet's Cascade Mask R-CNN recipe of ours.
 
 Tiny on purpose (64 px images, a 4-block 32-wide backbone, R-CNN heads as wide, few
 queries, proposals, sampled RoIs and detections, one thread): the heads' wiring to the
@@ -87,6 +87,11 @@ DETECTORS = {
     'deformable-detr': ('mmdet::deformable_detr/deformable-detr_r50_16xb2-50e_coco.py',
                         {'model.backbone': PYRAMID_8_32, 'model.neck.in_channels': THREE,
                          'model.num_queries': FEW_QUERIES, **DETR_LAYERS}),
+    'vitdet-cascade-recipe': (
+        str(CONFIGS / 'vit/cascade-mask-rcnn_vit-b-p16_vitdet_16xb4-lsj-100e_coco-1024x1024.py'),
+        {'model.backbone': dict(LAST_MAP, type='vitdense.ViT', dense_class_token=False),
+         'model.data_preprocessor.batch_augments': None,
+         'model.neck': dict(SIMPLE_PYRAMID, norm_cfg=dict(type='LN', eps=1e-6))}),
 }
 SEGMENTORS = {
     'mask2former-seg': ('mmseg::mask2former/mask2former_r50_8xb2-160k_ade20k-512x512.py',
@@ -171,6 +176,16 @@ def _on_demo_set(cfg: Config, demo_base: str, data_root: Path) -> None:
     cfg.val_dataloader = cfg.val_evaluator = cfg.val_cfg = None
 
 
+def _float32_without_gpu(optim_wrapper: ConfigDict) -> ConfigDict:
+    """A recipe's mixed-precision ``AmpOptimWrapper`` as a float32 ``OptimWrapper`` where no
+    GPU is (mmengine's needs one); any other wrapper as it is."""
+    if optim_wrapper.type != 'AmpOptimWrapper' or torch.cuda.is_available():
+        return optim_wrapper
+    return ConfigDict({key: 'OptimWrapper' if key == 'type' else value
+                       for key, value in optim_wrapper.items()
+                       if key not in ('dtype', 'loss_scale')})
+
+
 def _two_iterations(host_config: str, options: dict, demo_base: str, data_root: Path,
                     num_classes: int, was: int, work_dir: Path) -> Config:
     leaf = work_dir / 'leaf.py'
@@ -188,6 +203,7 @@ def _two_iterations(host_config: str, options: dict, demo_base: str, data_root: 
     _on_demo_set(cfg, demo_base, data_root)
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=2, val_interval=3)
     cfg.param_scheduler = []
+    cfg.optim_wrapper = _float32_without_gpu(cfg.optim_wrapper)
     cfg.custom_hooks = []  # the hosts' pipeline switches and EMA belong to their full runs
     cfg.default_hooks.checkpoint = None
     cfg.default_hooks.logger = dict(type='LoggerHook', interval=1)
