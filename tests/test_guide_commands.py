@@ -3,15 +3,16 @@ demo sets, from a folder of its own that holds the checkout's configs, tools and
 
 What a command is: each line of a ``bash`` block or of an indented code block (continuation
 lines joined, comments dropped, ``a && b`` two commands), with ``$NAME`` expanded from the
-guide's own ``NAME="..."`` or ``NAME=$(python -c "...")`` lines and ``[optional]`` parts
+guide's own ``NAME="..."`` or ``NAME=$(python -c "...")`` lines and ``[--optional]`` parts
 dropped. Commands quoted in prose (``python -m benchmarks...`` behind a measured number)
-are parsed by their tool's parser.
+are parsed by their tool's parser, as are the code blocks' with every ``[--optional]`` part
+given.
 
 What the test fills in, and nothing else:
 
 - placeholders a user replaces with their own: ``CONFIG`` is the UperNet XCiT demo,
   ``CHECKPOINT`` / ``CKPT`` the checkpoint of the config beside it (a 1-iteration demo
-  training, made once per module), ``iter_N`` the bounded run's last iteration,
+  training, on first use, once per module), ``iter_N`` the bounded run's last iteration,
   ``PARTITION`` / ``JOB_NAME`` names, ``/shared/`` and ``/tmp/`` folders under the
   command's folder; the files a guide's command reads that a user brings (``INPUTS``);
 - one thread per process (the suite shares the machine's cores);
@@ -157,6 +158,8 @@ NOT_RUN = {
                              '(tests/tools/test_install.py runs its checks)',
     'source .venv/bin/activate': "shell set-up: this interpreter is that environment's python",
     'bash tools/run_tests.sh': 'runs this suite',
+    'time python -m pytest -q tests/configs/test_host_heads.py --durations=0':
+        'runs a file of this suite, which the suite runs',
     'pip install --no-deps openmim': _NETWORK,
     'pip install click colorama model-index pandas requests rich tabulate': _NETWORK,
     'mim train mmdet configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py --work-dir '
