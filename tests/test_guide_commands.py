@@ -31,6 +31,10 @@ they measure), and the few that repeat another run command on another config or 
 another option whose code path a run command takes (named beside them), so that the test
 stays within ~6 minutes of the suite's time. A new command in a guide is run; a listed
 command no guide has any more fails ``test_every_listed_command_is_in_a_guide``.
+
+Cost, measured on the project's 2-core machine at a load average of 3-4 (2026-11-26): 43
+commands run, 347 s of CPU (305 user, 42 system), 8 minutes of wall time for the file;
+``pytest -s tests/test_guide_commands.py`` prints each command's seconds.
 """
 from __future__ import annotations
 
