@@ -26,14 +26,12 @@ What the test fills in, and nothing else:
 
 Every other command runs. ``NOT_RUN`` lists, each with its reason, the commands that cannot
 run here (a GPU, the network, a second host, SLURM's queue, the environment the suite runs
-in), the measurements that take minutes whatever their size (and the tests that check what
-they measure), and the few that repeat another run command on another config or with
-another option whose code path a run command takes (named beside them), so that the test
-stays within ~6 minutes of the suite's time. A new command in a guide is run; a listed
-command no guide has any more fails ``test_every_listed_command_is_in_a_guide``.
+in), and the measurements that take minutes whatever their size (and the tests that check
+what they measure). A new command in a guide is run; a listed command no guide has any more
+fails ``test_every_listed_command_is_in_a_guide``.
 
-Cost, measured on the project's 2-core machine at a load average of 3-4 (2026-11-26): 43
-commands run, 347 s of CPU (305 user, 42 system), 8 minutes of wall time for the file;
+Cost, measured on the project's 2-core machine with nothing else running: 49 commands run,
+581 s of CPU (484 user, 97 system), 10 minutes of wall time for the file;
 ``pytest -s tests/test_guide_commands.py`` prints each command's seconds.
 """
 from __future__ import annotations
@@ -58,6 +56,7 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.visualization import Visualizer
 from PIL import Image
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_imagenet
@@ -209,23 +208,6 @@ NOT_RUN = {
        _FAULTS for seed in (7, 11, 13, 41, 43)},
     **{f'python -m benchmarks.fault_injection --trials 6 --seed {seed} --faults kill-rank '
        f'corrupt-data --out /tmp/r{seed}': _FAULTS for seed in (7, 11, 13)},
-    'bash tools/dist_train.sh CONFIG 8': 'docs/cluster.md runs it, with --work-dir and --resume',
-    'python tools/deployment/export.py CONFIG CHECKPOINT --out backbone.onnx --dynamic --part '
-    'backbone': "the demo block's first line exports a backbone (45 s of CPU an export here)",
-    'python tools/deployment/export.py configs/vit/upernet_vit-d6-p8_demo-ade.py CKPT '
-    '--dynamic --out upernet_vit.onnx --evaluate': 'the UperNet XCiT line above with the ViT '
-                                                   'demo (45 s of CPU an export here)',
-    'python tools/deployment/export.py configs/xcit/upernet_xcit-d6-p8_demo-ade.py CKPT '
-    '--dynamic --out upernet_xcit.onnx --evaluate': 'the first block\'s first and last lines '
-                                                    'with CONFIG, this config, which run',
-    'python tools/deployment/export.py configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py CKPT '
-    '--dynamic --out mask-rcnn_vit.onnx --evaluate':
-        '105 s of CPU here, the export and its evaluation (tests/deploy/test_deploy.py exports '
-        "the Mask R-CNN graph and holds it to mmdet's predict; the tool's path runs above)",
-    'python -m benchmarks.benchmark_deploy --threads 1 --model '
-    'configs/xcit/upernet_xcit-d6-p8_demo-ade.py CKPT upernet_xcit.onnx --model '
-    'configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py CKPT mask-rcnn_vit.onnx':
-        'times the two files of the listed exports above',
 }
 
 # --------------------------------------------------------------- what the test fills in
@@ -332,7 +314,11 @@ class _ToolFailed(Exception):
 
 def _run_python(argv: list[str]) -> None:
     """``python ARGV`` in this process: the tools and benchmarks return on a normal end.
-    The process state they change (arguments, environment, threads) is put back."""
+    The process state they change (arguments, environment, threads) is put back, and each
+    starts without the visualizers of earlier runs, as a new process would: mmengine keeps
+    them by experiment name, a time to the second, so a run started in the same second as
+    another would take over the other's (a segmentor's visualizer in a detector's run)."""
+    Visualizer._instance_dict.clear()
     saved = sys.argv, dict(os.environ), torch.get_num_threads()
     torch.set_num_threads(1)  # as the shell's commands: OMP_NUM_THREADS=1
     try:
