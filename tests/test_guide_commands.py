@@ -10,7 +10,9 @@ given.
 
 What the test fills in, and nothing else:
 
-- placeholders a user replaces with their own: ``CONFIG`` is the UperNet XCiT demo,
+- placeholders a user replaces with their own, in the guide's own text only (never inside
+  what a ``$(python -c ...)`` definition printed: a path of the checkout's environment, which
+  may itself lie under ``/tmp/``): ``CONFIG`` is the UperNet XCiT demo,
   ``CHECKPOINT`` / ``CKPT`` the checkpoint of the config beside it (a 1-iteration demo
   training, on first use, once per module), ``iter_N`` the bounded run's last iteration,
   ``PARTITION`` / ``JOB_NAME`` names, ``/shared/`` and ``/tmp/`` folders under the
@@ -48,7 +50,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +76,7 @@ QUOTED = re.compile(r'`((?:\w+=\S+ )*(?:nice )?python (?:tools/\S+\.py|-m benchm
 STRING_NAME = re.compile(r'^(\w+)="([^"]*)"$')
 PYTHON_NAME = re.compile(r'^(\w+)=\$\(python -c "([^"]*)"\)(\S*)$')
 OPTIONAL = re.compile(r' ?\[--[^\]]*\]')
-TOOL = re.compile(r'^python (tools/\S+\.py|-m benchmarks\.\w+|\S+/\.mim/tools/\S+\.py)( |$)')
+TOOL = re.compile(r'^python (tools/\S+\.py|-m benchmarks\.\w+|"[^"]+/\.mim/tools/[^"]+\.py")( |$)')
 
 
 @dataclass(frozen=True)
@@ -81,12 +85,18 @@ class GuideCommand:
     written: str  # as the guide writes it, continuation lines joined, comment dropped
     expanded: str  # $NAME expanded, [--optional] parts dropped
     with_options: str  # $NAME expanded, every [--optional] part given
+    computed: tuple[str, ...] = ()  # what the $(python -c ...) names it uses printed
 
     @classmethod
-    def of(cls, guide: str, written: str, expanded: str) -> GuideCommand:
+    def of(cls, guide: str, written: str, expanded: str,
+           computed: tuple[str, ...] = ()) -> GuideCommand:
         """The command; ``expanded`` still has its ``[--optional]`` parts."""
         given = re.sub(r'\[(--[^\]]*?)( \.\.\.)?\]', r'\1', expanded)
-        return cls(guide, written, re.sub(OPTIONAL, '', expanded), given)
+        return cls(guide, written, re.sub(OPTIONAL, '', expanded), given, computed)
+
+    def fill(self, checkpoints: Checkpoints | dict[str, Path]) -> str:
+        """``expanded`` with the placeholders filled (``_fill``)."""
+        return _fill(self.expanded, checkpoints, self.computed)
 
 
 def _block_lines(text: str) -> list[str]:
@@ -123,6 +133,7 @@ def guide_commands(guide: str, text: str | None = None) -> list[GuideCommand]:
     define names for the others and are not commands themselves."""
     text = (REPO_ROOT / guide).read_text() if text is None else text
     names: dict[str, str] = {}
+    computed: set[str] = set()  # the names defined by what python printed
     commands = []
     for line in _block_lines(text):
         line = re.sub(r'(^|\s+)#.*$', '', line).strip()
@@ -131,11 +142,15 @@ def guide_commands(guide: str, text: str | None = None) -> list[GuideCommand]:
         for part in parts:
             if match := STRING_NAME.match(part):
                 names[match.group(1)] = match.group(2)
+                computed.discard(match.group(1))
             elif match := PYTHON_NAME.match(part):
                 names[match.group(1)] = _python_name(match.group(2), match.group(3))
+                computed.add(match.group(1))
             elif part:
+                used = [name for name in re.findall(r'\$(\w+)', part) if name in names]
                 expanded = re.sub(r'\$(\w+)', lambda m: names.get(m.group(1), m.group(0)), part)
-                commands.append(GuideCommand.of(guide, part, expanded))
+                values = tuple(names[name] for name in used if name in computed)
+                commands.append(GuideCommand.of(guide, part, expanded, values))
     return commands
 
 
@@ -265,7 +280,7 @@ INPUTS = {
 }
 #: guides whose commands read a later epoch's checkpoint of their own training
 TRAIN_EPOCHS = {'docs/inside.md': 2}
-TRAINS = re.compile(r'(?:tools/(?:train\.py|dist_train\.sh|slurm_train\.sh)|/\.mim/tools/train\.py)'
+TRAINS = re.compile(r'(?:tools/(?:train\.py|dist_train\.sh|slurm_train\.sh)|/\.mim/tools/train\.py"?)'
                     r' (?:\S+ \S+ )?(configs/\S+\.py)')
 TESTS_OR_EXPORTS = re.compile(r'tools/(?:test\.py|dist_test\.sh|slurm_test\.sh|'
                               r'deployment/export\.py)|/\.mim/tools/test\.py')
@@ -290,13 +305,23 @@ def bounds(guide: str, command: str) -> str:
     return ' --cfg-options ' + ' '.join(LOADERS) if TESTS_OR_EXPORTS.search(command) else ''
 
 
-def _fill(command: str, checkpoints: Checkpoints | dict[str, Path]) -> str:
-    """``command`` with the placeholders filled; a checkpoint is that of the config before
-    it in the command."""
+def _fill_placeholders(text: str) -> str:
     for placeholder, value in PLACEHOLDERS.items():
         start = r'(?<![\w/])' if placeholder.startswith('/') else r'(?<!\w)'
         end = '' if placeholder.endswith('/') else r'(?!\w)'
-        command = re.sub(rf'{start}{re.escape(placeholder)}{end}', value, command)
+        text = re.sub(rf'{start}{re.escape(placeholder)}{end}', value, text)
+    return text
+
+
+def _fill(command: str, checkpoints: Checkpoints | dict[str, Path],
+          computed: tuple[str, ...] = ()) -> str:
+    """``command`` with the placeholders filled where the guide wrote them, not inside the
+    ``computed`` values expanded into it; a checkpoint is that of the config before it in
+    the command."""
+    kept = '|'.join(map(re.escape, sorted(set(computed), key=len, reverse=True)))
+    pieces = re.split(f'({kept})', command) if kept else [command]
+    command = ''.join(piece if i % 2 else _fill_placeholders(piece)
+                      for i, piece in enumerate(pieces))
     for pattern, replacement in PROCESSES:
         command = re.sub(pattern, replacement, command)
     words = command.split(' ')
@@ -431,7 +456,7 @@ def test_guide_commands_run_as_written(guide, checkpoints, tmp_path):
     trained = checkpoints
     commands = [c for c in guide_commands(guide) if c.written not in NOT_RUN]
     for command in _in_order(commands):
-        filled = _fill(command.expanded, trained)
+        filled = command.fill(trained)
         for path, make in INPUTS.items():
             if re.search(rf'(?<!\S){re.escape(path)}(?!\S)', filled):
                 (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
@@ -477,6 +502,30 @@ def test_commands_are_found_expanded_and_bounded():
         f'GPUS=1 bash tools/slurm_test.sh cpu J {CONFIG} shared/run/CKPT'
     assert bounds('x.md', 'python tools/test.py C K').startswith(' --cfg-options ')
     assert 'train_cfg.max_iters=1 ' in bounds('x.md', _fill(found[3].expanded, {}))
+
+
+@pytest.mark.parametrize('folder', ['checkout', 'my checkout'])
+def test_computed_paths_are_kept_under_tmp(folder, monkeypatch):
+    """A checkout whose environment lies under ``/tmp/`` (and under a folder with a space):
+    the path get_started.md's ``MMDET=$(python -c ...)`` prints is run as printed, while the
+    guide's own ``/tmp/`` and placeholders are still filled."""
+    with tempfile.TemporaryDirectory(dir='/tmp') as root:
+        package = Path(root) / folder / '.venv/lib/python3.11/site-packages/mmdet'
+        (package / '.mim/tools').mkdir(parents=True)
+        (package / '.mim/tools/train.py').touch()
+        monkeypatch.setitem(sys.modules, 'mmdet',
+                            types.SimpleNamespace(__file__=str(package / '__init__.py')))
+        commands = [c for c in guide_commands('docs/get_started.md') if '/.mim/tools/' in c.expanded]
+        train = next(c for c in commands if '/train.py' in c.expanded)
+        filled = train.fill({})
+        script = shlex.split(filled)[1]
+        assert script == f'{package}/.mim/tools/train.py' and Path(script).is_file()
+        assert TRAINS.search(filled).group(1) == 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
+        assert all(TOOL.match(c.fill({})) for c in commands)
+    text = ('```bash\nD=$(python -c "print(\'/tmp/env\')")/bin\n'
+            'python "$D/x.py" CONFIG --out /tmp/o\n```\n')
+    command, = guide_commands('x.md', text)
+    assert command.fill({}) == f'python "/tmp/env/bin/x.py" {CONFIG} --out tmp/o'
 
 
 class _Parsed(BaseException):
