@@ -45,10 +45,11 @@ def _pair(size: Union[int, Sequence[int]]) -> tuple[int, int]:
 
 def default_out_indices(num_layers: int) -> tuple[int, ...]:
     """The official dense recipes' blocks for 12 and 24 blocks (El-Nouby et al. 2021,
-    §4.2); otherwise the ends of the four quarters."""
+    §4.2); otherwise the ends of the four quarters, each once (fewer than four for a trunk
+    of fewer than four blocks)."""
     if num_layers in OFFICIAL_OUT_INDICES:
         return OFFICIAL_OUT_INDICES[num_layers]
-    return tuple(max(num_layers * q // 4 - 1, 0) for q in (1, 2, 3, 4))
+    return tuple(sorted({max(num_layers * q // 4 - 1, 0) for q in (1, 2, 3, 4)}))
 
 
 def pretrained_init_cfg(pretrained: Optional[str],
@@ -130,7 +131,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         fc_norm: with ``out_type='avg_featmap'``, normalise the averaged tokens (timm's
             ``fc_norm``, MAE's fine-tuned layout) instead of averaging normalised tokens.
         pos_antialias: resample learned position tables to other grids with antialiasing
-            (timm's default); False: plain bicubic, as detectron2's ``get_abs_pos``.
+            (timm's kernel); False: plain bicubic, as detectron2's ``get_abs_pos``, mmpretrain
+            and mmseg. None (default): the kernel of the library whose layout a
+            ``Pretrained`` checkpoint has (the family's ``position_kernels``), at load and in
+            forward; antialiased where no checkpoint says otherwise.
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
             through :meth:`adapt_checkpoint` (official, timm or our layout).
         pretrained: a checkpoint path or URL, as mmseg's own backbones take it (mmseg's
@@ -190,7 +194,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  dense_class_token: bool = True,
                  fc_norm: bool = False,
                  norm_eps: float = NORM_EPS,
-                 pos_antialias: bool = True,
+                 pos_antialias: Optional[bool] = None,
                  init_cfg: Optional[Union[dict, list]] = None,
                  pretrained: Optional[str] = None,
                  depth: Optional[int] = None,
@@ -206,7 +210,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.pyramid_levels = self._check_pyramid_levels(pyramid_levels, pyramid and self.dense)
         self.out_indices = self._check_out_indices(out_indices)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
-        self.drop_rate, self.padding, self.pos_antialias = drop_rate, padding, pos_antialias
+        self.drop_rate, self.padding = drop_rate, padding
+        #: the kernel resampling position tables; ``pos_kernel_chosen``: the user's, not the
+        #: default that a checkpoint's library may replace
+        self.pos_antialias = True if pos_antialias is None else pos_antialias
+        self.pos_kernel_chosen = pos_antialias is not None
         self._build_embeddings(dense_class_token)
         #: how each trunk block attends (window size, relative position tables)
         self.block_layouts = self._attention_layouts(
@@ -388,7 +396,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         levels = self.pyramid_levels
         if out_indices is None:
             out_indices = default_out_indices(self.num_layers)
-            out_indices = [out_indices[level] for level in levels] if levels else out_indices
+            if levels and len(out_indices) == len(PYRAMID_STRIDES):
+                out_indices = [out_indices[level] for level in levels]
         if isinstance(out_indices, int):
             out_indices = [out_indices]
         checked = []

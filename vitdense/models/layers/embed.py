@@ -121,8 +121,8 @@ class LearnedPositionEmbedding(nn.Module):
     ``num_prefix_tokens`` are dropped on load (ViTDet's dense ViT has no class token).
     ``unpositioned_prefix_tokens``: leading tokens (class token, registers) the table has no
     rows for and that pass unchanged (timm's ``no_embed_class``: DeiT III, DINOv2).
-    ``antialias``: resampling to the input's grid with antialiasing (timm) or plain bicubic
-    (ViTDet)."""
+    ``antialias``: resampling, at load and to the input's grid, with antialiasing (timm) or
+    plain bicubic (ViTDet, mmpretrain, mmseg)."""
 
     def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0,
                  checkpoint_prefix_tokens: int = 0, antialias: bool = True,
@@ -161,7 +161,7 @@ class LearnedPositionEmbedding(nn.Module):
                 f'{tuple(self.weight.shape)} ({self.num_prefix_tokens} prefix tokens + a square '
                 f'grid of width {self.weight.shape[-1]} expected)')
         state_dict[key] = resample_position_table(table, (side, side), self.grid,
-                                                  self.num_prefix_tokens)
+                                                  self.num_prefix_tokens, self.antialias)
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
         table = resample_position_table(self.weight, self.grid, hw, self.num_prefix_tokens,
