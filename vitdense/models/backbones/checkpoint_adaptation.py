@@ -44,6 +44,31 @@ SHARED_TIMM_RULES: tuple[Rule, ...] = (
 #: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning
 NOT_IN_TIMM = r'^pyramid\.'
 BLOCK_INDEX = re.compile(r'^blocks\.(\d+)\.')
+#: where a checkpoint file keeps its weights, in the order timm's ``load_state_dict`` reads
+#: them: the EMA weights of a timm ``train.py`` checkpoint first, as timm evaluates and
+#: fine-tunes them, then a whole model's ``state_dict``, then a release's ``model``
+WEIGHT_ENTRIES = ('state_dict_ema', 'model_ema', 'state_dict', 'model')
+#: the prefix of the backbone's tensors in a whole OpenMMLab model's checkpoint
+BACKBONE_PREFIX = 'backbone.'
+#: attention biases of a trunk block (ViT's and CaiT's qkv, ConViT's qk and v)
+QKV_BIAS = re.compile(r'^blocks\.\d+\.attn\.(qkv|qk|v)\.bias$')
+#: a block's gated positional self-attention (ConViT's local blocks)
+GPSA_GATING = re.compile(r'^blocks\.\d+\.attn\.gating$')
+
+
+def checkpoint_weights(checkpoint: dict) -> dict:
+    """The weights of a loaded checkpoint file: the first of ``WEIGHT_ENTRIES`` it holds
+    (logged when it is an EMA), else the file's dict itself; DataParallel's ``module.``
+    stripped."""
+    for entry in WEIGHT_ENTRIES:
+        if isinstance(checkpoint.get(entry), dict):
+            if entry.endswith('ema'):
+                MMLogger.get_current_instance().info(
+                    f'the checkpoint holds EMA weights: reading {entry!r}, as timm does')
+            checkpoint = checkpoint[entry]
+            break
+    return {key[len('module.'):] if key.startswith('module.') else key: value
+            for key, value in checkpoint.items()}
 
 
 def _table_prefix_rows(rows: int) -> int:
@@ -55,7 +80,8 @@ def describe_checkpoint(state_dict: dict) -> dict:
     """What a checkpoint in our layout is: family (the registered family whose
     ``checkpoint_markers`` match most), depth, width, LayerScale, registers, rows of the
     position table before its grid (the class token's), normalisation after pooling
-    (``fc_norm``), class-attention blocks."""
+    (``fc_norm``), class-attention blocks, patch size (of a linear patch projection),
+    attention biases, class and distillation tokens, gated positional (GPSA) blocks."""
     from . import backbone_families  # the families import this module
     scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
               if cls.checkpoint_markers and all(
@@ -64,6 +90,7 @@ def describe_checkpoint(state_dict: dict) -> dict:
     table = state_dict.get('pos_embed.weight')
     norm = state_dict.get('blocks.0.norm1.weight')
     reg_token = state_dict.get('reg_token')
+    projection = state_dict.get('patch_embed.proj.weight')
     return dict(
         family=max(scores, key=scores.get) if scores else 'unknown',
         depth=max(blocks) + 1 if blocks else 0,
@@ -74,7 +101,13 @@ def describe_checkpoint(state_dict: dict) -> dict:
         _table_prefix_rows(table.shape[1]),
         fc_norm=any(k.startswith('fc_norm.') for k in state_dict),
         class_attention_blocks=len({k.split('.')[1] for k in state_dict
-                                    if k.startswith('cls_blocks.')}))
+                                    if k.startswith('cls_blocks.')}),
+        patch_size=projection.shape[-1] if projection is not None and projection.dim() == 4
+        else None,
+        qkv_bias=any(QKV_BIAS.match(k) for k in state_dict),
+        class_token='cls_token' in state_dict,
+        distillation_token='dist_token' in state_dict,
+        gpsa_blocks=sum(bool(GPSA_GATING.match(k)) for k in state_dict))
 
 
 def format_facts(facts: dict) -> str:
@@ -85,7 +118,11 @@ def format_facts(facts: dict) -> str:
             f"{facts['registers']} registers, position table "
             f"{'-' if rows is None else f'with {rows} prefix rows'}, "
             f"{'fc_norm after pooling, ' if facts['fc_norm'] else ''}"
-            f"{facts['class_attention_blocks']} class-attention blocks")
+            f"{facts['class_attention_blocks']} class-attention blocks, patch size "
+            f"{facts['patch_size'] or '-'}, {'' if facts['qkv_bias'] else 'no '}qkv bias, "
+            f"{'' if facts['class_token'] else 'no '}class token"
+            f"{', a distillation token' if facts['distillation_token'] else ''}"
+            f"{f', {n} GPSA blocks' if (n := facts['gpsa_blocks']) else ''}")
 
 
 class CheckpointAdaptation:
@@ -108,6 +145,10 @@ class CheckpointAdaptation:
     #: tensors of the model a checkpoint may lack: new in fine-tuning, initialised so that
     #: the checkpoint's function is kept (the dense pyramid, zero relative position tables)
     new_in_fine_tuning = r'^pyramid\.|\.attn\.rel_pos\.'
+    #: how the library of a checkpoint layout resamples position tables: (a key pattern of
+    #: the layout as saved, antialias); the first match is the kernel, at load and in
+    #: forward, of a model built without ``pos_antialias``; none: timm's antialiased bicubic
+    position_kernels: tuple[tuple[str, bool], ...] = ()
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
@@ -115,11 +156,8 @@ class CheckpointAdaptation:
 
         Keys already in our layout pass through unchanged; classifier heads are dropped.
         """
-        if 'model' in state_dict and isinstance(state_dict['model'], dict):
-            state_dict = state_dict['model']
         converted = {}
-        for key, value in state_dict.items():
-            key = key[len('module.'):] if key.startswith('module.') else key
+        for key, value in checkpoint_weights(state_dict).items():
             if re.match(cls.foreign_only_keys, key):
                 continue
             converted[rename_key(key, SHARED_CHECKPOINT_RULES + cls.checkpoint_rules)] = value
@@ -181,7 +219,9 @@ class CheckpointAdaptation:
         """A checkpoint of any layout this family reads (official release, timm, ours;
         bare or wrapped in ``model`` / ``state_dict``), in the layout of this model.
 
-        Keys go through :meth:`convert_checkpoint`; tensors the model's mode does not build
+        Keys go through :meth:`convert_checkpoint`, and a model built without
+        ``pos_antialias`` takes the position kernel of the checkpoint's library
+        (:meth:`adopt_position_kernel`); tensors the model's mode does not build
         (:meth:`built_by_other_modes`) are dropped and logged, and with ``truncate`` so are
         the trunk blocks beyond the model's depth. Raises ValueError when tensors have other
         shapes than the model's (position tables excepted: they are resampled) and, with
@@ -189,8 +229,7 @@ class CheckpointAdaptation:
         excepted: ``new_in_fine_tuning``) or any checkpoint tensor is left unused: the
         error says what the checkpoint is and which option loads it.
         """
-        if isinstance(state_dict.get('state_dict'), dict):
-            state_dict = state_dict['state_dict']
+        state_dict = checkpoint_weights(state_dict)
         converted = self.convert_checkpoint(state_dict)
         expected = self.state_dict()
         unused = sorted(k for k in converted if k not in expected and (
@@ -208,6 +247,7 @@ class CheckpointAdaptation:
                 converted))):
             raise ValueError(self._mismatch_message(converted, mismatched, missing,
                                                     unexpected))
+        self.adopt_position_kernel(state_dict)
         if unused:
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
@@ -216,15 +256,25 @@ class CheckpointAdaptation:
 
     def _mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],
                           unexpected: list[str]) -> str:
-        """What the checkpoint is, what the model is, and the options that would load it."""
+        """What the checkpoint is, what the model is, and the options that would load it
+        (a whole model's checkpoint: described by its backbone, ``prefix`` named first)."""
+        whole_model = not any(k in self.state_dict() for k in converted) and any(
+            k.startswith(BACKBONE_PREFIX) for k in converted)
+        if whole_model:
+            converted = self.convert_checkpoint({
+                k[len(BACKBONE_PREFIX):]: v for k, v in converted.items()
+                if k.startswith(BACKBONE_PREFIX)})
         found = describe_checkpoint(converted)
         model = self.describe_model()
         details = mismatched[:10] + [
             f'{name}: {", ".join(keys[:8])}{", ..." if len(keys) > 8 else ""}'
             for name, keys in (('missing', missing), ('unexpected', unexpected)) if keys]
-        options = self.options_to_load(found, model) or [
-            f'no option of {type(self).__name__} loads it; build the model the checkpoint '
-            f'was trained as']
+        options = ([f"init_cfg=dict(type='Pretrained', ..., prefix={BACKBONE_PREFIX!r}) (the "
+                    f"backbone of a whole model's checkpoint; mmseg's model.pretrained=None)"]
+                   if whole_model else []) + self.options_to_load(found, model)
+        if not options:
+            options.append(f'no option of {type(self).__name__} loads it; build the model the '
+                           f'checkpoint was trained as')
         return (f'checkpoint does not match {type(self).__name__}(arch={self.arch_name}, '
                 f'embed_dims={self.embed_dims}, num_layers={self.num_layers}, patch_size='
                 f'{self.patch_size}): {len(mismatched)} tensors with other shapes, '
@@ -265,7 +315,7 @@ class CheckpointAdaptation:
         logger.info(f'load {prefix or "model"} from: {checkpoint}')
         state_dict = load_checkpoint(checkpoint, map_location=map_location)
         if prefix is not None:
-            state_dict = state_dict.get('state_dict', state_dict)
+            state_dict = checkpoint_weights(state_dict)
             prefix = prefix if prefix.endswith('.') else f'{prefix}.'
             state_dict = {key[len(prefix):]: value for key, value in state_dict.items()
                           if key.startswith(prefix)}
@@ -283,7 +333,24 @@ class CheckpointAdaptation:
         facts = describe_checkpoint(self.state_dict())
         table = getattr(self.pos_embed, 'checkpoint_prefix_tokens', None)
         return {**facts, 'family': type(self).__name__, 'depth': self.num_layers,
-                'width': self.embed_dims, 'table_prefix_rows': table}
+                'width': self.embed_dims, 'table_prefix_rows': table,
+                'patch_size': facts['patch_size'] and self.patch_size}
+
+    def adopt_position_kernel(self, state_dict: dict) -> None:
+        """A model built without ``pos_antialias`` resamples its position table, at load and
+        in forward, as the library whose layout ``state_dict`` (keys as saved) has: the
+        family's ``position_kernels``, else timm's antialiased bicubic; logged when that is
+        not the default."""
+        if self.pos_kernel_chosen or not hasattr(self.pos_embed, 'antialias'):
+            return
+        antialias = next((antialias for pattern, antialias in self.position_kernels
+                          if any(re.match(pattern, key) for key in state_dict)), True)
+        if antialias != self.pos_antialias:
+            MMLogger.get_current_instance().info(
+                f'{type(self).__name__}: the checkpoint\'s library resamples position tables '
+                f'{"with" if antialias else "without"} antialiasing; so does this model (set '
+                f'pos_antialias to choose)')
+        self.pos_antialias = self.pos_embed.antialias = antialias
 
     def options_to_load(self, found: dict, model: dict) -> list[str]:
         """The constructor options (and ``Pretrained`` keys) that would load a checkpoint of
@@ -293,7 +360,10 @@ class CheckpointAdaptation:
         if found['family'] != model['family']:
             return [f"a {found['family']} backbone (type='vitdense.{found['family']}'), "
                     f"depth {found['depth']}, width {found['width']}"]
-        options = []
+        if found['distillation_token'] and not model['distillation_token']:
+            return [f"no option of {type(self).__name__} loads its distillation token "
+                    f"(dist_token: DeiT distilled); build a model with one"]
+        options, arch = [], {}
         if (found['depth'], found['width']) != (model['depth'], model['width']):
             options.append(self.arch_option(found['depth'], found['width']))
             if found['depth'] > model['depth'] and found['width'] == model['width']:
@@ -302,9 +372,23 @@ class CheckpointAdaptation:
         if found['layer_scale'] != model['layer_scale']:
             options.append('layer_scale=1e-5 (any value: the checkpoint\'s gammas replace '
                            'it)' if found['layer_scale'] else 'layer_scale=None')
+        if found['patch_size'] and found['patch_size'] != model['patch_size']:
+            options.append(f"patch_size={found['patch_size']}")
+        if found['qkv_bias'] != model['qkv_bias']:
+            arch['qkv_bias'] = found['qkv_bias']
+        if found['gpsa_blocks'] != model['gpsa_blocks']:
+            arch['num_local_layers'] = found['gpsa_blocks']
+        if not self.dense and found['class_attention_blocks'] != model[
+                'class_attention_blocks']:
+            arch['num_cls_layers'] = found['class_attention_blocks']
         if found['registers'] != model['registers']:
             options.append(f"reg_tokens={found['registers']}")
-        if self._class_row_differs_by(found['table_prefix_rows']):
+        if not found['class_token'] and model['class_token']:
+            options.append('dense_class_token=False (the checkpoint has no class token)'
+                           if self.dense else
+                           f"no {type(self).__name__} classifier is built without a class "
+                           f"token; a dense model loads it with dense_class_token=False")
+        elif self._class_row_differs_by(found['table_prefix_rows']):
             options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
                            f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
                            f" the class token's row)")
@@ -312,6 +396,9 @@ class CheckpointAdaptation:
             options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
                            "normalised: MAE's fine-tuned layout)" if found['fc_norm']
                            else 'fc_norm=False')
+        if arch:
+            options.append(f"arch_overrides=dict("
+                           f"{', '.join(f'{k}={v!r}' for k, v in arch.items())})")
         return options
 
     def arch_option(self, depth: int, width: Optional[int]) -> str:
