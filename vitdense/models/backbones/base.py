@@ -234,6 +234,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         """Module mapping (tokens, grid) to tokens with position information, or None."""
         raise NotImplementedError
 
+    def build_norm_pre(self) -> Optional[nn.Module]:
+        """A norm of the tokens before the first block (timm's ``norm_pre``: CLIP), or
+        None."""
+        return None
+
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         """Trunk block ``index``: a module mapping (tokens, grid) to tokens, built with
         ``self.block_layouts[index]`` where the family has token attention."""
@@ -340,6 +345,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             self.class_token_layer = self.num_layers
         self.pos_embed = self.build_pos_embed()
         self.pos_drop = nn.Dropout(self.drop_rate)
+        self.norm_pre = self.build_norm_pre()
 
     def _build_trunk(self, drop_path_rate: float) -> None:
         """The blocks, with their stochastic depth rates, and which of them recompute."""
@@ -503,6 +509,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         if self.pos_embed is not None:
             tokens = self.pos_embed(tokens, hw)
         tokens = self.pos_drop(tokens)
+        if self.norm_pre is not None:
+            tokens = self.norm_pre(tokens)
 
         features = []
         last = self.out_indices[-1] if self.dense else self.num_layers - 1
@@ -549,7 +557,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     def _frozen_modules(self) -> list[nn.Module]:
         if self.frozen_stages < 0:
             return []
-        return [self.patch_embed, self.pos_embed, *self.blocks[:self.frozen_stages]]
+        return [self.patch_embed, self.pos_embed, self.norm_pre,
+                *self.blocks[:self.frozen_stages]]
 
     def _freeze_stages(self) -> None:
         for module in self._frozen_modules():
@@ -579,7 +588,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         if not param_name.startswith(prefix):
             return num_ids - 1, num_ids
         name = param_name[len(prefix):]
-        if name.startswith(('patch_embed', 'pos_embed', 'reg_token')) or \
+        if name.startswith(('patch_embed', 'pos_embed', 'reg_token', 'norm_pre')) or \
                 (name == 'cls_token' and self.class_token_layer == 0):
             return 0, num_ids
         if name.startswith('blocks.'):

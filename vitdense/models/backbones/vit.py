@@ -13,12 +13,19 @@ import torch.nn as nn
 
 from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
-from ..layers.blocks import TransformerBlock
+from ..layers.blocks import FeedForward, TransformerBlock
 from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
+from ..layers.rotary import RotaryPositionEmbedding
+from ..layers.swiglu import SwiGLU, merge_swiglu_tensors
 from .base import AttentionLayout, ColumnarBackbone
 from .checkpoint_adaptation import Rule, rename_key
 
 STEMS = ('linear', 'hmlp')
+POS_EMBEDS = ('learn', 'none')
+#: timm's EVA attention keeps q and v biases beside a bias-free fused qkv (``q_bias``,
+#: ``v_bias``) or three maps (``q_proj``, ``k_proj`` without bias, ``v_proj``)
+EVA_QV_BIAS = re.compile(r'^(blocks\.\d+\.attn)\.q_bias$')
+EVA_SPLIT_QKV = re.compile(r'^(blocks\.\d+\.attn)\.q_proj\.weight$')
 #: timm's per-branch modules of a parallel block (``attns.<b>.norm``, ...) -> ours
 TIMM_PARALLEL_MODULES = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn',
                          ('attns', 'ls'): 'ls1', ('ffns', 'norm'): 'norm2',
@@ -49,10 +56,12 @@ DETECTRON2_VITDET_RULES: tuple[Rule, ...] = (
 )
 #: OpenMMLab's ViT keys (mmpretrain ``VisionTransformer`` / ``DeiT3``, mmseg
 #: ``VisionTransformer``) -> ours; mmseg's attention is torch's ``nn.MultiheadAttention``
-#: (``in_proj`` holds q, k, v stacked as our ``qkv``)
+#: (``in_proj`` holds q, k, v stacked as our ``qkv``); mmpretrain's ``ln2`` is the norm after
+#: average pooling (``out_type='avg_featmap'``: MAE's fine-tuned layout), our ``fc_norm``
 OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
     (r'^layers\.', 'blocks.'),
     (r'^ln1\.', 'norm.'),
+    (r'^ln2\.', 'fc_norm.'),
     (r'^(blocks\.\d+)\.ln([12])\.', r'\1.norm\2.'),
     (r'^patch_embed\.projection\.', 'patch_embed.proj.'),
     (r'\.attn\.attn\.in_proj_(weight|bias)$', r'.attn.qkv.\1'),
@@ -83,7 +92,22 @@ class ViT(ColumnarBackbone):
         no_embed_class: the position table has rows for the patches only; the class token
             (and registers) get no position (timm's option: DeiT III, DINOv2).
         reg_tokens: register tokens after the class token (Darcet et al., 2024; timm's
-            option: DINOv2 with registers).
+            option: DINOv2 with registers; DINOv3's storage tokens).
+        pos_embed: 'learn' (a learned absolute table) or 'none' (positions from ``rope``
+            alone: DINOv3).
+        rope: rotary position embeddings in every block's attention, one of
+            ``rotary.ROPE_STYLES``: 'eva02' (EVA-02) or 'dinov3'; None: none.
+        rope_temperature: the rotary frequency base (None: the style's: 10000 for EVA-02,
+            100 for DINOv3).
+        ref_feat_shape: ``rope='eva02'``: the grid (rows, cols) patch coordinates are
+            rescaled to, the pretraining grid (timm's name; default ``img_size //
+            patch_size``): a detector at 1024 px keeps the 224-px model's 16 x 16.
+        qk_norm: LayerNorm of each head's queries and keys (timm's option).
+        swiglu_mlp: SwiGLU FFN of ``mlp_ratio`` hidden width (EVA-02: ``mlp_ratio=4 * 2 /
+            3``), timm's packed or unpacked tensors alike.
+        scale_mlp: SwiGLU: a LayerNorm of the hidden units before ``fc2`` (EVA-02 B/L).
+        act_layer: FFN activation, 'gelu' or 'quick_gelu' (OpenAI's CLIP).
+        pre_norm: a LayerNorm of the tokens before the first block (``norm_pre``: CLIP).
         Other arguments (``depth``, e.g. 18 for ViT-S18×2, and ``layer_scale`` among them):
         see :class:`ColumnarBackbone`.
     """
@@ -96,8 +120,16 @@ class ViT(ColumnarBackbone):
         'huge': dict(embed_dims=1280, num_layers=32, num_heads=16),
     }
     arch_defaults = dict(mlp_ratio=4., qkv_bias=True, layer_scale=None, num_parallel=1,
-                         stem='linear', stem_norm='BN', no_embed_class=False, reg_tokens=0)
+                         stem='linear', stem_norm='BN', no_embed_class=False, reg_tokens=0,
+                         pos_embed='learn', rope=None, rope_temperature=None,
+                         ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
+                         scale_mlp=False, act_layer='gelu', pre_norm=False)
+    #: the arch settings ViT's constructor takes as keywords (``layer_scale`` is the base's)
+    family_options = tuple(key for key in arch_defaults if key != 'layer_scale')
     checkpoint_rules = OPENMMLAB_VIT_RULES
+    #: mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
+    #: forward): ``F.interpolate`` bicubic without antialiasing
+    position_kernels = ((r'^layers\.\d+\.', False),)
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.',)
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
@@ -114,12 +146,8 @@ class ViT(ColumnarBackbone):
         ('small', dict(stem='hmlp'), None),
     )
 
-    def __init__(self, arch: Union[str, dict] = 'base', *args,
-                 num_parallel: Optional[int] = None, stem: Optional[str] = None,
-                 stem_norm: Optional[str] = None, no_embed_class: Optional[bool] = None,
-                 reg_tokens: Optional[int] = None, **kwargs) -> None:
-        given = dict(num_parallel=num_parallel, stem=stem, stem_norm=stem_norm,
-                     no_embed_class=no_embed_class, reg_tokens=reg_tokens)
+    def __init__(self, arch: Union[str, dict] = 'base', *args, **kwargs) -> None:
+        given = {key: kwargs.pop(key) for key in self.family_options if key in kwargs}
         overrides = {**(kwargs.pop('arch_overrides', None) or {}),
                      **{key: value for key, value in given.items() if value is not None}}
         super().__init__(arch, *args, arch_overrides=overrides, **kwargs)
@@ -132,9 +160,14 @@ class ViT(ColumnarBackbone):
                                   self.arch['stem_norm'])
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
 
-    def build_pos_embed(self) -> nn.Module:
+    def build_pos_embed(self) -> Optional[nn.Module]:
         if self.arch['reg_tokens'] < 0:
             raise ValueError(f'reg_tokens must be >= 0, got {self.arch["reg_tokens"]}')
+        if self.arch['pos_embed'] not in POS_EMBEDS:
+            raise ValueError(f'unknown pos_embed {self.arch["pos_embed"]!r}; expected one of '
+                             f'{POS_EMBEDS}')
+        if self.arch['pos_embed'] == 'none':
+            return None
         if self.arch['no_embed_class']:
             return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
                                             unpositioned_prefix_tokens=self.num_prefix_tokens,
@@ -156,17 +189,60 @@ class ViT(ColumnarBackbone):
                              'parallel blocks (num_parallel > 1)')
         mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
                                        num_branches=arch['num_parallel'],
-                                       rel_pos_grid=layout.rel_pos_grid)
+                                       rel_pos_grid=layout.rel_pos_grid,
+                                       qk_norm=arch['qk_norm'], norm_eps=self.norm_eps,
+                                       rope=self._rotary_embedding())
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
                                 drop_path, self.drop_rate, num_branches=arch['num_parallel'],
-                                window_size=layout.window_size, norm_eps=self.norm_eps)
+                                window_size=layout.window_size, norm_eps=self.norm_eps,
+                                mlp=self._feed_forward())
+
+    def build_norm_pre(self) -> Optional[nn.Module]:
+        return nn.LayerNorm(self.embed_dims, eps=self.norm_eps) if self.arch['pre_norm'] \
+            else None
+
+    def _rotary_embedding(self) -> Optional[RotaryPositionEmbedding]:
+        """A block's rotary position embedding (``rope``), or None."""
+        if self.arch['rope'] is None:
+            return None
+        return RotaryPositionEmbedding(self.embed_dims // self.num_heads, self.arch['rope'],
+                                       self.arch['rope_temperature'],
+                                       self.arch['ref_feat_shape'] or self.pretrain_grid)
+
+    def _feed_forward(self) -> Optional[nn.Module]:
+        """A block's SwiGLU FFN, or None for the default MLP (with ``act_layer``)."""
+        arch = self.arch
+        if not arch['swiglu_mlp']:
+            if arch['scale_mlp']:
+                raise ValueError('scale_mlp normalises the hidden units of a SwiGLU FFN: set '
+                                 'swiglu_mlp=True')
+            return None if arch['act_layer'] == 'gelu' else FeedForward(
+                self.embed_dims, int(self.embed_dims * arch['mlp_ratio']), self.drop_rate,
+                arch['num_parallel'], arch['act_layer'])
+        if arch['num_parallel'] > 1:
+            raise ValueError('swiglu_mlp does not support parallel blocks (num_parallel > 1)')
+        return SwiGLU(self.embed_dims, int(self.embed_dims * arch['mlp_ratio']),
+                      self.drop_rate, arch['scale_mlp'], self.norm_eps)
 
     @classmethod
     def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
         """Stack timm's per-branch parallel modules (``attns.<b>`` / ``ffns.<b>``) into our
-        branched parameters; a patch projection saved without bias (mmseg's
+        branched parameters; timm's EVA attention biases (q and v; the key's is zero) and
+        separate q, k, v maps into ``qkv``, its unpacked SwiGLU into ``fc1``; a patch
+        projection saved without bias (mmseg's
         ``patch_bias=False``) gets the zero bias that computes the same."""
-        state_dict = super().merge_checkpoint_tensors(state_dict)
+        state_dict = merge_swiglu_tensors(super().merge_checkpoint_tensors(state_dict))
+        for key in [k for k in state_dict if EVA_SPLIT_QKV.match(k)]:
+            attn = EVA_SPLIT_QKV.match(key).group(1)
+            state_dict[f'{attn}.qkv.weight'] = torch.cat(
+                [state_dict.pop(f'{attn}.{name}_proj.weight') for name in 'qkv'])
+            if f'{attn}.q_proj.bias' in state_dict:
+                state_dict[f'{attn}.q_bias'] = state_dict.pop(f'{attn}.q_proj.bias')
+                state_dict[f'{attn}.v_bias'] = state_dict.pop(f'{attn}.v_proj.bias')
+        for key in [k for k in state_dict if EVA_QV_BIAS.match(k)]:
+            attn, q_bias = EVA_QV_BIAS.match(key).group(1), state_dict.pop(key)
+            state_dict[f'{attn}.qkv.bias'] = torch.cat(
+                [q_bias, torch.zeros_like(q_bias), state_dict.pop(f'{attn}.v_bias')])
         weight = state_dict.get('patch_embed.proj.weight')
         if weight is not None and 'patch_embed.proj.bias' not in state_dict:
             state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .branched import make_linear
 from .grid import Grid
 from .recompute import recomputed_in_backward
+from .rotary import RotaryPositionEmbedding
 from .talking_heads import (LogitTerms, check_path, talking_heads_attention,
                             with_logit_terms, written_out_weights)
 from .window_attention import DecomposedRelativePosition
@@ -75,13 +76,19 @@ class MultiheadSelfAttention(nn.Module):
     ``rel_pos_grid``: add ViTDet's decomposed relative position bias, tables sized for this
     grid (resampled to others). ``talking_heads_path``: the implementation of talking heads
     every call takes, one of ``talking_heads.PATHS`` (None: chosen per call from the device
-    and the token count, :func:`.talking_heads.choose_path`).
+    and the token count, :func:`.talking_heads.choose_path`). ``qk_norm``: LayerNorm of each
+    head's queries and keys before attention (timm's ``qk_norm``), with ``norm_eps``.
+    ``rope``: rotary position embeddings applied to the queries and keys of the patches
+    (after ``qk_norm``, as timm's EVA), built for the grid each call gets (a window's in
+    window attention).
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0., talking_heads: bool = False,
                  num_branches: int = 1, rel_pos_grid: Optional[Grid] = None,
-                 talking_heads_path: Optional[str] = None) -> None:
+                 talking_heads_path: Optional[str] = None, qk_norm: bool = False,
+                 norm_eps: float = 1e-6, rope: Optional[RotaryPositionEmbedding] = None
+                 ) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
@@ -101,13 +108,30 @@ class MultiheadSelfAttention(nn.Module):
         self.talking_heads = talking_heads
         self.talking_heads_path = check_path(talking_heads_path)
         self.rel_pos = _relative_position(dim, num_heads, rel_pos_grid)
+        if (qk_norm or rope is not None) and (talking_heads or num_branches > 1):
+            raise ValueError('qk_norm and rotary position embeddings do not support talking '
+                             'heads or parallel branches')
+        self.q_norm = nn.LayerNorm(dim // num_heads, eps=norm_eps) if qk_norm else None
+        self.k_norm = nn.LayerNorm(dim // num_heads, eps=norm_eps) if qk_norm else None
+        self.rope = rope
+
+    def _queries_keys_values(self, x: torch.Tensor, hw: Optional[Grid]
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-head q, k, v of tokens x (branches folded into the batch), queries and keys
+        normalised and rotated where the layer does so."""
+        # branches are folded into the batch: SDPA's fused kernels take 4-D inputs only
+        q, k, v = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            q, k = self.rope(q, hw), self.rope(k, hw)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
                 num_queries: Optional[int] = None) -> torch.Tensor:
         """Attention of every token, or of the first ``num_queries`` tokens only (all
         tokens still serve as keys and values); output (..., queries, C)."""
-        # branches are folded into the batch: SDPA's fused kernels take 4-D inputs only
-        q, k, v = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
+        q, k, v = self._queries_keys_values(x, hw)
         terms = _logit_terms(self.rel_pos, q, hw)
         if num_queries is not None:
             q = q[..., :num_queries, :]
@@ -126,7 +150,7 @@ class MultiheadSelfAttention(nn.Module):
         (talking heads: after the post-softmax head mixing, so rows need not sum to one).
         Parallel branches, x of shape (branches, B, N, C), are stacked along the head axis,
         branch-major."""
-        q, k, _ = _split_heads(self.qkv(x).flatten(0, -3), 3, self.num_heads)
+        q, k, _ = self._queries_keys_values(x, hw)
         queries, keys = with_logit_terms(q * self.scale, k, _logit_terms(self.rel_pos, q, hw))
         if self.talking_heads:
             weights = written_out_weights(queries, keys, self.mix_logits, self.mix_weights)

@@ -41,6 +41,18 @@ class GELU(nn.GELU):
         return torch.ops.aten.gelu_(x) if _no_grad_needed(x) else super().forward(x)
 
 
+class QuickGELU(nn.Module):
+    """``x · sigmoid(1.702 x)``: the GELU approximation OpenAI's CLIP models were trained
+    with (timm's ``quick_gelu``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+#: the FFN activations by timm's names (``act_layer``)
+ACTIVATIONS = {'gelu': GELU, 'quick_gelu': QuickGELU}
+
+
 class LayerScale(nn.Module):
     """Per-channel residual scaling initialised to a small ``init_value`` (CaiT §2).
 
@@ -62,13 +74,17 @@ class LayerScale(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Two-layer MLP with GELU (one per branch when ``num_branches > 1``)."""
+    """Two-layer MLP with GELU, or another of ``ACTIVATIONS`` (one per branch when
+    ``num_branches > 1``)."""
 
     def __init__(self, dim: int, hidden_dim: int, drop: float = 0.,
-                 num_branches: int = 1) -> None:
+                 num_branches: int = 1, act_layer: str = 'gelu') -> None:
         super().__init__()
+        if act_layer not in ACTIVATIONS:
+            raise ValueError(f'unknown act_layer {act_layer!r}; expected one of '
+                             f'{sorted(ACTIVATIONS)}')
         self.fc1 = make_linear(dim, hidden_dim, True, num_branches)
-        self.act = GELU()
+        self.act = ACTIVATIONS[act_layer]()
         self.drop = nn.Dropout(drop)
         self.fc2 = make_linear(hidden_dim, dim, True, num_branches)
 
@@ -118,12 +134,14 @@ class TransformerBlock(nn.Module):
         window_size: > 0: the token mixer attends within windows of this many tokens a side
             (ViTDet), the grid zero-padded to a multiple of it.
         norm_eps: epsilon of the LayerNorms (1e-6 as timm; mmseg's ViTs train with 1e-5).
+        mlp: the FFN (default: :class:`FeedForward` of ``mlp_ratio``), e.g. a SwiGLU.
     """
 
     def __init__(self, dim: int, token_mixer: nn.Module, mlp_ratio: float = 4.,
                  layer_scale: Optional[float] = None, drop_path: float = 0., drop: float = 0.,
                  local_patch_interaction: bool = False, num_branches: int = 1,
-                 window_size: int = 0, norm_eps: float = NORM_EPS) -> None:
+                 window_size: int = 0, norm_eps: float = NORM_EPS,
+                 mlp: Optional[nn.Module] = None) -> None:
         super().__init__()
         if window_size < 0:
             raise ValueError(f'window_size must be >= 0, got {window_size}')
@@ -141,7 +159,8 @@ class TransformerBlock(nn.Module):
         else:
             self.lpi = None
         self.norm2 = make_layer_norm(dim, norm_eps, num_branches)
-        self.mlp = FeedForward(dim, int(dim * mlp_ratio), drop, num_branches)
+        self.mlp = mlp if mlp is not None else FeedForward(dim, int(dim * mlp_ratio), drop,
+                                                           num_branches)
         self.ls2 = _layer_scale(dim, layer_scale, num_branches)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
