@@ -381,14 +381,14 @@ def test_history_buffer_state_as_mmengine_writes_it_loads(tmp_path, statistics_t
     assert 'statistics_methods' not in loaded.__dict__
 
 
-def test_allow_list_is_exactly_what_mmengine_checkpoints_need():
+def test_allow_list_is_exactly_what_mmengine_and_timm_checkpoints_need():
     names = sorted(entry[1] if isinstance(entry, tuple) else
                    f'{entry.__module__}.{entry.__qualname__}' for entry in ALLOWED_GLOBALS)
     numeric = ['Bool', 'Int8', 'UInt8', 'Int16', 'UInt16', 'Int32', 'UInt32', 'Int64', 'UInt64',
                'Float16', 'Float32', 'Float64', 'LongDouble', 'Complex64', 'Complex128']
     assert names == sorted([
         'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr', 'builtins.bytes',
-        'numpy.ndarray', 'numpy.dtype',
+        'argparse.Namespace', 'numpy.ndarray', 'numpy.dtype',
         *[f'numpy.{core}.multiarray.{name}' for core in ('_core', 'core')
           for name in ('_reconstruct', 'scalar')],
         *[f'numpy.dtypes.{kind}DType' for kind in numeric]])

@@ -21,7 +21,8 @@ mmengine writes and leaves the class-wide statistics table alone), the
 ``getattr(HistoryBuffer, 'min')``-style references that ``HistoryBuffer.__getstate__`` pickles
 (served by a ``getattr`` that resolves nothing but HistoryBuffer's own statistics methods), and
 ``bytes()``, as the data of an empty array pickles (``bytes(n)`` would let a file allocate any
-amount of memory). Nothing is added to torch's process-wide allow-list.
+amount of memory); and ``argparse.Namespace``, the options timm's ``train.py`` saves beside its
+weights (timm's own loader allows it too). Nothing is added to torch's process-wide allow-list.
 :func:`use_safe_loading` makes mmengine's local-file scheme (``CheckpointLoader``) load
 through :func:`safe_load`; :class:`vitdense.SafeCheckpointHook` and vitdense's tools call it,
 so a config naming that hook gets it. :func:`load_checkpoint` loads one file the same way
@@ -46,6 +47,7 @@ folder) leaves a path with either its old or its new content, never a half-writt
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import io
 import os
@@ -173,6 +175,8 @@ def _numpy_globals() -> list[tuple[Any, str]]:
 
 
 ALLOWED_GLOBALS: list[Any] = [
+    # timm train.py checkpoints keep the command line's options (as timm's own loader allows)
+    argparse.Namespace,
     (_HistoryBufferFromFile, 'mmengine.logging.history_buffer.HistoryBuffer'),
     (_history_buffer_getattr, 'builtins.getattr'),
     (_empty_bytes, 'builtins.bytes'),

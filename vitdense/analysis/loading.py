@@ -19,6 +19,7 @@ from mmengine.config import Config
 
 from vitdense.checkpoint_io import safe_load
 from vitdense.models.backbones import ColumnarBackbone, backbone_families
+from vitdense.models.backbones.checkpoint_adaptation import checkpoint_weights
 from vitdense.registry import MODELS
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
@@ -28,17 +29,15 @@ IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 
 
 def read_state_dict(checkpoint: Union[str, os.PathLike, dict]) -> dict:
-    """The backbone's tensors of a checkpoint file or dict: unwraps ``state_dict`` /
-    ``model`` / ``state_dict_ema`` and strips the ``backbone.`` prefix of whole-model
-    checkpoints (other parts, such as heads, are dropped)."""
+    """The backbone's tensors of a checkpoint file or dict: unwraps its weights as timm does
+    (``checkpoint_weights``: a timm ``train.py`` checkpoint's EMA first) and strips the
+    ``backbone.`` prefix of whole-model checkpoints (other parts, such as heads, are
+    dropped)."""
     if not isinstance(checkpoint, dict):
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f'checkpoint not found: {checkpoint}')
         checkpoint = safe_load(checkpoint, map_location='cpu')
-    for key in ('state_dict', 'model', 'state_dict_ema'):
-        if isinstance(checkpoint.get(key), dict):
-            checkpoint = checkpoint[key]
-            break
+    checkpoint = checkpoint_weights(checkpoint)
     if any(key.startswith('backbone.') for key in checkpoint):
         checkpoint = {key[len('backbone.'):]: value for key, value in checkpoint.items()
                       if key.startswith('backbone.')}
