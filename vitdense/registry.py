@@ -14,6 +14,7 @@ from mmengine.registry import \
     OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.registry import OPTIMIZERS as MMENGINE_OPTIMIZERS
 from mmengine.registry import RUNNERS as MMENGINE_RUNNERS
+from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
 SCOPE = 'vitdense'
@@ -35,3 +36,5 @@ LOG_PROCESSORS = Registry('log_processor', parent=MMENGINE_LOG_PROCESSORS, scope
                           locations=['vitdense.engine'])
 MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope=SCOPE,
                           locations=['vitdense.engine'])
+TRANSFORMS = Registry('transform', parent=MMENGINE_TRANSFORMS, scope=SCOPE,
+                      locations=['vitdense.cls'])
