@@ -24,6 +24,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision  # noqa: F401  (registers torch.ops.torchvision)
@@ -52,6 +53,8 @@ _SOFTNMS_NAIVE, _SOFTNMS_GAUSSIAN = 0, 2
 # empty max-pooling bin holds -FLT_MAX
 _FLT_MIN = torch.finfo(torch.float32).tiny
 _FLT_MAX = torch.finfo(torch.float32).max
+# where the deformable kernels' backward moves a sample point they read as outside the map
+_OUTSIDE = -2.0
 
 _Op = TypeVar('_Op', bound=Callable[..., Any])
 
@@ -74,9 +77,10 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Ten
     ascending index (a stable sort: mmcv's kernels sort unstably, which leaves the order of
     ties, and so which of two overlapping equal-score boxes survives, unspecified);
     torchvision's kernel is handed that order as strictly decreasing ranks, so that it
-    keeps this order and the kept positions come back ascending.  ``offset=1`` (the legacy pixel
-    convention, width ``x2 - x1 + 1``) is the same as moving every box's far corner by one
-    pixel.
+    keeps this order and the kept positions come back ascending.  The ranks and boxes go to
+    it in float32 at least (its boxes and scores share a dtype, and float16 holds distinct
+    integers only up to 2,048).  ``offset=1`` (the legacy pixel convention, width
+    ``x2 - x1 + 1``) is the same as moving every box's far corner by one pixel.
     """
     if boxes.numel() == 0:
         return boxes.new_empty(0, dtype=torch.long)
@@ -84,6 +88,7 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float, offset: int) -> Ten
     ordered = boxes.index_select(0, order)
     if offset:
         ordered = torch.cat([ordered[:, :2], ordered[:, 2:4] + offset], dim=1)
+    ordered = ordered.to(torch.promote_types(ordered.dtype, torch.float32))
     ranks = torch.arange(len(order), 0, -1, device=boxes.device, dtype=ordered.dtype)
     kept = torch.ops.torchvision.nms(ordered, ranks, float(iou_threshold))
     return order[kept]
@@ -114,27 +119,26 @@ def nms_match(dets: Tensor, iou_threshold: float) -> list[list[int]]:
     return groups
 
 
-def _softnms_decay(overlap: Tensor, iou_threshold: float, sigma: float, method: int) -> Tensor:
+def _softnms_decay(overlap: np.ndarray, iou_threshold: float, sigma: float,
+                   method: int) -> np.ndarray:
     """Soft-NMS's score factor for each overlap with the kept box: 0 (``naive``: hard NMS),
     ``1 - IoU`` (``linear``) at IoU >= the threshold, or ``exp(-IoU^2 / sigma)``
     (``gaussian``)."""
     if method == _SOFTNMS_GAUSSIAN:
-        return torch.exp(-(overlap * overlap) / sigma)
-    below = torch.ones_like(overlap)
-    suppressed = torch.zeros_like(overlap) if method == _SOFTNMS_NAIVE else 1 - overlap
-    return torch.where(overlap >= iou_threshold, suppressed, below)
+        return np.exp(-(overlap * overlap) / sigma)
+    suppressed = np.zeros_like(overlap) if method == _SOFTNMS_NAIVE else 1 - overlap
+    return np.where(overlap >= iou_threshold, suppressed, np.ones_like(overlap))
 
 
-def _drop_like_softnms(order: Tensor, alive: Tensor) -> Tensor:
-    """``order`` without the entries that are not ``alive``, arranged as mmcv's kernel leaves
-    them: it fills each dropped entry, first to last, with the last entry still alive."""
-    kept = int(alive.sum())
-    positions = torch.arange(len(order))
-    holes = positions[:kept][~alive[:kept]]
-    fillers = positions[kept:][alive[kept:]].flip(0)
-    arranged = order[:kept].clone()
-    arranged[holes] = order[fillers]
-    return arranged
+def _drop_like_softnms(dropped: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """How mmcv's kernel closes the gaps of the ``dropped`` positions (ascending) among
+    ``count`` entries: it fills each dropped entry before the new end, first to last, with the
+    last entry still alive.  Returns the holes and the positions that fill them."""
+    kept = count - len(dropped)
+    holes = dropped[dropped < kept]
+    alive_after = np.ones(count - kept, dtype=bool)
+    alive_after[dropped[dropped >= kept] - kept] = False
+    return holes, np.flatnonzero(alive_after)[::-1] + kept
 
 
 @_kernel
@@ -143,26 +147,45 @@ def softnms(boxes: Tensor, scores: Tensor, dets: Tensor, iou_threshold: float, s
     """Soft-NMS (Bodla et al., 2017) as mmcv's kernel runs it: repeatedly keep the
     highest-scoring box left (the first of equals), write it and its score into the next row
     of ``dets`` and decay the scores of the boxes after it by their overlap with it; a box
-    whose score falls below ``min_score`` is dropped.  Returns the kept boxes' indices."""
+    whose score falls below ``min_score`` is dropped.  Returns the kept indices.
+
+    mmcv runs it on the CPU: each step is one vectorised pass over the boxes left, in NumPy
+    (in the boxes' dtype; bfloat16, which NumPy lacks, in float32), whose per-call cost is a
+    fraction of torch's on the small arrays of the late steps.
+    """
     if boxes.numel() == 0:
         return boxes.new_empty(0, dtype=torch.long)
-    scores = scores.clone()
-    areas = (boxes[:, 2] - boxes[:, 0] + offset) * (boxes[:, 3] - boxes[:, 1] + offset)
-    order = torch.arange(len(boxes))   # the kernel's working array of box indices
-    i = 0
-    while i < len(order):
-        best = i + int(scores[order[i:]].argmax())   # the first of equal scores
-        order[[i, best]] = order[[best, i]]
-        kept, rest = order[i], order[i + 1:]
-        dets[i, :4], dets[i, 4] = boxes[kept], scores[kept]
-        low = torch.maximum(boxes[kept, :2], boxes[rest, :2])
-        high = torch.minimum(boxes[kept, 2:], boxes[rest, 2:])
-        inter = (high - low + offset).clamp(min=0).prod(1)
-        overlap = inter / (areas[kept] + areas[rest] - inter)
-        scores[rest] *= _softnms_decay(overlap, iou_threshold, sigma, method)
-        order = torch.cat([order[:i + 1], _drop_like_softnms(rest, scores[rest] >= min_score)])
+    as_numpy = torch.float32 if boxes.dtype == torch.bfloat16 else boxes.dtype
+    # the kernel's arrays, permuted as it permutes them: x1, y1, x2, y2, score, area (one
+    # array, so that a swap is one call) and the boxes' indices
+    state = np.empty((6, len(boxes)), dtype=torch.empty(0, dtype=as_numpy).numpy().dtype)
+    state[:4] = boxes.to(as_numpy).numpy().T
+    state[4] = scores.to(as_numpy).numpy()
+    x1, y1, x2, y2, score, area = state
+    area[:] = (x2 - x1 + offset) * (y2 - y1 + offset)
+    index = np.arange(len(boxes))
+    rows = np.empty((len(boxes), 5), dtype=state.dtype)
+    left, i = len(boxes), 0
+    while i < left:
+        best = i + int(score[i:left].argmax())   # the first of equal scores
+        state[:, [i, best]] = state[:, [best, i]]
+        index[[i, best]] = index[[best, i]]
+        rows[i] = state[:5, i]
+        rest = slice(i + 1, left)
+        width = np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]) + offset
+        height = np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]) + offset
+        inter = np.maximum(width, 0) * np.maximum(height, 0)
+        overlap = inter / (area[i] + area[rest] - inter)
+        score[rest] *= _softnms_decay(overlap, iou_threshold, sigma, method)
+        dropped = np.flatnonzero(score[rest] < min_score)
+        if len(dropped):
+            holes, fillers = _drop_like_softnms(dropped, left - i - 1)
+            state[:, i + 1 + holes] = state[:, i + 1 + fillers]
+            index[i + 1 + holes] = index[i + 1 + fillers]
+            left -= len(dropped)
         i += 1
-    return order
+    dets[:left].copy_(torch.from_numpy(rows[:left]))
+    return torch.from_numpy(index[:left])
 
 
 # --- RoIAlign -------------------------------------------------------------------------------
@@ -401,23 +424,43 @@ def softmax_focal_loss_backward(softmax: Tensor, target: Tensor, weight: Tensor,
 
 # --- multi-scale deformable attention -------------------------------------------------------
 
-def _levels(spatial_shapes: Tensor, level_start_index: Tensor) -> list[tuple[int, int, int]]:
-    """(first key, height, width) of each level."""
-    return [(start, h, w) for start, (h, w) in zip(level_start_index.tolist(),
-                                                   spatial_shapes.tolist())]
+def _deform_attn_level(values: Tensor, keys: int, shape_hw: Tensor, start: Tensor,
+                       locations: Tensor, weights: Tensor) -> Tensor:
+    """One level's share of the output, (batch, heads, queries, dims), by mmcv's kernel's
+    formula: each point is read bilinearly at pixel ``(loc_y * H - 0.5, loc_x * W - 0.5)``;
+    a point with ``y <= -1``, ``y >= H``, ``x <= -1`` or ``x >= W`` (or NaN) reads 0 and
+    passes no gradient, a corner beyond the map reads 0.
+
+    ``values`` is the value (batch * heads * keys, dims), flat; ``locations`` (batch,
+    queries, heads, points, x y) and ``weights`` (batch, queries, heads, points) are the
+    level's.  The level's place (``shape_hw``, ``start``) stays on the device: nothing here
+    waits for the device.
+    """
+    batch, _, heads, points = weights.shape
+    rows, cols = shape_hw.unbind()
+    height, width = rows.to(locations.dtype), cols.to(locations.dtype)
+    loc = locations.permute(0, 2, 1, 3, 4)                        # (B, heads, Q, P, 2)
+    y, x = loc[..., 1] * height - 0.5, loc[..., 0] * width - 0.5
+    inside = (y > -1) & (x > -1) & (y < height) & (x < width)
+    y = torch.where(inside, y, _OUTSIDE)
+    x = torch.where(inside, x, _OUTSIDE)
+    y_low, x_low = y.floor(), x.floor()
+    frac_y, frac_x = y - y_low, x - x_low
+    first = (torch.arange(batch * heads, device=values.device) * keys).view(batch, heads, 1, 1)
+    attention = weights.permute(0, 2, 1, 3)                       # (B, heads, Q, P)
+    share = 0
+    for row, weight_y in ((y_low, 1 - frac_y), (y_low + 1, frac_y)):
+        for col, weight_x in ((x_low, 1 - frac_x), (x_low + 1, frac_x)):
+            on_map = (row >= 0) & (row <= height - 1) & (col >= 0) & (col <= width - 1)
+            key = torch.where(on_map, start + row.long() * cols + col.long(), 0)
+            corner = attention * weight_y * weight_x * on_map
+            share = share + torch.einsum('bhqp,bhqpd->bhqd', corner, values[first + key])
+    return share
 
 
-def _deform_attn_level(value: Tensor, height: int, width: int, locations: Tensor,
-                       weights: Tensor) -> Tensor:
-    """One level's share of the output, (batch * heads, dims, queries): bilinear samples of
-    ``value`` (batch, H * W, heads, dims) at ``locations`` (batch, queries, heads, points,
-    x y in [0, 1]; zero outside the map) weighted by ``weights`` and summed over the points."""
-    batch, _, heads, dims = value.shape
-    maps = value.permute(0, 2, 3, 1).reshape(batch * heads, dims, height, width)
-    grid = (2 * locations - 1).transpose(1, 2).flatten(0, 1)
-    samples = F.grid_sample(maps, grid, mode='bilinear', padding_mode='zeros',
-                            align_corners=False)                  # (B * heads, dims, Q, P)
-    return (samples * weights.transpose(1, 2).flatten(0, 1)[:, None]).sum(-1)
+def _flat_value(value: Tensor) -> Tensor:
+    """(batch, keys, heads, dims) as (batch * heads * keys, dims), each head's keys together."""
+    return value.permute(0, 2, 1, 3).reshape(-1, value.shape[-1])
 
 
 @_kernel
@@ -427,15 +470,14 @@ def ms_deform_attn_forward(value: Tensor, value_spatial_shapes: Tensor,
     """Multi-scale deformable attention, (batch, queries, heads * dims), level by level: the
     largest intermediate is one level's samples.  ``im2col_step`` (the CUDA kernel's batch
     chunk) changes nothing in the result."""
-    batch, _, heads, dims = value.shape
-    queries = sampling_locations.shape[1]
-    output = value.new_zeros(batch * heads, dims, queries)
-    for level, (start, h, w) in enumerate(_levels(value_spatial_shapes,
-                                                  value_level_start_index)):
-        output += _deform_attn_level(value[:, start:start + h * w], h, w,
-                                     sampling_locations[:, :, :, level],
-                                     attention_weights[:, :, :, level])
-    return output.view(batch, heads * dims, queries).transpose(1, 2).contiguous()
+    batch, keys, heads, dims = value.shape
+    values = _flat_value(value)
+    output = sum(_deform_attn_level(values, keys, value_spatial_shapes[level],
+                                    value_level_start_index[level],
+                                    sampling_locations[:, :, :, level],
+                                    attention_weights[:, :, :, level])
+                 for level in range(len(value_spatial_shapes)))
+    return output.permute(0, 2, 1, 3).reshape(batch, -1, heads * dims)
 
 
 @_kernel
@@ -447,29 +489,89 @@ def ms_deform_attn_backward(value: Tensor, value_spatial_shapes: Tensor,
     """Adds the gradients by the value, the sampling locations and the attention weights to
     the buffers, level by level: each level's forward is recomputed and differentiated alone,
     so the largest intermediate is one level's samples, as in the forward."""
-    batch, _, heads, dims = value.shape
-    grad_share = grad_output.view(batch, -1, heads, dims).permute(0, 2, 3, 1).flatten(0, 1)
-    for level, (start, h, w) in enumerate(_levels(value_spatial_shapes,
-                                                  value_level_start_index)):
-        keys = slice(start, start + h * w)
-        buffers = (grad_value[:, keys], grad_sampling_loc[:, :, :, level],
-                   grad_attn_weight[:, :, :, level])
-        inputs = [t.detach().requires_grad_() for t in (
-            value[:, keys], sampling_locations[:, :, :, level], attention_weights[:, :, :, level])]
+    batch, keys, heads, dims = value.shape
+    grad_share = grad_output.view(batch, -1, heads, dims).transpose(1, 2)
+    values = _flat_value(value).requires_grad_()
+    grad_values = torch.zeros_like(values)
+    for level in range(len(value_spatial_shapes)):
+        locations, weights = (t[:, :, :, level].detach().requires_grad_()
+                              for t in (sampling_locations, attention_weights))
         with torch.enable_grad():
-            share = _deform_attn_level(inputs[0], h, w, inputs[1], inputs[2])
+            share = _deform_attn_level(values, keys, value_spatial_shapes[level],
+                                       value_level_start_index[level], locations, weights)
         with _atomic_adds_allowed(value.device):
-            grads = torch.autograd.grad(share, inputs, grad_share)
-        for buffer, grad in zip(buffers, grads):
-            buffer.add_(grad)
+            by_values, by_locations, by_weights = torch.autograd.grad(
+                share, (values, locations, weights), grad_share)
+        grad_values += by_values
+        grad_sampling_loc[:, :, :, level] += by_locations
+        grad_attn_weight[:, :, :, level] += by_weights
+    grad_value += grad_values.view(batch, heads, keys, dims).transpose(1, 2)
 
 
 # --- deformable convolution -----------------------------------------------------------------
 
+def _read_per_sample(buffer: Tensor, channels: int, out_hw: tuple[int, int], strict: bool,
+                     op: str, name: str) -> Tensor:
+    """``buffer`` (N, ...) as (N, channels, H_out, W_out): each sample's first values, as the
+    compiled kernels read it; a buffer of another shape raises if ``strict``, and one with
+    too few values always does."""
+    shape = (channels, *out_hw)
+    if buffer.shape[1:] == shape:
+        return buffer
+    needed = channels * out_hw[0] * out_hw[1]
+    if strict or buffer[0].numel() < needed:
+        raise ValueError(
+            f'{op}: the {name} is {tuple(buffer.shape)}, but the kernel reads '
+            f'{channels} x {out_hw[0]} x {out_hw[1]} values of each sample (deformable groups '
+            f'x kernel taps{" x 2" if name == "offset" else ""}, output height, output width)'
+            + ('' if strict else f' and it holds {buffer[0].numel()}'))
+    return buffer.reshape(len(buffer), -1)[:, :needed].reshape(len(buffer), *shape)
+
+
+def _kernel_offsets(input: Tensor, offset: Tensor, mask: Tensor | None, kernel_hw: tuple[int, int],
+                    out_hw: tuple[int, int], geometry: tuple[int, ...], op: str
+                    ) -> tuple[Tensor, Tensor | None]:
+    """The offsets (and mask) as the compiled kernels read them, for torchvision's kernels.
+
+    Layout: DCNv2's kernel reads each sample's first ``C x H_out x W_out`` offset and mask
+    values with the output's layout, whatever the buffer's shape (DyHead computes them on a
+    map twice the output's size); DCNv1's checks the offset's shape.
+
+    Edges: a tap at ``y <= -1``, ``y >= H``, ``x <= -1`` or ``x >= W`` (or NaN) reads 0 and
+    passes no gradient to its offset or the input; the kernels move such a tap to (-2, -2).
+    torchvision's kernels differ at exactly -1 (a one-sided derivative by the offset) and
+    fail on NaN, so the offset of every such tap is replaced by the one that puts it at
+    (-2, -2), where both read and pass nothing.
+    """
+    batch, _, height, width = input.shape
+    kh, kw = kernel_hw
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, _, deform_groups = geometry
+    taps = deform_groups * kh * kw
+    strict = mask is None   # DCNv1's kernel checks the offset's shape
+    offset = _read_per_sample(offset, 2 * taps, out_hw, strict, op, 'offset')
+    mask = None if mask is None else _read_per_sample(mask, taps, out_hw, strict, op, 'mask')
+    pos = offset.view(batch, deform_groups, kh, kw, 2, *out_hw)
+    rows = torch.arange(out_hw[0], device=offset.device) * stride_h - pad_h
+    cols = torch.arange(out_hw[1], device=offset.device) * stride_w - pad_w
+    base_y = (rows + dil_h * torch.arange(kh, device=offset.device)[:, None])[:, None, :, None]
+    base_x = (cols + dil_w * torch.arange(kw, device=offset.device)[:, None])[None, :, None, :]
+    y, x = base_y + pos[:, :, :, :, 0], base_x + pos[:, :, :, :, 1]
+    inside = (y > -1) & (y < height) & (x > -1) & (x < width)
+    moved = torch.stack([torch.where(inside, pos[:, :, :, :, 0], _OUTSIDE - base_y),
+                         torch.where(inside, pos[:, :, :, :, 1], _OUTSIDE - base_x)], 4)
+    return moved.view(offset.shape).to(offset.dtype), mask
+
+
+def _write_read_part(buffer: Tensor, grad: Tensor) -> None:
+    """Write ``grad`` (the gradient of the values the kernel read) into the first values of
+    each sample of ``buffer``, as the kernels do; the rest keeps what it holds."""
+    buffer.view(len(buffer), -1)[:, :grad[0].numel()].copy_(grad.reshape(len(grad), -1))
+
+
 def _deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor | None,
                    bias: Tensor | None, geometry: tuple[int, ...]) -> Tensor:
     """torchvision's deformable convolution; ``geometry`` is (stride h, w, padding h, w,
-    dilation h, w, groups, deformable groups)."""
+    dilation h, w, groups, deformable groups), the offsets read as by :func:`_kernel_offsets`."""
     use_mask = mask is not None
     mask = mask if use_mask else input.new_zeros(input.shape[0], 1)
     bias = bias if bias is not None else weight.new_zeros(weight.shape[0])
@@ -490,6 +592,23 @@ def _deform_conv2d_backward(grad_output: Tensor, input: Tensor, weight: Tensor, 
             grad_output.contiguous(), input, weight, offset, mask, bias, *geometry, use_mask)
 
 
+def _deform_conv_v1_inputs(input: Tensor, weight: Tensor, offset: Tensor, out_hw: tuple[int, int],
+                           geometry: tuple[int, ...]) -> Tensor:
+    """DCNv1's offsets as its kernel reads them (its shape checked, as the kernel does)."""
+    return _kernel_offsets(input, offset, None, weight.shape[-2:], out_hw, geometry,
+                           'deform_conv')[0]
+
+
+# DCNv1's backward is two compiled calls (input then weight) and torchvision's backward gives
+# every gradient at once: the first call keeps the weight's for the second, keyed by the
+# tensors both are handed.
+_pending_weight_grad: dict[tuple, Tensor] = {}
+
+
+def _backward_key(*tensors: Tensor) -> tuple:
+    return tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
+
+
 @_kernel
 def deform_conv_forward(input: Tensor, weight: Tensor, offset: Tensor, output: Tensor,
                         columns: Tensor, ones: Tensor, kW: int, kH: int, dW: int, dH: int,
@@ -498,6 +617,7 @@ def deform_conv_forward(input: Tensor, weight: Tensor, offset: Tensor, output: T
     """Deformable convolution (DCNv1) into ``output``; the kernel size is the weight's and
     ``columns``, ``ones`` and ``im2col_step`` are the CUDA kernel's workspace."""
     geometry = (dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
+    offset = _deform_conv_v1_inputs(input, weight, offset, output.shape[-2:], geometry)
     output.copy_(_deform_conv2d(input, weight, offset, None, None, geometry))
 
 
@@ -507,12 +627,17 @@ def deform_conv_backward_input(input: Tensor, offset: Tensor, gradOutput: Tensor
                                columns: Tensor, kW: int, kH: int, dW: int, dH: int, padW: int,
                                padH: int, dilationW: int, dilationH: int, group: int,
                                deformable_group: int, im2col_step: int) -> None:
-    """Adds the gradient by the input to ``gradInput``; writes the one by the offsets."""
+    """Adds the gradient by the input to ``gradInput``; writes the one by the offsets.  The
+    weight's gradient, computed in the same call, is kept for
+    :func:`deform_conv_backward_parameters`."""
     geometry = (dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
-    grad_input, _, grad_offset, _, _ = _deform_conv2d_backward(
-        gradOutput, input, weight, offset, None, None, geometry)
+    read = _deform_conv_v1_inputs(input, weight, offset, gradOutput.shape[-2:], geometry)
+    grad_input, grad_weight, grad_offset, _, _ = _deform_conv2d_backward(
+        gradOutput, input, weight, read, None, None, geometry)
     gradInput.add_(grad_input)
     gradOffset.copy_(grad_offset)
+    _pending_weight_grad.clear()
+    _pending_weight_grad[_backward_key(input, offset, gradOutput)] = grad_weight
 
 
 @_kernel
@@ -522,11 +647,15 @@ def deform_conv_backward_parameters(input: Tensor, offset: Tensor, gradOutput: T
                                     dilationW: int, dilationH: int, group: int,
                                     deformable_group: int, scale: float,
                                     im2col_step: int) -> None:
-    """Adds ``scale`` times the gradient by the weight to ``gradWeight``."""
-    geometry = (dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
-    weight = gradWeight.new_zeros(gradWeight.shape)  # the weight gradient does not depend on it
-    _, grad_weight, _, _, _ = _deform_conv2d_backward(
-        gradOutput, input, weight, offset, None, None, geometry)
+    """Adds ``scale`` times the gradient by the weight to ``gradWeight``: the one
+    :func:`deform_conv_backward_input` computed for the same tensors, or computed here."""
+    grad_weight = _pending_weight_grad.pop(_backward_key(input, offset, gradOutput), None)
+    if grad_weight is None:
+        geometry = (dH, dW, padH, padW, dilationH, dilationW, group, deformable_group)
+        weight = gradWeight.new_zeros(gradWeight.shape)  # the weight gradient does not use it
+        read = _deform_conv_v1_inputs(input, weight, offset, gradOutput.shape[-2:], geometry)
+        _, grad_weight, _, _, _ = _deform_conv2d_backward(
+            gradOutput, input, weight, read, None, None, geometry)
     gradWeight.add_(grad_weight, alpha=scale)
 
 
@@ -539,6 +668,8 @@ def modulated_deform_conv_forward(input: Tensor, weight: Tensor, bias: Tensor, o
     """Modulated deformable convolution (DCNv2) into ``output``."""
     geometry = (stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, group,
                 deformable_group)
+    offset, mask = _kernel_offsets(input, offset, mask, weight.shape[-2:], output.shape[-2:],
+                                   geometry, 'modulated_deform_conv')
     output.copy_(_deform_conv2d(input, weight, offset, mask, bias if with_bias else None,
                                 geometry))
 
@@ -552,15 +683,17 @@ def modulated_deform_conv_backward(input: Tensor, weight: Tensor, bias: Tensor, 
                                    pad_h: int, pad_w: int, dilation_h: int, dilation_w: int,
                                    group: int, deformable_group: int, with_bias: bool) -> None:
     """Adds the gradients by input, weight and bias to their buffers; writes those by the
-    offsets and the mask."""
+    offsets and the mask (into the values the forward read)."""
     geometry = (stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, group,
                 deformable_group)
+    offset, mask = _kernel_offsets(input, offset, mask, weight.shape[-2:],
+                                   grad_output.shape[-2:], geometry, 'modulated_deform_conv')
     grads = _deform_conv2d_backward(grad_output, input, weight, offset, mask,
                                     bias if with_bias else None, geometry)
     grad_input.add_(grads[0])
     grad_weight.add_(grads[1])
-    grad_offset.copy_(grads[2])
-    grad_mask.copy_(grads[3])
+    _write_read_part(grad_offset, grads[2])
+    _write_read_part(grad_mask, grads[3])
     if with_bias:
         grad_bias.add_(grads[4])
 
@@ -593,22 +726,26 @@ def masked_col2im_forward(col: Tensor, mask_h_idx: Tensor, mask_w_idx: Tensor, i
 _PSA_COLLECT = 0   # mmcv's psa_type codes: 0 collect, 1 distribute
 
 
-def _psamask_index(psa_type: int, h_feature: int, w_feature: int, h_mask: int, w_mask: int,
-                   half_h_mask: int, half_w_mask: int,
-                   device: torch.device) -> tuple[Tensor, Tensor]:
-    """Where each mask entry (mask position m, feature position p) goes in the
-    (H * W) x (H * W) attention map, flat: at row q, column p (collect) or row p, column q
-    (distribute), q being p moved by the mask offset; and which entries fall on the map."""
-    shape = (h_mask, w_mask, h_feature, w_feature)   # mask offset (i, j), position (h, w)
-    i, j, h, w = (torch.arange(n, device=device).view([-1 if d == k else 1 for d in range(4)])
-                  for k, n in enumerate(shape))
-    y, x = (h + i - half_h_mask).expand(shape), (w + j - half_w_mask).expand(shape)
-    on_map = ((y >= 0) & (y < h_feature) & (x >= 0) & (x < w_feature)).flatten(2).flatten(0, 1)
-    moved = (y * w_feature + x).flatten(2).flatten(0, 1)
-    here = (h * w_feature + w).expand(shape).flatten(2).flatten(0, 1)
+def _psamask_rows(psa_type: int, h_feature: int, w_feature: int, h_mask: int, w_mask: int,
+                  half_h_mask: int, half_w_mask: int,
+                  device: torch.device) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """For each row ``i`` of the mask: where its entries (mask column j, feature position p)
+    go in the (H * W) x (H * W) attention map, flat: at row q, column p (collect) or row p,
+    column q (distribute), q being p moved by the mask offset (i, j); and which of them fall
+    on the map.  One mask row at a time, so that the indices take a ``h_mask``-th of the
+    output's size."""
+    h = torch.arange(h_feature, device=device)[:, None]
+    w = torch.arange(w_feature, device=device)
+    j = torch.arange(w_mask, device=device)[:, None, None]
+    x = w + j - half_w_mask                                         # (w_mask, 1, W)
+    here = (h * w_feature + w).flatten()                            # (H * W,)
     size = h_feature * w_feature
-    flat = moved * size + here if psa_type == _PSA_COLLECT else here * size + moved
-    return flat[on_map], on_map
+    for i in range(h_mask):
+        y = h + i - half_h_mask                                     # (H, 1)
+        on_map = ((y >= 0) & (y < h_feature) & (x >= 0) & (x < w_feature)).flatten(1)
+        moved = (y * w_feature + x).flatten(1)                      # (w_mask, H * W)
+        flat = moved * size + here if psa_type == _PSA_COLLECT else here * size + moved
+        yield i, flat[on_map], on_map
 
 
 @_kernel
@@ -617,9 +754,11 @@ def psamask_forward(input: Tensor, output: Tensor, psa_type: int, num_: int, h_f
                     half_w_mask: int) -> None:
     """PSANet's mask (N, h_mask * w_mask, H, W) laid into the attention map ``output``
     (N, H * W, H, W), collected or distributed; entries off the map are left as they are."""
-    flat, on_map = _psamask_index(psa_type, h_feature, w_feature, h_mask, w_mask,
-                                  half_h_mask, half_w_mask, input.device)
-    output.view(num_, -1)[:, flat] = input.reshape(num_, h_mask * w_mask, -1)[:, on_map]
+    mask = input.reshape(num_, h_mask, w_mask, -1)
+    flat_output = output.view(num_, -1)
+    for i, flat, on_map in _psamask_rows(psa_type, h_feature, w_feature, h_mask, w_mask,
+                                         half_h_mask, half_w_mask, input.device):
+        flat_output[:, flat] = mask[:, i][:, on_map]
 
 
 @_kernel
@@ -627,10 +766,11 @@ def psamask_backward(grad_output: Tensor, grad_input: Tensor, psa_type: int, num
                      h_feature: int, w_feature: int, h_mask: int, w_mask: int,
                      half_h_mask: int, half_w_mask: int) -> None:
     """The gradient by the mask: each mask entry's place in the attention map's gradient."""
-    flat, on_map = _psamask_index(psa_type, h_feature, w_feature, h_mask, w_mask,
-                                  half_h_mask, half_w_mask, grad_output.device)
-    grad_input.view(num_, h_mask * w_mask, -1)[:, on_map] = (
-        grad_output.reshape(num_, -1)[:, flat])
+    grad_mask = grad_input.view(num_, h_mask, w_mask, -1)
+    flat_grad = grad_output.reshape(num_, -1)
+    for i, flat, on_map in _psamask_rows(psa_type, h_feature, w_feature, h_mask, w_mask,
+                                         half_h_mask, half_w_mask, grad_output.device):
+        grad_mask[:, i][:, on_map] = flat_grad[:, flat]
 
 
 def get_compiler_version() -> str:
