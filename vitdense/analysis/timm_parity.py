@@ -18,44 +18,93 @@ REFERENCE_MODELS: list[tuple[str, str, dict, Optional[str]]] = [
     for arch, options, timm_name in cls.timm_models]
 
 
+def timm_readout(reference: torch.nn.Module) -> dict:
+    """Our classification options for what a timm model's head reads: the class token
+    (``global_pool='token'``) or the averaged patch tokens, normalised before pooling or
+    after (``fc_norm``); None for a head we do not build (SigLIP's attention pooling)."""
+    pool = getattr(reference, 'global_pool', 'token')
+    if pool == 'token':
+        return dict(out_type='cls_token')
+    if pool == 'avg':
+        fc_norm = getattr(reference, 'fc_norm', None)
+        return dict(out_type='avg_featmap', fc_norm=isinstance(fc_norm, torch.nn.LayerNorm))
+    return None
+
+
+def perturbed(state_dict: dict, std: float, seed: int = 0) -> dict:
+    """``state_dict`` with Gaussian noise of ``std`` on every floating tensor: a random
+    initialisation leaves biases and norms at 0 and 1, which would hide a misplaced one."""
+    generator = torch.Generator().manual_seed(seed)
+    return {key: value + std * torch.randn(value.shape, generator=generator, dtype=value.dtype)
+            if value.is_floating_point() else value for key, value in state_dict.items()}
+
+
+def _relative(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((ours - reference).abs().max() / reference.abs().max()).item()
+
+
 @torch.no_grad()
-def compare_with_timm(family: str, arch: str, timm_name: Optional[str], num_classes: int = 1000,
+def compare_with_timm(family: str, arch, timm_name: Optional[str], num_classes: int = 1000,
                       image_hw: Optional[tuple[int, int]] = None, seed: int = 0,
+                      timm_kwargs: Optional[dict] = None, perturbation: float = 0.,
                       **kwargs) -> dict:
-    """Build our backbone (classification and dense, ``pyramid=False``) and, if given, the
-    timm model; load timm's randomly initialised weights into ours and compare.
+    """Build our backbone (classification and dense, ``pyramid=False`` and with the
+    pyramid) and, if given, the timm model (``timm_kwargs``: e.g. a small depth and width);
+    load timm's randomly initialised weights (plus noise of std ``perturbation``) into ours
+    and compare.
 
     Returns parameter counts (ours counted with a linear head of ``num_classes``), the max
-    abs logit difference and the max abs difference of the ``out_indices`` block outputs
-    against timm's ``forward_intermediates`` (NCHW, no norm); None where not applicable.
+    abs logit difference (the head reading what timm's head reads, :func:`timm_readout`) and
+    the max abs difference of the ``out_indices`` block outputs against timm's
+    ``forward_intermediates`` (NCHW, no norm), each also relative to the largest reference
+    value (``*_rel_diff``), and the pyramid's levels against the same pyramid applied to
+    timm's block outputs (``pyramid_rel_diff``, where the pyramid takes the patch size);
+    None where not applicable.
     """
     import timm
 
     cls = backbone_families()[family]
     torch.manual_seed(seed)
-    ours = cls(arch, out_type='cls_token', **kwargs).eval()
-    head_params = ours.embed_dims * num_classes + num_classes
-    result = dict(family=family, arch=arch, options=kwargs, timm=timm_name,
-                  params_ours=count_parameters(ours) + head_params, params_timm=None,
-                  logit_diff=None, feature_diff=None)
+    result = dict(family=family, arch=arch, options=kwargs, timm=timm_name, params_ours=None,
+                  params_timm=None, logit_diff=None, feature_diff=None, logit_rel_diff=None,
+                  feature_rel_diff=None, pyramid_rel_diff=None)
     if timm_name is None:
+        ours = cls(arch, out_type='cls_token', **kwargs)
+        result['params_ours'] = count_parameters(ours) + ours.embed_dims * num_classes + \
+            num_classes
         return result
     options = dict(dynamic_img_size=True) if image_hw and family == 'vit' else {}
     reference = timm.create_model(timm_name, pretrained=False, num_classes=num_classes,
-                                  **options).eval()
+                                  **{**options, **(timm_kwargs or {})}).eval()
     result['params_timm'] = count_parameters(reference)
-    state_dict = reference.state_dict()
-    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    state_dict = perturbed(reference.state_dict(), perturbation, seed) if perturbation else \
+        reference.state_dict()
+    reference.load_state_dict(state_dict)
     size = image_hw or tuple(reference.pretrained_cfg['input_size'][1:])
     images = torch.randn(2, 3, *size)
-    logits = F.linear(ours(images)[0], reference.head.weight, reference.head.bias)
-    result['logit_diff'] = (logits - reference(images)).abs().max().item()
+    readout = timm_readout(reference)
+    if readout is not None:
+        ours = cls(arch, **readout, **kwargs).eval()
+        result['params_ours'] = count_parameters(ours) + ours.embed_dims * num_classes + \
+            num_classes
+        ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+        logits = F.linear(ours(images)[0], reference.head.weight, reference.head.bias)
+        expected = reference(images)
+        result['logit_diff'] = (logits - expected).abs().max().item()
+        result['logit_rel_diff'] = _relative(logits, expected)
 
     dense = cls(arch, out_type='featmap', pyramid=False, **kwargs).eval()
     dense.load_state_dict(dense.adapt_checkpoint(state_dict))
     expected = reference.forward_intermediates(images, indices=list(dense.out_indices),
                                                norm=False, output_fmt='NCHW',
                                                intermediates_only=True)
-    result['feature_diff'] = max((a - b).abs().max().item()
-                                 for a, b in zip(dense(images), expected))
+    maps = dense(images)
+    result['feature_diff'] = max((a - b).abs().max().item() for a, b in zip(maps, expected))
+    result['feature_rel_diff'] = max(_relative(a, b) for a, b in zip(maps, expected))
+    patch = dense.patch_size
+    if len(dense.out_indices) == 4 and not patch & (patch - 1) and 4 <= patch <= 32:
+        pyramid = cls(arch, out_type='featmap', **kwargs).eval()
+        pyramid.load_state_dict(pyramid.adapt_checkpoint(state_dict), strict=False)
+        result['pyramid_rel_diff'] = max(_relative(a, b) for a, b in zip(
+            pyramid(images), pyramid.pyramid(list(expected), size)))
     return result

@@ -71,6 +71,16 @@ OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
 )
 
 
+#: the options of the published families timm holds (their sizes: ``ViT.timm_models``):
+#: EVA-02 (Fang et al. 2023): rotary positions and SwiGLU (B and L: ``scale_mlp=True``)
+EVA02 = dict(patch_size=14, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, rope='eva02')
+#: DINOv3 (Siméoni et al. 2025): rotary positions alone, 4 storage tokens, LayerScale
+DINOV3 = dict(pos_embed='none', rope='dinov3', reg_tokens=4, layer_scale=1e-5,
+              qkv_bias=False, norm_eps=1e-5)
+#: CLIP's image tower (Radford et al. 2021): a norm before the blocks (OpenAI's: QuickGELU)
+CLIP = dict(pre_norm=True, norm_eps=1e-5)
+
+
 def convert_detectron2_vitdet(state_dict: dict) -> dict:
     """The ViT backbone and simple feature pyramid of a detectron2 ViTDet state dict in our
     layout (``backbone.*``, ``neck.*``); other tensors (its RPN and RoI heads) are left out."""
@@ -144,6 +154,17 @@ class ViT(ColumnarBackbone):
         ('small', dict(depth=36, layer_scale=1e-5), 'vit_small_patch16_36x1_224'),
         ('base', dict(depth=18, num_parallel=2, layer_scale=1e-5), 'vit_base_patch16_18x2_224'),
         ('small', dict(stem='hmlp'), None),
+        ('small', EVA02, 'eva02_small_patch14_224'),
+        ('base', dict(EVA02, scale_mlp=True), 'eva02_base_patch14_224'),
+        ('large', dict(EVA02, scale_mlp=True), 'eva02_large_patch14_224'),
+        ('small', DINOV3, 'vit_small_patch16_dinov3'),
+        ('base', DINOV3, 'vit_base_patch16_dinov3'),
+        ('large', DINOV3, 'vit_large_patch16_dinov3'),
+        ('base', CLIP, 'vit_base_patch16_clip_224'),
+        ('large', dict(CLIP, patch_size=14), 'vit_large_patch14_clip_224'),
+        ('base', dict(CLIP, act_layer='quick_gelu'), 'vit_base_patch16_clip_quickgelu_224'),
+        ('large', dict(CLIP, patch_size=14, act_layer='quick_gelu'),
+         'vit_large_patch14_clip_quickgelu_224'),
     )
 
     def __init__(self, arch: Union[str, dict] = 'base', *args, **kwargs) -> None:

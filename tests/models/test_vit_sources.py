@@ -1,0 +1,170 @@
+"""ViTs users hold from other sources (EVA-02, DINOv3, CLIP, qk_norm ViTs) load into ViT and
+compute what the source library computes: small random timm models with perturbed weights,
+at their own size and a non-square one, in the classifier, pyramid and ViTDet layouts."""
+import pytest
+import torch
+from timm.layers import resample_abs_pos_embed
+
+from vitdense.analysis.timm_parity import compare_with_timm, perturbed
+from vitdense.models import ViT
+from vitdense.models.layers.rotary import RotaryPositionEmbedding
+from vitdense.models.layers.swiglu import merge_swiglu_tensors
+from vitdense.models.layers.window_attention import window_partition, window_unpartition
+
+#: the floor: each source equal to timm's forward within this, relative to its largest value
+RELATIVE_TOLERANCE = 1e-5
+SMALL = dict(embed_dims=64, num_layers=4, num_heads=2)
+SMALL_TIMM = dict(embed_dim=64, depth=4, num_heads=2)
+#: each source's own size and a non-square one, multiples of its patch
+SIZES = {14: [(224, 224), (196, 280)], 16: [(224, 224), (192, 288)]}
+#: the published EVA-02, DINOv3 and CLIP sizes of ViT's table
+SOURCES = [name for _, _, name in ViT.timm_models
+           if name and any(source in name for source in ('eva02', 'dinov3', 'clip'))]
+
+
+def table_options(timm_name: str) -> dict:
+    """ViT's options for ``timm_name`` from its ``timm_models`` table."""
+    return next(dict(options) for _, options, name in ViT.timm_models if name == timm_name)
+
+
+@pytest.mark.parametrize('timm_name', SOURCES)
+@pytest.mark.parametrize('size_index', [0, 1])
+def test_each_source_computes_what_timm_computes(timm_name, size_index):
+    """Class token or pooled features (the head timm reads), every block's map and the
+    pyramid's levels, from timm's state dict as it is saved."""
+    options = table_options(timm_name)
+    image_hw = SIZES[options.get('patch_size', 16)][size_index]
+    result = compare_with_timm('vit', SMALL, timm_name, num_classes=10, image_hw=image_hw,
+                               timm_kwargs=dict(SMALL_TIMM, dynamic_img_size=True),
+                               perturbation=.05, **options)
+    assert result['logit_rel_diff'] <= RELATIVE_TOLERANCE
+    assert result['feature_rel_diff'] <= RELATIVE_TOLERANCE
+    if options.get('patch_size', 16) == 16:
+        assert result['pyramid_rel_diff'] <= RELATIVE_TOLERANCE
+    else:  # the multi-layer pyramid takes power-of-two patch sizes
+        assert result['pyramid_rel_diff'] is None
+
+
+def test_qk_norm_vit_computes_what_timm_computes():
+    result = compare_with_timm('vit', SMALL, 'vit_small_patch16_224', num_classes=10,
+                               image_hw=(192, 288), perturbation=.05, qk_norm=True,
+                               timm_kwargs=dict(SMALL_TIMM, qk_norm=True))
+    assert result['logit_rel_diff'] <= RELATIVE_TOLERANCE
+    assert result['feature_rel_diff'] <= RELATIVE_TOLERANCE
+
+
+def timm_vitdet_maps(reference, images: torch.Tensor, window: int, windowed: set[int],
+                     indices: list[int]) -> list[torch.Tensor]:
+    """ViTDet's layout written out from timm's own modules: patch tokens only (the class
+    token and its position row dropped), blocks in ``windowed`` applied to each zero-padded
+    window of ``window`` tokens a side with the rotary embedding timm builds for a grid of
+    that size, the others to the whole grid; the maps of blocks ``indices``."""
+    x = reference.patch_embed(images)  # (B, H, W, C)
+    batch, rows, cols, dims = x.shape
+    if reference.pos_embed is not None:
+        table = reference.pos_embed[:, reference.num_prefix_tokens:]
+        side = int(table.shape[1] ** .5)
+        x = x + resample_abs_pos_embed(table, (rows, cols), (side, side),
+                                       num_prefix_tokens=0).view(1, rows, cols, dims)
+    x = reference.norm_pre(x.view(batch, -1, dims))
+    maps = []
+    for index, block in enumerate(reference.blocks):
+        block.attn.num_prefix_tokens = 0
+        if index in windowed:
+            windows, padded = window_partition(block.norm1(x).view(batch, rows, cols, dims),
+                                               window)
+            mixed = block.attn(windows, rope=reference.rope.get_embed(shape=(window, window)))
+            mixed = window_unpartition(mixed, window, padded, (rows, cols)).reshape(x.shape)
+            if block.gamma_1 is not None:
+                mixed = block.gamma_1 * mixed
+            x = x + mixed
+            mlp = block.mlp(block.norm2(x))
+            x = x + (block.gamma_2 * mlp if block.gamma_2 is not None else mlp)
+        else:
+            x = block(x, rope=reference.rope.get_embed(shape=(rows, cols)))
+        if index in indices:
+            maps.append(x.transpose(1, 2).reshape(batch, dims, rows, cols))
+    return maps
+
+
+@pytest.mark.parametrize('timm_name', ['eva02_base_patch14_224', 'vit_base_patch16_dinov3'])
+@pytest.mark.parametrize('size_index', [0, 1])
+def test_vitdet_layout_rotates_each_window_as_its_own_grid(timm_name, size_index):
+    """Window attention with rotary positions (EVA-02's detectors): each window is rotated
+    as a grid of its own, coordinates rescaled to the pretraining grid (EVA-02) or
+    normalised over the window (DINOv3); global blocks take the whole grid."""
+    import timm
+    options = table_options(timm_name)
+    image_hw = SIZES[options.get('patch_size', 16)][size_index]
+    reference = timm.create_model(timm_name, pretrained=False, num_classes=0,
+                                  dynamic_img_size=True, **SMALL_TIMM).eval()
+    state_dict = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(state_dict)
+    window, windowed = 6, {0, 2}
+    ours = ViT(SMALL, out_type='featmap', pyramid=False, out_indices=(0, 1, 2, 3),
+               dense_class_token=False, window_size=window, window_block_indexes=sorted(windowed),
+               **options).eval()
+    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    images = torch.randn(2, 3, *image_hw)
+    with torch.no_grad():
+        expected = timm_vitdet_maps(reference, images, window, windowed, [0, 1, 2, 3])
+        for got, want in zip(ours(images), expected):
+            assert (got - want).abs().max() <= RELATIVE_TOLERANCE * want.abs().max()
+
+
+def test_eva02_rotation_is_rescaled_to_the_reference_grid():
+    """A 1024-px detector keeps the 224-px model's positions: with ``ref_feat_shape`` the
+    grid of 64 patches spans the coordinates of the pretraining grid of 16."""
+    rope = RotaryPositionEmbedding(32, 'eva02', ref_grid=(16, 16))
+    coarse, fine = rope.angles((16, 16), 'cpu'), rope.angles((64, 64), 'cpu')
+    assert torch.allclose(fine.view(64, 64, -1)[::4, ::4].reshape(256, -1), coarse)
+    assert not torch.allclose(RotaryPositionEmbedding(32, 'eva02', ref_grid=(64, 64)).angles(
+        (64, 64), 'cpu'), fine)
+
+
+def test_swiglu_packed_and_unpacked_tensors_load_alike():
+    """timm's unpacked SwiGLU (``fc1_g``, ``fc1_x``) is its packed ``fc1``, gate rows first."""
+    gate, value = torch.randn(8, 4), torch.randn(8, 4)
+    merged = merge_swiglu_tensors({'blocks.0.mlp.fc1_g.weight': gate,
+                                   'blocks.0.mlp.fc1_x.weight': value})
+    assert list(merged) == ['blocks.0.mlp.fc1.weight']
+    assert torch.equal(merged['blocks.0.mlp.fc1.weight'], torch.cat([gate, value]))
+
+
+def test_rotary_positions_leave_the_prefix_tokens_unrotated():
+    rope = RotaryPositionEmbedding(8, 'dinov3')
+    tokens = torch.randn(2, 1 + 4 + 6, 8)
+    rotated = rope(tokens, (2, 3))
+    assert torch.equal(rotated[:, :5], tokens[:, :5])
+    assert not torch.allclose(rotated[:, 5:], tokens[:, 5:])
+    # a rotation: lengths kept
+    assert torch.allclose(rotated.norm(dim=-1), tokens.norm(dim=-1), atol=1e-6)
+
+
+def test_bad_options_name_the_problem():
+    with pytest.raises(ValueError, match='unknown rotary style'):
+        ViT(SMALL, rope='beit')
+    with pytest.raises(ValueError, match='multiple of 4'):
+        ViT(dict(SMALL, num_heads=32), rope='eva02')
+    with pytest.raises(ValueError, match='scale_mlp .* swiglu_mlp=True'):
+        ViT(SMALL, scale_mlp=True)
+    with pytest.raises(ValueError, match='unknown act_layer'):
+        ViT(SMALL, act_layer='relu6')
+    with pytest.raises(ValueError, match='unknown pos_embed'):
+        ViT(SMALL, pos_embed='sincos')
+    with pytest.raises(ValueError, match='parallel'):
+        ViT(SMALL, rope='eva02', num_parallel=2)
+
+
+def test_norm_pre_belongs_to_the_embeddings():
+    """``norm_pre`` is frozen with the embeddings and shares their lr-decay layer."""
+    model = ViT(SMALL, pre_norm=True, frozen_stages=0, pyramid=False)
+    assert not model.norm_pre.weight.requires_grad
+    assert model.get_layer_depth('norm_pre.weight')[0] == 0
+    images = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        model.norm_pre.weight.zero_()
+        model.norm_pre.bias.zero_()
+        # every token zero after norm_pre: the blocks see constants, so all positions agree
+        out = model(images)[-1]
+    assert torch.allclose(out, out[..., :1, :1].expand_as(out), atol=1e-5)
