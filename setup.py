@@ -21,11 +21,12 @@ setup(
         'setuptools>=77.0.3,<81',
     ],
     extras_require={
-        # mmcv-lite plus vitdense's torch-native ops; the compiled mmcv (tools/install.sh
-        # --full-mmcv) is used instead whenever it is installed.
-        'openmmlab': ['mmcv-lite>=2.1.0,<2.2', 'mmdet>=3.3.0,<3.4',
-                      'mmsegmentation>=1.2.2,<1.3', 'mmpretrain>=1.2.0,<1.3', 'pycocotools',
-                      'ftfy', 'regex'],
+        # mmcv-lite plus vitdense's torch-native ops, served as mmcv._ext by the start-up
+        # file of vitdense-mmcv-ext (packaging/vitdense-mmcv-ext); the compiled mmcv
+        # (tools/install.sh --full-mmcv) is used instead whenever it is installed.
+        'openmmlab': ['mmcv-lite>=2.1.0,<2.2', 'vitdense-mmcv-ext>=1.0,<2',
+                      'mmdet>=3.3.0,<3.4', 'mmsegmentation>=1.2.2,<1.3',
+                      'mmpretrain>=1.2.0,<1.3', 'pycocotools', 'ftfy', 'regex'],
         'tests': ['pytest'],
     },
 )

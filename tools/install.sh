@@ -9,10 +9,12 @@
 #
 # Default: mmcv-lite is mmcv without its compiled extension; vitdense serves the ops our
 # configs call (nms, RoIAlign) on torchvision's CPU / CUDA kernels (vitdense/compat/mmcv_ext.py)
-# and every other compiled op raises an error naming it.  A one-line start-up file,
-# site-packages/vitdense-mmcv-ext.pth, makes every interpreter of the environment find them
-# as mmcv._ext (delete it to stop that; --full-mmcv removes it).  --full-mmcv builds mmcv's C++ ops
-# (and CUDA ops where torch sees a GPU; FORCE_CUDA=1 forces them) from the PyPI source,
+# and every other compiled op raises an error naming it.  The small distribution
+# vitdense-mmcv-ext (packaging/vitdense-mmcv-ext) puts a one-line start-up file into
+# site-packages that makes every interpreter of the environment find them as mmcv._ext;
+# pip records it (`pip uninstall vitdense-mmcv-ext` removes it, as --full-mmcv does).
+# --full-mmcv builds mmcv's C++ ops (and CUDA ops where torch sees a GPU; FORCE_CUDA=1
+# forces them) from the PyPI source,
 # ~10-25 min on 2 cores, needs g++ (and nvcc for CUDA), and caches the wheel, keyed by the
 # torch version, in $VITDENSE_CACHE (default ~/.cache/vitdense) so later installs take seconds.
 # Either way the other is uninstalled: both provide the `mmcv` package.
@@ -152,11 +154,19 @@ step "vitdense (editable)"
 sys.exit(not (s and s.origin == sys.argv[1]))' "$ROOT/vitdense/__init__.py" 2>/dev/null || \
   "${PIP[@]}" --quiet --no-deps --no-build-isolation -e "$ROOT"
 # mmcv-lite: every interpreter of the environment finds vitdense's torch-native ops as
-# mmcv._ext (vitdense/compat/mmcv_finder.py registers its finder from a one-line start-up file
-# in site-packages, without importing torch or vitdense); with the compiled mmcv it goes.
-if [ "$FULL_MMCV" = 1 ]; then STARTUP=remove_startup_file; else STARTUP=write_startup_file; fi
-"$PY" -c "import sysconfig; from vitdense.compat.mmcv_finder import $STARTUP
-$STARTUP(sysconfig.get_paths()['purelib'])"
+# mmcv._ext, through the start-up file of vitdense-mmcv-ext (a regular install, so that pip
+# records the file); with the compiled mmcv it goes.
+EXT="$ROOT/packaging/vitdense-mmcv-ext"
+SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ "$FULL_MMCV" = 1 ]; then
+  ! have vitdense-mmcv-ext || \
+    "$PY" -m pip uninstall --disable-pip-version-check --quiet -y vitdense-mmcv-ext
+  rm -f "$SITE/vitdense-mmcv-ext.pth"  # an unrecorded copy, as earlier installers wrote it
+elif ! { have vitdense-mmcv-ext && cmp -s "$EXT/vitdense-mmcv-ext.pth" "$SITE/vitdense-mmcv-ext.pth" \
+         && cmp -s "$EXT/vitdense_mmcv_ext.py" "$SITE/vitdense_mmcv_ext.py"; }; then
+  step "vitdense-mmcv-ext (serves vitdense's torch-native ops as mmcv._ext under mmcv-lite)"
+  "${PIP[@]}" --quiet --no-deps --no-build-isolation --force-reinstall "$EXT"
+fi
 
 "$PY" - <<'PYEOF'
 import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm

@@ -11,4 +11,5 @@ else
 fi
 "$PY" -c 'import torch' 2>/dev/null || {
   echo "$(basename "$0"): $PY cannot import torch; run tools/install.sh or set PYTHON" >&2; exit 1; }
-export PYTHONPATH="$ROOT:${PYTHONPATH:-}"
+# the checkout first; no empty entry, which would put the working directory on sys.path
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

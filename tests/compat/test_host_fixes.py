@@ -1,20 +1,21 @@
-"""The host fixes (``vitdense.compat``): the default install's start-up file serves mmcv-lite's
-ops to every interpreter without importing vitdense, ``import vitdense`` applies nothing, host
-libraries import and resolve package config bases without vitdense, ``python -m
-vitdense.compat`` runs a script with the fix, and a fix meets a library version it was not
-written for by turning itself off with a warning naming it."""
+"""The host fixes (``vitdense.compat``): the start-up file of ``vitdense-mmcv-ext`` serves
+mmcv-lite's ops to every interpreter without importing vitdense, pip installs it with
+``vitdense[openmmlab]`` (editable or not) and removes it with ``pip uninstall``, ``import
+vitdense`` applies nothing, host libraries import and resolve package config bases without
+vitdense, ``python -m vitdense.compat`` runs a script with the fix, a fix meets a library
+version it was not written for by turning itself off with a warning naming it, and the launch
+scripts put no empty entry on the module path."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
-
-from vitdense.compat.mmcv_finder import (STARTUP_FILE, STARTUP_LINE, remove_startup_file,
-                                         write_startup_file)
 
 from common import CHECKOUT_ENV, REPO_ROOT
 
@@ -57,15 +58,69 @@ def test_default_install_serves_mmcv_ext_to_every_interpreter():
         str(REPO_ROOT / 'vitdense/compat/mmcv_ext.py'), 'False']
 
 
-def test_startup_file_is_the_one_line_and_rewriting_it_is_idempotent(tmp_path):
-    site = sysconfig.get_paths()['purelib']
-    assert (Path(site) / STARTUP_FILE).read_text() == STARTUP_LINE  # tools/install.sh wrote it
-    path = Path(write_startup_file(str(tmp_path)))
-    stamp = path.stat().st_mtime_ns
-    assert write_startup_file(str(tmp_path)) == str(path) and path.stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [STARTUP_FILE]
-    remove_startup_file(str(tmp_path))
-    assert list(tmp_path.iterdir()) == []
+EXT = 'packaging/vitdense-mmcv-ext'
+#: a host entry point reaching a served op, run from a folder outside any checkout
+NMS = ("import sys, torch, mmcv.ops\n"
+       "_, keep = mmcv.ops.nms(torch.tensor([[0., 0, 10, 10], [1, 1, 11, 11]]), "
+       "torch.tensor([0.9, 0.8]), 0.5)\n"
+       "print(keep.tolist(), sys.modules['mmcv._ext'].__file__, 'vitdense' in sys.modules)\n")
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason='a compiled mmcv._ext is installed')
+@pytest.mark.parametrize('editable', [False, True], ids=['regular', 'editable'])
+def test_pip_installs_and_uninstalls_the_mmcv_ops_startup_file(tmp_path, editable):
+    # A fresh environment whose module path reaches this one's packages (torch, mmcv-lite,
+    # the hosts) through a path entry, so that nothing big is installed again.
+    source, venv, elsewhere = tmp_path / 'src', tmp_path / 'venv', tmp_path / 'elsewhere'
+    # (a copy of the sources: pip builds in the source folder)
+    for name in ('vitdense', EXT):
+        shutil.copytree(REPO_ROOT / name, source / name,
+                        ignore=shutil.ignore_patterns('__pycache__', 'build', '*.egg-info'))
+    for name in ('setup.py', 'README.md'):
+        shutil.copy(REPO_ROOT / name, source / name)
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
+    python = venv / 'bin' / 'python'
+    site = Path(subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_paths()'
+                                "['purelib'])"], capture_output=True, text=True,
+                               check=True).stdout.strip())
+    (site / 'stack.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    elsewhere.mkdir()
+
+    def run(*args: str | Path) -> subprocess.CompletedProcess:
+        return subprocess.run([python, *map(str, args)], cwd=elsewhere, capture_output=True,
+                              text=True, env=env)
+
+    # no installer: pip alone, the extra naming vitdense-mmcv-ext, no index
+    pip = ['-m', 'pip', 'install', '--no-index', '--no-build-isolation',
+           '--disable-pip-version-check', *(['-e'] if editable else [])]
+    installed = run(*pip, f'{source}[openmmlab]', source / EXT)
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    served = run('-c', NMS)
+    assert served.returncode == 0, served.stderr[-2000:]
+    assert served.stdout.split() == ['[0]', str(site / 'vitdense/compat/mmcv_ext.py')
+                                     if not editable else
+                                     str(source / 'vitdense/compat/mmcv_ext.py'), 'False']
+    record = run('-c', "from importlib.metadata import files; "
+                       "print(sorted(str(f) for f in files('vitdense-mmcv-ext')))")
+    assert 'vitdense-mmcv-ext.pth' in record.stdout, record.stdout + record.stderr
+
+    removed = run('-m', 'pip', 'uninstall', '-y', '--disable-pip-version-check', 'vitdense',
+                  'vitdense-mmcv-ext')
+    assert removed.returncode == 0, removed.stderr[-2000:]
+    assert sorted(p.name for p in site.iterdir()) == ['stack.pth']  # no vitdense file left
+    refused = run('-c', NMS)
+    assert "No module named 'mmcv._ext'" in refused.stderr, refused.stdout + refused.stderr
+
+
+def test_launch_scripts_add_no_empty_module_path_entry(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    script = f'source {REPO_ROOT}/tools/python_env.sh; printf %s "$PYTHONPATH"'
+    alone = subprocess.run(['bash', '-c', script], capture_output=True, text=True, env=env)
+    assert alone.stdout == str(REPO_ROOT), alone.stderr
+    joined = subprocess.run(['bash', '-c', script], capture_output=True, text=True,
+                            env={**env, 'PYTHONPATH': str(tmp_path)})
+    assert joined.stdout == f'{REPO_ROOT}:{tmp_path}', joined.stderr
 
 
 WITHOUT_STARTUP_FINDER = """import sys

@@ -11,13 +11,14 @@ left has to change a host library and is listed here:
 fix                        written for            applied by
 =========================  =====================  ======================================
 torch-native mmcv ops:     mmcv-lite >=2.0.0,     the start-up file ``vitdense-mmcv-ext.pth``
-``compat/mmcv_ext.py``     <2.2.0 without a       that ``tools/install.sh`` writes into
-serves ``mmcv._ext``       compiled ``mmcv._ext`` ``site-packages`` (every interpreter of
-under ``mmcv-lite``                               the environment, ``mmcv_finder.py``);
-(nms, RoIAlign, focal                             :func:`apply_host_fixes` (every vitdense
-losses, deformable                                tool, before it imports a host);
-attention and convs,                              ``python -m vitdense.compat SCRIPT ARGS``
-...: ``docs/mmcv_ops.md``)
+``compat/mmcv_ext.py``     <2.2.0 without a       of the ``vitdense-mmcv-ext`` distribution
+serves ``mmcv._ext``       compiled ``mmcv._ext`` (``packaging/vitdense-mmcv-ext``; pip
+under ``mmcv-lite``                               installs it with ``vitdense[openmmlab]``
+(nms, RoIAlign, focal                             and removes it with ``pip uninstall``):
+losses, deformable                                every interpreter of the environment;
+attention and convs,                              :func:`apply_host_fixes` (every vitdense
+...: ``docs/mmcv_ops.md``)                        tool, before it imports a host);
+                                                  ``python -m vitdense.compat SCRIPT ARGS``
 =========================  =====================  ======================================
 
 All three register the one finder of ``mmcv_finder.py``, which answers nothing but the import
@@ -36,5 +37,6 @@ __all__ = ['MissingCompiledOpError', 'MMCV_EXT_WRITTEN_FOR', 'apply_host_fixes']
 def apply_host_fixes() -> None:
     """Apply every fix of the table above (idempotent); call it before importing mmcv.ops.
 
-    Under the default install the start-up line has registered the mmcv finder already."""
+    Where ``vitdense-mmcv-ext`` is installed its start-up file has registered the mmcv finder
+    already."""
     register()

@@ -1,16 +1,15 @@
 """The import finder that serves ``compat/mmcv_ext.py`` as ``mmcv._ext`` under mmcv-lite.
 
-This module imports nothing but the standard library, so that the start-up line
-:data:`STARTUP_LINE` (which ``tools/install.sh`` writes into the environment's
-``site-packages`` as :data:`STARTUP_FILE`) can load it in every interpreter without importing
-torch or the ``vitdense`` package. The finder answers one import, ``mmcv._ext``, and only when
-mmcv-lite is the installed mmcv, no other finder has a compiled ``mmcv._ext`` and mmcv's
-version is one the ops were written for; until something imports ``mmcv.ops`` it does nothing.
+This module imports nothing but the standard library, so that the start-up file of the
+``vitdense-mmcv-ext`` distribution (``packaging/vitdense-mmcv-ext``, installed by pip beside
+mmcv-lite) can load it in every interpreter without importing torch or the ``vitdense``
+package. The finder answers one import, ``mmcv._ext``, and only when mmcv-lite is the
+installed mmcv, no other finder has a compiled ``mmcv._ext`` and mmcv's version is one the ops
+were written for; until something imports ``mmcv.ops`` it does nothing.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 import os.path as osp
 import sys
 import warnings
@@ -19,19 +18,6 @@ from types import ModuleType
 from typing import Sequence
 
 MMCV_EXT_WRITTEN_FOR = '>=2.0.0,<2.2.0'   # op signatures of mmcv 2.1.0
-
-#: the start-up file in ``site-packages``; deleting it removes the finder from new interpreters
-STARTUP_FILE = 'vitdense-mmcv-ext.pth'
-# One line that ``site`` executes at start-up: load this file (found through vitdense's
-# installed location, without importing the package) and register the finder. It does
-# nothing when vitdense is not installed.
-STARTUP_LINE = (
-    "import importlib.util as u, os.path as p, sys; n = 'vitdense.compat.mmcv_finder'; "
-    "s = u.find_spec('vitdense'); f = s and s.submodule_search_locations and p.join("
-    "s.submodule_search_locations[0], 'compat', 'mmcv_finder.py'); m = f and p.isfile(f) "
-    "and n not in sys.modules and u.spec_from_file_location(n, f); m and ("
-    "sys.modules.__setitem__(n, u.module_from_spec(m)) or m.loader.exec_module("
-    "sys.modules[n]) or sys.modules[n].register())\n")
 
 
 class MissingCompiledOpError(NotImplementedError):
@@ -101,22 +87,3 @@ def register() -> None:
     if not any(isinstance(finder, _MmcvExtFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _MmcvExtFinder())
 
-
-def write_startup_file(site_packages: str) -> str:
-    """Write :data:`STARTUP_FILE` into ``site_packages`` (atomically; unchanged when it
-    already holds :data:`STARTUP_LINE`); returns its path."""
-    path = osp.join(site_packages, STARTUP_FILE)
-    if osp.isfile(path) and open(path).read() == STARTUP_LINE:
-        return path
-    tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'w') as f:
-        f.write(STARTUP_LINE)
-    os.replace(tmp, path)
-    return path
-
-
-def remove_startup_file(site_packages: str) -> None:
-    """Delete :data:`STARTUP_FILE` from ``site_packages`` if it is there."""
-    path = osp.join(site_packages, STARTUP_FILE)
-    if osp.exists(path):
-        os.remove(path)
