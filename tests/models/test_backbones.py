@@ -290,3 +290,19 @@ def test_mmseg_pretrained_becomes_the_pretrained_init_cfg(tmp_path):
     model.init_weights()
     for name, tensor in source.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('depth', [1, 2, 3])
+def test_a_classifier_of_fewer_than_four_blocks_builds_and_a_pyramid_asks_for_levels(depth):
+    """The default ``out_indices`` (ends of the four quarters) name each block once: a
+    shallow classifier builds; a dense pyramid's four levels need four blocks or fewer
+    levels, and the error says so."""
+    model = ViT(TINY_ARCH, depth=depth, out_type='cls_token').eval()
+    assert model.out_indices == tuple(range(depth))
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 32, 32))[0].shape == (1, TINY_ARCH['embed_dims'])
+    with pytest.raises(ValueError, match=rf"pyramid's 4 levels .* got {depth}: .*set "
+                                         r'pyramid_levels'):
+        ViT(TINY_ARCH, depth=depth)
+    levels = tuple(range(4 - depth, 4))
+    assert ViT(TINY_ARCH, depth=depth, pyramid_levels=levels).out_indices == tuple(range(depth))

@@ -1,7 +1,9 @@
 """Loading is exact or refused: every tensor the model builds comes from the checkpoint and
 every checkpoint tensor is used, or the load raises naming what the checkpoint is and the
 option that would load it."""
+import ast
 import re
+from typing import Optional
 
 import pytest
 import torch
@@ -9,7 +11,8 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 
-from common import TINY_ARCH, TINY_BACKBONES, assert_features_match, perturb_
+from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, assert_features_match,
+                    perturb_)
 
 FAMILIES = dict(vit=ViT, cait=CaiT, xcit=XCiT, convit=ConViT)
 
@@ -135,3 +138,186 @@ def test_a_missing_trunk_tensor_or_an_extra_block_is_refused(family):
     with pytest.raises(ValueError, match=rf'0 missing, \d+ unexpected(.|\n)*depth {depth + 1}'
                                          rf'(.|\n)*unexpected: blocks.{depth}.'):
         model.adapt_checkpoint(extra)
+
+
+# ---------------------------------------------------------------- advice that loads
+ADVICE = re.compile(r'to load it: (.*)')
+PRETRAINED_KEY = re.compile(r"init_cfg=dict\(type='Pretrained', \.\.\., (\w+)=(.+?)\)")
+
+
+def apply_advice(message: str, options: dict, init_cfg: dict) -> tuple[dict, dict]:
+    """The constructor options and ``Pretrained`` entry after each option of the error's
+    "to load it:" line, applied as written (the first of alternatives joined by ' or ';
+    the items that start with 'or', and the explanation in parentheses, left out); ``arch_overrides`` merged with those given."""
+    options, init_cfg = dict(options), dict(init_cfg)
+    for item in ADVICE.search(message).group(1).split('; '):
+        if item.startswith('or '):  # an alternative to the option before
+            continue
+        written = item.split(' or ')[0]
+        key = PRETRAINED_KEY.match(written)
+        if key:
+            init_cfg[key.group(1)] = ast.literal_eval(key.group(2))
+            options.pop('pretrained', None)  # mmseg's model-level option: None, as advised
+            continue
+        for name, value in eval(f'dict({re.sub(r" [(].*[)]$", "", written)})').items():
+            options[name] = ({**options.get(name, {}), **value} if name == 'arch_overrides'
+                             else value)
+    return options, init_cfg
+
+
+def _timm_source(cls_name: str = 'VisionTransformer', **options) -> torch.nn.Module:
+    import timm.models
+    cls = dict(VisionTransformer=VisionTransformer,
+               Distilled=timm.models.deit.VisionTransformerDistilled,
+               Cait=timm.models.cait.Cait, Xcit=timm.models.xcit.Xcit,
+               ConVit=timm.models.convit.ConVit)[cls_name]
+    torch.manual_seed(0)
+    shape = dict(img_size=64, patch_size=16, embed_dim=32, depth=4, num_heads=2,
+                 num_classes=10)
+    if cls_name == 'ConVit':  # timm's ConViT takes embed_dim per head
+        shape.update(embed_dim=8, num_heads=4)
+    return perturb_(cls(**{**shape, **options}))
+
+
+def _mmpretrain_source(backbone_type: str = 'VisionTransformer', **options) -> dict:
+    """A whole mmpretrain ImageClassifier's state dict."""
+    from mmpretrain.models import ImageClassifier
+    torch.manual_seed(0)
+    arch = dict(embed_dims=32, num_layers=4, num_heads=2, feedforward_channels=128)
+    backbone = dict(type=backbone_type, arch=arch, **{'img_size': 64, 'patch_size': 16,
+                                                      **options})
+    head = dict(type='VisionTransformerClsHead', num_classes=10, in_channels=32)
+    return perturb_(ImageClassifier(backbone=backbone, head=head)).state_dict()
+
+
+def _mmseg_source() -> dict:
+    """A whole mmseg EncoderDecoder's state dict: its ViT under ``backbone.``."""
+    from mmseg.models.backbones import VisionTransformer as MMSegViT
+    torch.manual_seed(0)
+    vit = perturb_(MMSegViT(img_size=64, embed_dims=32, num_layers=4, num_heads=2))
+    return {**{f'backbone.{k}': v for k, v in vit.state_dict().items()},
+            'decode_head.conv_seg.weight': torch.randn(10, 32, 1, 1)}
+
+
+def _ours_source(**options) -> dict:
+    """Our own detector's checkpoint: ``backbone.``, ``neck.``, ``rpn_head.``."""
+    torch.manual_seed(0)
+    vit = perturb_(ViT(TINY_ARCH, img_size=64, **DENSE, **options))
+    return {**{f'backbone.{k}': v for k, v in vit.state_dict().items()},
+            'neck.lateral_convs.0.conv.weight': torch.randn(8, 32, 1, 1),
+            'rpn_head.rpn_cls.weight': torch.randn(3, 8, 1, 1)}
+
+
+CLS, DENSE = dict(out_type='cls_token'), dict(pyramid=False, out_indices=(0, 1, 2, 3))
+AVG = dict(out_type='avg_featmap')
+# name: (the checkpoint's state dict, family, options of the model that refuses it, the
+# options its advice must name)
+ADVICE_CASES = {
+    **{f'timm-layer-scale-{m}': (lambda: _timm_source(init_values=1e-5), ViT, mode,
+                                 ['layer_scale=']) for m, mode in (('cls', CLS), ('dense', DENSE))},
+    **{f'timm-deit3-{m}': (lambda: _timm_source(init_values=1e-5, no_embed_class=True), ViT,
+                           mode, ['layer_scale=', 'no_embed_class=True'])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    **{f'timm-dinov2-reg4-{m}': (
+        lambda: _timm_source(patch_size=14, img_size=56, init_values=1e-5,
+                             no_embed_class=True, reg_tokens=4), ViT, dict(mode, img_size=56),
+        ['patch_size=14', 'layer_scale=', 'reg_tokens=4', 'no_embed_class=True'])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    **{f'timm-no-qkv-bias-{m}': (lambda: _timm_source(qkv_bias=False), ViT, mode,
+                                 ['qkv_bias=False']) for m, mode in (('cls', CLS), ('dense', DENSE))},
+    **{f'timm-patch8-{m}': (lambda: _timm_source(patch_size=8), ViT, mode, ['patch_size=8'])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    'timm-deeper-dense': (lambda: _timm_source(depth=6), ViT, DENSE, ['depth=6']),
+    'timm-shallower-cls': (lambda: _timm_source(depth=3), ViT, CLS, ['depth=3']),
+    'timm-no-class-token-dense': (lambda: _timm_source(class_token=False, global_pool='avg'),
+                                  ViT, DENSE, ['dense_class_token=False']),
+    'timm-no-class-token-cls': (lambda: _timm_source(class_token=False, global_pool='avg'),
+                                ViT, CLS, ["class_token=False, out_type='avg_featmap'"]),
+    'timm-mae-fine-tuned-cls': (lambda: _timm_source(global_pool='avg', fc_norm=True), ViT,
+                                CLS, ["out_type='avg_featmap', fc_norm=True"]),
+    'timm-cait-one-class-layer': (lambda: _timm_source('Cait', depth_token_only=1), CaiT,
+                                  CLS, ['num_cls_layers=1']),
+    'timm-cait-no-qkv-bias-dense': (lambda: _timm_source('Cait', qkv_bias=False), CaiT, DENSE,
+                                    ['qkv_bias=False']),
+    'timm-xcit-one-class-layer': (lambda: _timm_source('Xcit', cls_attn_layers=1), XCiT, CLS,
+                                  ['num_cls_layers=1']),
+    'timm-convit-local-layers-cls': (lambda: _timm_source('ConVit', local_up_to_layer=1),
+                                     ConViT, dict(CLS, arch=TINY_CONVIT_ARCH),
+                                     ['num_local_layers=1']),
+    'timm-convit-qkv-bias-dense': (lambda: _timm_source('ConVit', local_up_to_layer=2,
+                                                        qkv_bias=True),
+                                   ConViT, dict(DENSE, arch=TINY_CONVIT_ARCH),
+                                   ['qkv_bias=True']),
+    **{f'mmpretrain-vit-whole-{m}': (_mmpretrain_source, ViT, mode, ["prefix='backbone.'"])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    'mmpretrain-deit3-whole-cls': (lambda: _mmpretrain_source('DeiT3'), ViT, CLS,
+                                   ["prefix='backbone.'", 'layer_scale=',
+                                    'no_embed_class=True']),
+    'mmpretrain-vit-no-qkv-bias-whole-dense': (
+        lambda: _mmpretrain_source(qkv_bias=False), ViT, DENSE,
+        ["prefix='backbone.'", 'qkv_bias=False']),
+    'mmpretrain-mae-fine-tuned-cls': (
+        lambda: _mmpretrain_source(final_norm=False, out_type='avg_featmap'), ViT,
+        dict(CLS, init_cfg=dict(prefix='backbone.')),
+        ["out_type='avg_featmap', fc_norm=True"]),
+    'mmpretrain-vit-patch8-whole-cls': (
+        lambda: _mmpretrain_source(patch_size=8), ViT, CLS,
+        ["prefix='backbone.'", 'patch_size=8']),
+    'mmseg-encoder-decoder-dense': (_mmseg_source, ViT, dict(DENSE, norm_eps=1e-5),
+                                    ["prefix='backbone.'"]),
+    'mmseg-model-level-pretrained-dense': (_mmseg_source, ViT,
+                                           dict(DENSE, norm_eps=1e-5, pretrained=True),
+                                           ["prefix='backbone.'"]),
+    'ours-detector-dense': (_ours_source, ViT, DENSE, ["prefix='backbone.'"]),
+    'ours-layer-scale-detector-dense': (lambda: _ours_source(layer_scale=.1), ViT, DENSE,
+                                        ["prefix='backbone.'", 'layer_scale=']),
+}
+
+
+@pytest.mark.parametrize('case', ADVICE_CASES)
+def test_every_refusal_names_every_option_and_its_advice_applied_as_written_loads(
+        case, tmp_path):
+    """Sources (timm, mmpretrain, mmseg, ours; classifier and dense) x options that differ:
+    the load is refused, the "to load it:" line names each differing option, and building the
+    model with the advice as written loads the checkpoint strictly: every model tensor from
+    the checkpoint, every checkpoint tensor used."""
+    source, family, options, named = ADVICE_CASES[case]
+    checkpoint = source()
+    state_dict = checkpoint if isinstance(checkpoint, dict) else checkpoint.state_dict()
+    path = tmp_path / f'{case}.pth'
+    torch.save(state_dict, path)
+    options = {'arch': TINY_ARCH, 'img_size': 64, **options}
+    init_cfg = dict(type='Pretrained', checkpoint=str(path), **options.pop('init_cfg', {}))
+    if options.get('pretrained'):
+        options['pretrained'], init_cfg = str(path), None
+
+    def build(options: dict, init_cfg: Optional[dict]) -> torch.nn.Module:
+        options = dict(options)
+        model = family(options.pop('arch'), init_cfg=init_cfg, **options)
+        model.init_weights()
+        return model.eval()
+
+    with pytest.raises(ValueError) as refused:
+        build(options, init_cfg)
+    advice = ADVICE.search(str(refused.value)).group(1)
+    for option in named:
+        assert option in advice, (option, str(refused.value))
+    options, init_cfg = apply_advice(str(refused.value), options,
+                                     init_cfg or dict(type='Pretrained', checkpoint=str(path)))
+    model = build(options, init_cfg)
+    if isinstance(checkpoint, torch.nn.Module) and model.out_type != 'featmap':
+        images = torch.randn(2, 3, options['img_size'], options['img_size'])
+        with torch.no_grad():
+            expected = checkpoint.forward_head(checkpoint.forward_features(images),
+                                               pre_logits=True)
+            assert_features_match(model(images), [expected])
+
+
+def test_a_distilled_deit_names_its_distillation_token_as_what_no_option_loads(tmp_path):
+    """DeiT distilled's table has two prefix rows, for its class and distillation tokens: no
+    ``no_embed_class`` or other option of ViT loads it, and the error says why."""
+    path = tmp_path / 'deit_distilled.pth'
+    torch.save(_timm_source('Distilled').state_dict(), path)
+    with pytest.raises(ValueError, match=r'distillation token(.|\n)*to load it: no option of '
+                                         r'ViT loads its distillation token \(dist_token'):
+        _pretrained(ViT, TINY_ARCH, path, img_size=64, out_type='cls_token')

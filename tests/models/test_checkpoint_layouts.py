@@ -143,3 +143,89 @@ def test_mmpretrain_xcit_classifier_checkpoint(tmp_path):
         ours = XCiT(TINY_ARCH, pyramid=False, out_indices=(0, 1, 2), **options)
         ours.init_weights()
         assert_features_match(ours.eval()(images), dense_reference(images))
+
+
+def test_mmpretrain_vit_trained_at_384_loads_at_224_with_mmpretrains_kernel(tmp_path):
+    """mmpretrain resamples position tables with plain bicubic, at load (its pre-hook) and in
+    forward: a checkpoint trained at 384 read at 224, then run at 224 and at 288, equals
+    mmpretrain's own forward; the antialiased kernel, asked for, is more than the floor off."""
+    from mmpretrain.models import ImageClassifier
+    arch = dict(embed_dims=32, num_layers=4, num_heads=2, feedforward_channels=128)
+
+    def mmpretrain_classifier(img_size: int):
+        torch.manual_seed(0)
+        return ImageClassifier(backbone=dict(type='VisionTransformer', arch=arch,
+                                             img_size=img_size, out_type='cls_token',
+                                             out_indices=(3,)),
+                               head=dict(type='VisionTransformerClsHead', num_classes=10,
+                                         in_channels=32))
+    trained = perturb_(mmpretrain_classifier(384))
+    path = tmp_path / 'vit_384.pth'
+    _openmmlab_checkpoint(path, trained.state_dict())
+    reference = mmpretrain_classifier(224).eval()
+    reference.load_state_dict(trained.state_dict())
+    ours = _pretrained(path, 'backbone.', img_size=224, out_type='cls_token')
+    assert not ours.pos_antialias
+    antialiased = _pretrained(path, 'backbone.', img_size=224, out_type='cls_token',
+                              pos_antialias=True)
+    with torch.no_grad():
+        for size in (224, 288):
+            images = torch.randn(2, 3, size, size)
+            expected = reference.backbone(images)
+            assert_features_match(ours(images), expected)
+            assert max_relative_diff(antialiased(images)[0], expected[0]) > 10 * FLOOR
+
+
+def test_mmseg_table_of_14x14_at_512_with_mmsegs_kernel(tmp_path):
+    """mmseg's ViT pretrained at 224 (a 14 x 14 table) fine-tuned at 512: mmseg resamples
+    the table with plain bicubic when it loads it; ours, built without ``pos_antialias``,
+    takes that kernel from the checkpoint's layout: the dense maps equal mmseg's."""
+    from mmseg.models.backbones import VisionTransformer as MMSegViT
+    options = dict(embed_dims=32, num_layers=4, num_heads=2, out_indices=(0, 1, 2, 3),
+                   final_norm=False)
+    torch.manual_seed(0)
+    path = tmp_path / 'vit_224.pth'
+    torch.save(perturb_(MMSegViT(img_size=224, **options)).state_dict(), path)
+    reference = MMSegViT(img_size=512, init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+                         **options)
+    reference.init_weights()
+    reference.eval()
+    ours = _pretrained(path, img_size=512, pyramid=False, out_indices=(0, 1, 2, 3),
+                       norm_eps=1e-5)
+    antialiased = _pretrained(path, img_size=512, pyramid=False, out_indices=(0, 1, 2, 3),
+                              norm_eps=1e-5, pos_antialias=True)
+    images = torch.randn(1, 3, 512, 512)
+    with torch.no_grad():
+        expected = reference(images)
+        assert_features_match(ours(images), expected)
+        assert max_relative_diff(antialiased(images)[0], expected[0]) > 10 * FLOOR
+
+
+def test_timm_train_checkpoint_gives_its_ema_weights_as_timm_reads_them(tmp_path):
+    """A checkpoint written by timm's own ``CheckpointSaver`` (train.py: ``args`` as an
+    ``argparse.Namespace``, the optimizer, ``state_dict`` and ``state_dict_ema``): the EMA
+    weights load, as ``timm.models.load_checkpoint`` reads them, not the raw ones."""
+    import argparse
+
+    from timm.models import load_checkpoint
+    from timm.utils import CheckpointSaver, ModelEmaV3
+    torch.manual_seed(0)
+    options = dict(img_size=64, patch_size=16, embed_dim=32, depth=4, num_heads=2,
+                   num_classes=10)
+    trained = perturb_(VisionTransformer(**options), seed=1)
+    ema = ModelEmaV3(perturb_(VisionTransformer(**options), seed=2))
+    saver = CheckpointSaver(trained, torch.optim.SGD(trained.parameters(), lr=.1),
+                            args=argparse.Namespace(model='vit_tiny_patch16_224', lr=.1),
+                            model_ema=ema, checkpoint_dir=str(tmp_path),
+                            recovery_dir=str(tmp_path))
+    saver.save_checkpoint(0, metric=1.)
+    path = tmp_path / 'checkpoint-0.pth.tar'
+    reference = VisionTransformer(**options).eval()
+    load_checkpoint(reference, str(path))
+    ours = _pretrained(path, img_size=64, out_type='cls_token')
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        expected = reference.forward_head(reference.forward_features(images), pre_logits=True)
+        assert_features_match(ours(images), [expected])
+        raw = trained.forward_head(trained.forward_features(images), pre_logits=True)
+        assert max_relative_diff(raw, expected) > 100 * FLOOR

@@ -270,7 +270,7 @@ class CheckpointAdaptation:
             f'{name}: {", ".join(keys[:8])}{", ..." if len(keys) > 8 else ""}'
             for name, keys in (('missing', missing), ('unexpected', unexpected)) if keys]
         options = ([f"init_cfg=dict(type='Pretrained', ..., prefix={BACKBONE_PREFIX!r}) (the "
-                    f"backbone of a whole model's checkpoint; mmseg's model.pretrained=None)"]
+                    f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
         if not options:
             options.append(f'no option of {type(self).__name__} loads it; build the model the '
@@ -384,10 +384,7 @@ class CheckpointAdaptation:
         if found['registers'] != model['registers']:
             options.append(f"reg_tokens={found['registers']}")
         if not found['class_token'] and model['class_token']:
-            options.append('dense_class_token=False (the checkpoint has no class token)'
-                           if self.dense else
-                           f"no {type(self).__name__} classifier is built without a class "
-                           f"token; a dense model loads it with dense_class_token=False")
+            options.append(self._class_token_free_option(found['registers']))
         elif self._class_row_differs_by(found['table_prefix_rows']):
             options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
                            f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
@@ -400,6 +397,18 @@ class CheckpointAdaptation:
             options.append(f"arch_overrides=dict("
                            f"{', '.join(f'{k}={v!r}' for k, v in arch.items())})")
         return options
+
+    def _class_token_free_option(self, registers: int) -> str:
+        """The option that loads a checkpoint without class token: a dense trunk without
+        one (``dense_class_token=False``) where it has no registers, else the family's
+        ``class_token=False`` (its registers kept), where the family has it."""
+        if self.dense and not registers:
+            return 'dense_class_token=False (the checkpoint has no class token)'
+        if 'class_token' in self.arch_defaults:
+            pooled = ", out_type='avg_featmap'" if self.out_type == 'cls_token' else ''
+            return f'class_token=False{pooled} (the checkpoint has no class token)'
+        return (f'no option of {type(self).__name__} builds a model without class token '
+                f'{"and with registers" if registers else "for classification"}')
 
     def arch_option(self, depth: int, width: Optional[int]) -> str:
         """The ``arch`` (names of ``arch_zoo``) of a trunk of ``depth`` blocks of ``width``,
