@@ -17,9 +17,10 @@ SMALL = dict(embed_dims=64, num_layers=4, num_heads=2)
 SMALL_TIMM = dict(embed_dim=64, depth=4, num_heads=2)
 #: each source's own size and a non-square one, multiples of its patch
 SIZES = {14: [(224, 224), (196, 280)], 16: [(224, 224), (192, 288)]}
-#: the published EVA-02, DINOv3 and CLIP sizes of ViT's table
-SOURCES = [name for _, _, name in ViT.timm_models
-           if name and any(source in name for source in ('eva02', 'dinov3', 'clip'))]
+#: the published EVA-02, DINOv3, CLIP and SigLIP sizes of ViT's table, and a class-token-free
+#: ViT with registers
+SOURCES = [name for _, _, name in ViT.timm_models if name and any(
+    source in name for source in ('eva02', 'dinov3', 'clip', 'siglip', 'gap'))]
 
 
 def table_options(timm_name: str) -> dict:
@@ -37,7 +38,10 @@ def test_each_source_computes_what_timm_computes(timm_name, size_index):
     result = compare_with_timm('vit', SMALL, timm_name, num_classes=10, image_hw=image_hw,
                                timm_kwargs=dict(SMALL_TIMM, dynamic_img_size=True),
                                perturbation=.05, **options)
-    assert result['logit_rel_diff'] <= RELATIVE_TOLERANCE
+    if 'siglip' in timm_name:  # its attention-pooling head: no head of ours reads it
+        assert result['logit_rel_diff'] is None
+    else:
+        assert result['logit_rel_diff'] <= RELATIVE_TOLERANCE
     assert result['feature_rel_diff'] <= RELATIVE_TOLERANCE
     if options.get('patch_size', 16) == 16:
         assert result['pyramid_rel_diff'] <= RELATIVE_TOLERANCE
@@ -168,3 +172,30 @@ def test_norm_pre_belongs_to_the_embeddings():
         # every token zero after norm_pre: the blocks see constants, so all positions agree
         out = model(images)[-1]
     assert torch.allclose(out, out[..., :1, :1].expand_as(out), atol=1e-5)
+
+
+def test_a_model_without_class_token_keeps_its_registers():
+    """timm's class-token-free ViTs with registers (``*_reg4_gap_*``) load exactly with
+    ``class_token=False``; asking such a model for its class token is an error."""
+    import timm
+    reference = timm.create_model('vit_base_patch16_reg4_gap_256', num_classes=0,
+                                  **SMALL_TIMM)
+    model = ViT(SMALL, out_type='avg_featmap', fc_norm=True, class_token=False, reg_tokens=4,
+                no_embed_class=True, img_size=256)
+    adapted = model.adapt_checkpoint(reference.state_dict())
+    assert adapted['reg_token'].shape == (1, 4, 64) and 'cls_token' not in adapted
+    assert model.num_prefix_tokens == 4
+    with pytest.raises(ValueError, match="class_token=False builds no class token"):
+        ViT(SMALL, out_type='cls_token', class_token=False)
+
+
+def test_siglip_attention_pooling_is_refused_where_it_would_be_read():
+    """Dense models leave SigLIP's attention-pooling head out (logged); a classifier, which
+    has no such head, refuses the checkpoint instead of pooling otherwise."""
+    import timm
+    state_dict = timm.create_model('vit_base_patch16_siglip_224', num_classes=0,
+                                   **SMALL_TIMM).state_dict()
+    dense = ViT(SMALL, class_token=False, pyramid=False)
+    assert not any(key.startswith('attn_pool') for key in dense.adapt_checkpoint(state_dict))
+    with pytest.raises(ValueError, match='attn_pool'):
+        ViT(SMALL, class_token=False, out_type='avg_featmap').adapt_checkpoint(state_dict)

@@ -259,8 +259,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     @property
     def num_registers(self) -> int:
         """Register tokens (Darcet et al., 2024) the trunk carries after its class token
-        (ViT's ``reg_tokens``; none where the trunk carries no class token)."""
-        return self.arch.get('reg_tokens', 0) if self.trunk_has_class_token else 0
+        (ViT's ``reg_tokens``): none where a dense trunk leaves its class token out, all of
+        them in a model built without one (ViT's ``class_token=False``)."""
+        keeps_registers = self.trunk_has_class_token or not self.arch.get('class_token', True)
+        return self.arch.get('reg_tokens', 0) if keeps_registers else 0
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -442,10 +444,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             raise ValueError(f'{type(self).__name__} has no token attention: window attention '
                              f'and relative positions apply to the families with token '
                              f'attention; use the simple pyramid alone')
-        if self.trunk_has_class_token:
+        if self.num_prefix_tokens:
             raise ValueError(f'window attention and relative positions take patch tokens '
-                             f'only, but the trunk of {type(self).__name__} carries the class '
-                             f'token from block {self.class_token_layer}: set '
+                             f'only, but the trunk of {type(self).__name__} carries '
+                             f'{self.num_prefix_tokens} prefix tokens (class token from block '
+                             f'{self.class_token_layer}, registers): set '
                              f'dense_class_token=False')
         global_grid = tuple(size // self.patch_size for size in _pair(rel_pos_img_size))
         layouts = []
@@ -490,8 +493,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         return block(tokens, hw, **kwargs)
 
     def _prepend_cls_token(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The class token (and the registers, where the trunk has them) before ``tokens``."""
-        prefix = [self.cls_token] + ([self.reg_token] if self.reg_token is not None else [])
+        """The class token and the registers, those the model has, before ``tokens``."""
+        prefix = [token for token in (self.cls_token, self.reg_token) if token is not None]
         return torch.cat([t.expand(tokens.shape[0], -1, -1) for t in prefix] + [tokens], dim=1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -504,7 +507,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                             for size in image_hw)
             x = F.pad(x, (0, pad_w, 0, pad_h))
         tokens, hw = self.patch_embed(x)
-        if self.class_token_layer == 0:
+        if self.class_token_layer == 0 or self.cls_token is None and self.reg_token is not None:
             tokens = self._prepend_cls_token(tokens)
         if self.pos_embed is not None:
             tokens = self.pos_embed(tokens, hw)
@@ -567,10 +570,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             module.eval()
             for param in module.parameters():
                 param.requires_grad = False
-        if self.frozen_stages >= 0 and self.class_token_layer == 0:
-            self.cls_token.requires_grad = False
-            if self.reg_token is not None:
-                self.reg_token.requires_grad = False
+        if self.frozen_stages >= 0:
+            for token in (self.cls_token if self.class_token_layer == 0 else None,
+                          self.reg_token):
+                if token is not None:
+                    token.requires_grad = False
 
     def train(self, mode: bool = True) -> 'ColumnarBackbone':
         super().train(mode)

@@ -118,6 +118,9 @@ class ViT(ColumnarBackbone):
         scale_mlp: SwiGLU: a LayerNorm of the hidden units before ``fc2`` (EVA-02 B/L).
         act_layer: FFN activation, 'gelu' or 'quick_gelu' (OpenAI's CLIP).
         pre_norm: a LayerNorm of the tokens before the first block (``norm_pre``: CLIP).
+        class_token: False: a model without class token (SigLIP, timm's ``*_gap`` ViTs; its
+            registers, if any, kept), read by ``out_type='avg_featmap'`` or densely; SigLIP's
+            attention-pooling head (``attn_pool``) is unused by dense models.
         Other arguments (``depth``, e.g. 18 for ViT-S18×2, and ``layer_scale`` among them):
         see :class:`ColumnarBackbone`.
     """
@@ -133,13 +136,19 @@ class ViT(ColumnarBackbone):
                          stem='linear', stem_norm='BN', no_embed_class=False, reg_tokens=0,
                          pos_embed='learn', rope=None, rope_temperature=None,
                          ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
-                         scale_mlp=False, act_layer='gelu', pre_norm=False)
+                         scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True)
     #: the arch settings ViT's constructor takes as keywords (``layer_scale`` is the base's)
     family_options = tuple(key for key in arch_defaults if key != 'layer_scale')
     checkpoint_rules = OPENMMLAB_VIT_RULES
+    #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
+    classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
     #: mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
     #: forward): ``F.interpolate`` bicubic without antialiasing
     position_kernels = ((r'^layers\.\d+\.', False),)
+    timm_arguments = dict(layer_scale='init_values', no_embed_class='no_embed_class',
+                          reg_tokens='reg_tokens', class_token='class_token',
+                          qk_norm='qk_norm', act_layer='act_layer', pre_norm='pre_norm',
+                          fc_norm_after_pooling='fc_norm')
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.',)
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
@@ -165,6 +174,9 @@ class ViT(ColumnarBackbone):
         ('base', dict(CLIP, act_layer='quick_gelu'), 'vit_base_patch16_clip_quickgelu_224'),
         ('large', dict(CLIP, patch_size=14, act_layer='quick_gelu'),
          'vit_large_patch14_clip_quickgelu_224'),
+        ('base', dict(class_token=False), 'vit_base_patch16_siglip_224'),
+        ('base', dict(class_token=False, reg_tokens=4, no_embed_class=True, img_size=256),
+         'vit_base_patch16_reg4_gap_256'),
     )
 
     def __init__(self, arch: Union[str, dict] = 'base', *args, **kwargs) -> None:
@@ -195,11 +207,23 @@ class ViT(ColumnarBackbone):
                                             antialias=self.pos_antialias)
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
                                         num_prefix_tokens=self.num_prefix_tokens,
-                                        checkpoint_prefix_tokens=1 + self.arch['reg_tokens'],
+                                        checkpoint_prefix_tokens=int(self.arch['class_token'])
+                                        + self.arch['reg_tokens'],
                                         antialias=self.pos_antialias)
 
     def place_class_token(self) -> int:
-        return 0
+        if self.arch['class_token']:
+            return 0
+        if self.out_type == 'cls_token':
+            raise ValueError("class_token=False builds no class token: read the model with "
+                             "out_type='avg_featmap' or densely (out_type='featmap')")
+        return self.num_layers
+
+    def built_by_other_modes(self, key: str) -> bool:
+        """As the base's, except that a model without class token keeps its registers."""
+        if key == 'reg_token' and self.reg_token is not None:
+            return False
+        return super().built_by_other_modes(key)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         arch, layout = self.arch, self.block_layouts[index]
