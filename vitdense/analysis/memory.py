@@ -225,7 +225,9 @@ def largest_training_input(cfg: Config) -> tuple[int, int]:
     preprocessor = cfg.model.get('data_preprocessor', {})
     if preprocessor.get('size'):
         return tuple(preprocessor.size)
-    scales = list(_resize_scales(cfg.train_dataloader.dataset.get('pipeline', [])))
+    device_augments = (cfg.get('data_preprocessor') or {}).get('augments', [])
+    scales = list(_resize_scales([cfg.train_dataloader.dataset.get('pipeline', []),
+                                  device_augments]))
     if not scales:
         raise KeyError('no data_preprocessor.size and no Resize scale in the training '
                        'pipeline: pass --shape H W')

@@ -19,7 +19,6 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 from mmcv.transforms import BaseTransform
-from mmengine.dist import get_rank
 from mmengine.fileio import get
 from mmpretrain.models.utils import ClsDataPreprocessor
 from mmpretrain.registry import TRANSFORMS as MMPRETRAIN_TRANSFORMS
@@ -288,12 +287,10 @@ class DeviceAugmentPreprocessor(ClsDataPreprocessor):
 
     Args:
         augments: the training transforms the device runs, as in the CPU pipeline.
-        seed: seed of the draws, with the rank; None takes torch's initial seed (the runner's).
         **kwargs: ``ClsDataPreprocessor`` arguments (mean, std, to_rgb, num_classes, ...).
     """
 
-    def __init__(self, augments: Sequence[dict], seed: Optional[int] = None,
-                 **kwargs) -> None:
+    def __init__(self, augments: Sequence[dict], **kwargs) -> None:
         super().__init__(**kwargs)
         if not kwargs.get('to_rgb', False):
             raise ValueError('DeviceAugmentPreprocessor needs to_rgb=True: evaluation images '
@@ -306,32 +303,27 @@ class DeviceAugmentPreprocessor(ClsDataPreprocessor):
             self.stages.append(_STAGES[cfg['type']](MMPRETRAIN_TRANSFORMS.build(cfg)))
         if any(isinstance(s, ResizedCropStage) for s in self.stages[1:]):
             raise ValueError('RandomResizedCrop must be the first device augment')
-        self.seed = seed
-        self._rng: Optional[np.random.Generator] = None
-        self._generator: Optional[torch.Generator] = None
 
     def augment(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Decode (if encoded), crop and augment a batch: uint8 RGB (N, 3, S, S) on the device."""
-        if self._rng is None:
-            seed = torch.initial_seed() if self.seed is None else self.seed
-            self._rng = np.random.default_rng([seed, get_rank()])
-            self._generator = torch.Generator(self.device).manual_seed(
-                int(self._rng.integers(2 ** 62)))
+        # A batch's draws come from torch's global generator, as Mixup / CutMix's do: the
+        # runner's seed fixes them and a resumed run that restores it draws them again.
+        rng = np.random.default_rng(int(torch.randint(2 ** 62, ())))
+        generator = torch.Generator(self.device).manual_seed(int(rng.integers(2 ** 62)))
         if all(image.dim() == 1 for image in inputs):
             images = decode_jpeg(list(inputs), mode=ImageReadMode.RGB, device=self.device)
         else:
             images = [image.to(self.device, non_blocking=True) for image in inputs]
         stages = self.stages
         if stages and isinstance(stages[0], ResizedCropStage):
-            x, stages = stages[0](images, self._rng), stages[1:]
+            x, stages = stages[0](images, rng), stages[1:]
         elif len({tuple(image.shape) for image in images}) > 1:
             raise ValueError('images of different sizes need a RandomResizedCrop first in '
                              'augments')
         else:
             x = torch.stack(images)
         for stage in stages:
-            x = stage(x, self._rng, self._generator) if isinstance(stage, ErasingStage) \
-                else stage(x, self._rng)
+            x = stage(x, rng, generator) if isinstance(stage, ErasingStage) else stage(x, rng)
         return x
 
     def forward(self, data: dict, training: bool = False) -> dict:

@@ -8,17 +8,14 @@ _base_ = ['./imagenet_bs128_deit_224.py']
 data_root = 'data/demo_in10'
 classes = ('circle', 'square', 'triangle', 'cross', 'ring', 'star', 'hstripes', 'vstripes',
            'checkerboard', 'dots')
-data_preprocessor = dict(num_classes=10)
-
-train_pipeline = [
-    dict(type='LoadImageFromFile'),
+data_preprocessor = dict(num_classes=10, augments=[
     dict(type='RandomResizedCrop', scale=64, crop_ratio_range=(0.35, 1.0), backend='pillow',
          interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
     {{_base_.rand_augment}},
     {{_base_.random_erasing}},
-    dict(type='PackInputs'),
-]
+])
+
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='ResizeEdge', scale=73, edge='short', backend='pillow', interpolation='bicubic'),
@@ -29,7 +26,7 @@ test_pipeline = [
 train_dataloader = dict(
     batch_size=64,
     num_workers=1,
-    dataset=dict(data_root=data_root, metainfo=dict(classes=classes), pipeline=train_pipeline),
+    dataset=dict(data_root=data_root, metainfo=dict(classes=classes)),
     sampler=dict(_delete_=True, type='DefaultSampler', shuffle=True),
 )
 val_dataloader = dict(

@@ -1,18 +1,18 @@
 # ImageNet-1k with the DeiT training augmentation (Touvron et al. 2021, Table 9), shared by CaiT,
 # XCiT and ConViT: bicubic random-resized crop, flip, RandAugment m9-mstd0.5, random erasing
 # 0.25 and repeated augmentation (3 repeats); Mixup/CutMix and label smoothing live in the model.
-# Evaluation: resize to 256, centre crop 224 (crop ratio 0.875).
+# The loader's workers only read and decode (vitdense.LoadImageTensor); the augmentations, the
+# same mmpretrain transform dicts a CPU pipeline would list, run batched on the GPU in the data
+# preprocessor (vitdense.DeviceAugmentPreprocessor, docs/recipes.md). LoadImageTensor with
+# decode=False leaves decoding to the GPU too.
+# Evaluation: resize to 256, centre crop 224 (crop ratio 0.875), on the CPU.
 # Expects data/imagenet/{train,val} and data/imagenet/meta/{train,val}.txt.
 dataset_type = 'ImageNet'
 data_root = 'data/imagenet'
-data_preprocessor = dict(
-    num_classes=1000,
-    mean=[123.675, 116.28, 103.53],
-    std=[58.395, 57.12, 57.375],
-    to_rgb=True)
-
-bgr_mean = data_preprocessor['mean'][::-1]
-bgr_std = data_preprocessor['std'][::-1]
+rgb_mean = [123.675, 116.28, 103.53]
+rgb_std = [58.395, 57.12, 57.375]
+bgr_mean = rgb_mean[::-1]  # the augmentations' colours are in the loader's BGR order
+bgr_std = rgb_std[::-1]
 
 rand_augment = dict(
     type='RandAugment',
@@ -31,14 +31,20 @@ random_erasing = dict(
     fill_color=bgr_mean,
     fill_std=bgr_std)
 
-train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='RandomResizedCrop', scale=224, backend='pillow', interpolation='bicubic'),
-    dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-    rand_augment,
-    random_erasing,
-    dict(type='PackInputs'),
-]
+data_preprocessor = dict(
+    type='vitdense.DeviceAugmentPreprocessor',
+    augments=[
+        dict(type='RandomResizedCrop', scale=224, backend='pillow', interpolation='bicubic'),
+        dict(type='RandomFlip', prob=0.5, direction='horizontal'),
+        rand_augment,
+        random_erasing,
+    ],
+    num_classes=1000,
+    mean=rgb_mean,
+    std=rgb_std,
+    to_rgb=True)
+
+train_pipeline = [dict(type='vitdense.LoadImageTensor'), dict(type='PackInputs')]
 
 test_pipeline = [
     dict(type='LoadImageFromFile'),
