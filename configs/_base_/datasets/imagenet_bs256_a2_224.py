@@ -1,7 +1,8 @@
 # ImageNet-1k with the A2 augmentation of Wightman et al. ("ResNet strikes back"), the baseline
 # procedure of "Three things everyone should know about ViTs" (§2.2): random-resized crop,
 # flip, RandAugment m7-mstd0.5, repeated augmentation; Mixup 0.1 / CutMix 1.0 and the BCE loss
-# live in the model; the augmentations run on the device (see the base). Evaluation: resize to 236, centre crop 224 (crop ratio 0.95).
+# live in the model; the augmentations run on the device (see the base). Evaluation: resize to
+# 236, centre crop 224 (crop ratio 0.95).
 _base_ = ['./imagenet_bs128_deit_224.py']
 
 data_preprocessor = dict(augments=[
