@@ -80,7 +80,8 @@ def test_full_config_follows_the_recipe(config):
     cfg = _load(config)
     task = Path(config).name.split('_')[0]
     lr, weight_decay, batch, (length_key, length) = RECIPES[task]
-    assert cfg.custom_imports == dict(imports=['vitdense'], allow_failed_imports=False)
+    imports = ['vitdense', 'vitdense.det'] if task == 'mask-rcnn' else ['vitdense']
+    assert cfg.custom_imports == dict(imports=imports, allow_failed_imports=False)
     assert cfg.default_scope == ('mmdet' if task == 'mask-rcnn' else 'mmseg')
     assert cfg.model.backbone.type.startswith('vitdense.')
     assert cfg.model.backbone.init_cfg.type == 'Pretrained'

@@ -1,6 +1,7 @@
 # The seeded demo ADE20k-layout set (tools/data/make_demo_data.py ade): 128×128 images, wall /
 # floor textures behind circles, squares and triangles; label 0 (clutter) is ignored as in
-# ADE20k (reduce_zero_label). Native size, random flips, batch 8 on one CPU.
+# ADE20k (reduce_zero_label). Native size, random flips, batch 8 on one CPU. `--tta`: the
+# ADE20k recipes' ratios 0.5-1.75 of the native size, each unflipped and flipped.
 _base_ = 'mmseg::_base_/datasets/ade20k.py'
 dataset_type = 'BaseSegDataset'
 data_root = 'data/demo_ade'
@@ -29,3 +30,13 @@ val_dataloader = dict(
                  img_suffix='.jpg', seg_map_suffix='.png', reduce_zero_label=True,
                  pipeline=test_pipeline))
 test_dataloader = val_dataloader
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='TestTimeAug', transforms=[
+        [dict(type='Resize', scale_factor=ratio, keep_ratio=True)
+         for ratio in (0.5, 0.75, 1.0, 1.25, 1.5, 1.75)],
+        [dict(type='RandomFlip', prob=0., direction='horizontal'),
+         dict(type='RandomFlip', prob=1., direction='horizontal')],
+        [dict(type='LoadAnnotations', reduce_zero_label=True)],
+        [dict(type='PackSegInputs')]]),
+]

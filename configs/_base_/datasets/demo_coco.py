@@ -1,6 +1,7 @@
 # The seeded demo COCO set (tools/data/make_demo_data.py coco): 160×160 images of 1-4
 # coloured circles, squares and triangles; native size (the Resize only records the scale
-# factor mmdet needs), random flips, batch 4 on one CPU.
+# factor mmdet needs), random flips, batch 4 on one CPU. `--tta`: 120, 160 and 200 px, each
+# unflipped and flipped.
 _base_ = 'mmdet::_base_/datasets/coco_instance.py'
 data_root = 'data/demo_coco/'
 metainfo = dict(classes=('circle', 'square', 'triangle'),
@@ -34,3 +35,12 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
 test_evaluator = val_evaluator
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='TestTimeAug', transforms=[
+        [dict(type='Resize', scale=(side, side), keep_ratio=True) for side in (120, 160, 200)],
+        [dict(type='RandomFlip', prob=0.), dict(type='RandomFlip', prob=1.)],
+        [dict(type='LoadAnnotations', with_bbox=True, with_mask=True)],
+        [dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                                               'scale_factor', 'flip', 'flip_direction'))]]),
+]
