@@ -3,6 +3,7 @@ compute what the source library computes: small random timm models with perturbe
 at their own size and a non-square one, in the classifier, pyramid and ViTDet layouts."""
 import pytest
 import torch
+from mmengine.logging import MMLogger
 from timm.layers import resample_abs_pos_embed
 
 from vitdense.analysis.timm_parity import compare_with_timm, perturbed
@@ -199,3 +200,113 @@ def test_siglip_attention_pooling_is_refused_where_it_would_be_read():
     assert not any(key.startswith('attn_pool') for key in dense.adapt_checkpoint(state_dict))
     with pytest.raises(ValueError, match='attn_pool'):
         ViT(SMALL, class_token=False, out_type='avg_featmap').adapt_checkpoint(state_dict)
+
+
+def assert_block_maps_match(ours: ViT, reference_maps: list[torch.Tensor],
+                            images: torch.Tensor) -> None:
+    with torch.no_grad():
+        for got, want in zip(ours(images), reference_maps):
+            assert (got - want).abs().max() <= RELATIVE_TOLERANCE * want.abs().max()
+
+
+def test_dinov2_hub_file_loads_as_timm_converts_it(caplog):
+    """The official DINOv2 file with registers (``register_tokens``, a class-token row in the
+    table, ``mask_token``) computes what timm computes from it after timm's own conversion;
+    the mask token is left out with a log line naming it."""
+    import timm
+    from timm.models.vision_transformer import checkpoint_filter_fn
+    reference = timm.create_model('vit_base_patch14_reg4_dinov2', num_classes=0, img_size=98,
+                                  dynamic_img_size=True, **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    class_row = torch.randn(1, 1, 64)
+    hub = {key: value for key, value in timm_layout.items()
+           if key not in ('reg_token', 'cls_token', 'pos_embed')}
+    hub.update(register_tokens=timm_layout['reg_token'],
+               cls_token=timm_layout['cls_token'] - class_row,
+               pos_embed=torch.cat([class_row, timm_layout['pos_embed']], dim=1),
+               mask_token=torch.zeros(1, 64))
+    reference.load_state_dict(checkpoint_filter_fn(dict(hub), reference))
+    options = dict(patch_size=14, img_size=98, reg_tokens=4, no_embed_class=True,
+                   layer_scale=1e-5)
+    images = torch.randn(2, 3, 70, 126)
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    classifier.load_state_dict(classifier.adapt_checkpoint(hub))
+    with torch.no_grad():
+        expected = reference.forward_features(images)[:, 0]
+        assert (classifier(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        dense.load_state_dict(dense.adapt_checkpoint(hub))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert 'leaves out 1 checkpoint tensors' in caplog.text and 'mask_token' in caplog.text
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+def test_dinov3_hub_file_loads_as_timm_converts_it():
+    """The official DINOv3 layout (``storage_tokens``, ``ls1.gamma``, a fused qkv bias with
+    its key part masked, the rotary periods, ``mask_token``) computes what timm computes
+    from it after timm's own conversion."""
+    import timm
+    from timm.models.eva import checkpoint_filter_fn
+    reference = timm.create_model('vit_small_patch16_dinov3_qkvb', num_classes=0,
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    hub = {}
+    for key, value in timm_layout.items():
+        if key.endswith('.attn.q_bias'):
+            attn = key[:-len('.q_bias')]
+            hub[f'{attn}.qkv.bias'] = torch.cat(
+                [value, torch.randn_like(value), timm_layout[f'{attn}.v_bias']])
+            hub[f'{attn}.qkv.bias_mask'] = torch.cat(
+                [torch.ones_like(value), torch.zeros_like(value), torch.ones_like(value)])
+        elif not key.endswith('.attn.v_bias'):
+            key = key.replace('reg_token', 'storage_tokens').replace('gamma_1', 'ls1.gamma')
+            hub[key.replace('gamma_2', 'ls2.gamma')] = value
+    hub.update({'mask_token': torch.zeros(1, 64), 'rope_embed.periods': torch.ones(8)})
+    reference.load_state_dict(checkpoint_filter_fn(dict(hub), reference))
+    options = dict(table_options('vit_small_patch16_dinov3'), qkv_bias=True)
+    images = torch.randn(2, 3, 96, 160)
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(hub))
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+@pytest.mark.parametrize('image_hw', [(224, 224), (192, 256)])
+def test_sam_image_encoder_loads_into_the_vitdet_layout(image_hw):
+    """SAM's image encoder as released (``image_encoder.``: a 4-D position table, ``mlp.lin``,
+    relative position tables in windowed and global blocks; its neck, prompt encoder and
+    mask decoder left out) is ViTDet's layout without class token: the blocks compute what
+    timm's SAM ViT computes from the same file after timm's conversion."""
+    import timm
+    from timm.layers import resample_abs_pos_embed_nhwc
+    from timm.models.vision_transformer_sam import checkpoint_filter_fn
+    reference = timm.create_model('samvit_base_patch16', num_classes=0, img_size=224,
+                                  window_size=4, global_attn_indexes=[1, 3],
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    released = {f'image_encoder.{key.replace("mlp.fc", "mlp.lin")}': value
+                for key, value in timm_layout.items()}
+    released.update({'prompt_encoder.point_embeddings.0.weight': torch.zeros(1, 256),
+                     'mask_decoder.iou_token.weight': torch.zeros(1, 256)})
+    reference.load_state_dict(checkpoint_filter_fn(dict(released), reference))
+    ours = ViT(SMALL, img_size=224, class_token=False, window_size=4,
+               window_block_indexes=[0, 2], use_rel_pos=True, pyramid=False,
+               out_indices=(0, 1, 2, 3)).eval()
+    ours.load_state_dict(ours.adapt_checkpoint(released))
+    images = torch.randn(2, 3, *image_hw)
+    with torch.no_grad():
+        x = reference.patch_embed(images)
+        x = x + resample_abs_pos_embed_nhwc(reference.pos_embed, x.shape[1:3])
+        maps = []
+        for block in reference.blocks:
+            x = block(x)
+            maps.append(x.permute(0, 3, 1, 2))
+    assert_block_maps_match(ours, maps, images)

@@ -10,6 +10,7 @@ from typing import Optional, Union
 
 import torch
 import torch.nn as nn
+from mmengine.logging import MMLogger
 
 from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
@@ -69,6 +70,28 @@ OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
     (r'\.attn\.gamma1\.weight$', '.ls1.gamma'),
     (r'\.ffn\.gamma2\.weight$', '.ls2.gamma'),
 )
+
+
+#: the official layouts of the ViT sources timm converts -> ours: DINOv3's hub files
+#: (storage tokens), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
+#: tables), DINOv2-g's fused SwiGLU (``w12``, ``w3``); DINOv2's registers are merged
+#: (:meth:`ViT.merge_checkpoint_tensors`)
+SOURCE_RULES: tuple[Rule, ...] = (
+    (r'^storage_tokens$', 'reg_token'),
+    (r'^image_encoder\.pos_embed$', 'pos_embed.weight'),
+    (r'^image_encoder\.', ''),
+    (r'\.mlp\.lin([12])\.', r'.mlp.fc\1.'),
+    (r'\.mlp\.w12\.', '.mlp.fc1.'),
+    (r'\.mlp\.w3\.', '.mlp.fc2.'),
+    (r'\.attn\.rel_pos_h$', '.attn.rel_pos.height'),
+    (r'\.attn\.rel_pos_w$', '.attn.rel_pos.width'),
+)
+#: tensors of the sources' pretraining or other tasks that ViT has no module for, left out
+#: with a log line naming them (as timm does): DINOv2's and DINOv3's mask token, DINOv3's
+#: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
+#: encoder and mask decoder
+SOURCE_ONLY_KEYS = re.compile(r'^(mask_token|rope_embed\.periods|neck\.|prompt_encoder\.|'
+                              r'mask_decoder\.)|\.qkv\.bias_mask$')
 
 
 #: the options of the published families timm holds (their sizes: ``ViT.timm_models``):
@@ -139,7 +162,7 @@ class ViT(ColumnarBackbone):
                          scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True)
     #: the arch settings ViT's constructor takes as keywords (``layer_scale`` is the base's)
     family_options = tuple(key for key in arch_defaults if key != 'layer_scale')
-    checkpoint_rules = OPENMMLAB_VIT_RULES
+    checkpoint_rules = OPENMMLAB_VIT_RULES + SOURCE_RULES
     #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
     classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
     #: mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
@@ -270,11 +293,24 @@ class ViT(ColumnarBackbone):
                       self.drop_rate, arch['scale_mlp'], self.norm_eps)
 
     @classmethod
+    def convert_checkpoint(cls, state_dict: dict) -> dict:
+        """As the base's; then the tensors of ``SOURCE_ONLY_KEYS`` are left out, logged."""
+        converted = super().convert_checkpoint(state_dict)
+        left_out = sorted(key for key in converted if SOURCE_ONLY_KEYS.search(key))
+        if left_out:
+            MMLogger.get_current_instance().info(
+                f'{cls.__name__} leaves out {len(left_out)} checkpoint tensors of its source\'s '
+                f'pretraining or other tasks: {", ".join(left_out[:6])}'
+                f'{", ..." if len(left_out) > 6 else ""}')
+        return {key: value for key, value in converted.items() if key not in left_out}
+
+    @classmethod
     def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
         """Stack timm's per-branch parallel modules (``attns.<b>`` / ``ffns.<b>``) into our
         branched parameters; timm's EVA attention biases (q and v; the key's is zero) and
-        separate q, k, v maps into ``qkv``, its unpacked SwiGLU into ``fc1``; a patch
-        projection saved without bias (mmseg's
+        separate q, k, v maps into ``qkv``, its unpacked SwiGLU into ``fc1``; DINOv3's masked
+        key bias applied, DINOv2's hub registers and class row as timm converts them, SAM's
+        4-D position table flattened; a patch projection saved without bias (mmseg's
         ``patch_bias=False``) gets the zero bias that computes the same."""
         state_dict = merge_swiglu_tensors(super().merge_checkpoint_tensors(state_dict))
         for key in [k for k in state_dict if EVA_SPLIT_QKV.match(k)]:
@@ -288,6 +324,21 @@ class ViT(ColumnarBackbone):
             attn, q_bias = EVA_QV_BIAS.match(key).group(1), state_dict.pop(key)
             state_dict[f'{attn}.qkv.bias'] = torch.cat(
                 [q_bias, torch.zeros_like(q_bias), state_dict.pop(f'{attn}.v_bias')])
+        for key in [k for k in state_dict if k.endswith('.qkv.bias_mask')]:
+            # DINOv3's hub files: the key bias is masked out (to zero)
+            bias = f'{key[:-len("_mask")]}'
+            state_dict[bias] = state_dict[bias] * torch.nan_to_num(state_dict[key])
+        if 'register_tokens' in state_dict:
+            # DINOv2's hub files position the class token, not the registers: as timm, the
+            # class token's row joins the token and the registers join without positions
+            # (no_embed_class=True)
+            table = state_dict['pos_embed.weight']
+            state_dict['reg_token'] = state_dict.pop('register_tokens')
+            state_dict['cls_token'] = state_dict['cls_token'] + table[:, :1]
+            state_dict['pos_embed.weight'] = table[:, 1:]
+        table = state_dict.get('pos_embed.weight')
+        if table is not None and table.dim() == 4:  # SAM's (1, rows, cols, C)
+            state_dict['pos_embed.weight'] = table.flatten(1, 2)
         weight = state_dict.get('patch_embed.proj.weight')
         if weight is not None and 'patch_embed.proj.bias' not in state_dict:
             state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])
