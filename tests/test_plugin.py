@@ -1,6 +1,8 @@
 """vitdense is a plugin: importing it, and training one of its configs through
-``tools/train.py``, leaves torch's, mmengine's and the hosts' own objects in place, and the
-models import and build on torch releases after the one the stack was pinned at."""
+``tools/train.py``, leaves torch's, mmengine's and the hosts' own objects in place; training a
+demo config through mmengine's own Runner leaves the process's signal handlers,
+``sys.excepthook`` and mmengine's checkpoint loaders as they were; and the models import and
+build on torch releases after the one the stack was pinned at."""
 import json
 import subprocess
 import sys
@@ -82,6 +84,70 @@ def test_import_and_training_leave_the_libraries_unchanged(tmp_path):
     assert report['after_import'] == [] and report['state_after_import']
     assert report['after_train'] == [] and report['state_after_train']
     assert len(report['checked']) == 6
+
+
+# Runs in a fresh interpreter: a demo config with vitdense's safety hooks (as the tools add
+# them) trained for 2 iterations by mmengine's Runner, no vitdense tool involved.
+AS_LEFT = """
+import json, signal, sys
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
+from vitdense.engine.launch import add_safety_hooks, point_at_data_root
+
+
+@HOOKS.register_module()
+class RecordLocalLoader(Hook):
+    def before_train(self, runner):
+        runner.local_loader = CheckpointLoader._schemes[''].__module__
+
+
+def state():
+    handlers = {sig.name: repr(signal.getsignal(sig)) for sig in signal.Signals
+                if sig not in (signal.SIGKILL, signal.SIGSTOP)}
+    return dict(handlers=handlers, excepthook=repr(sys.excepthook),
+                schemes={prefix: repr(loader)
+                         for prefix, loader in CheckpointLoader._schemes.items()})
+
+
+config, data, work_dir = sys.argv[1:]
+cfg = Config.fromfile(config)
+point_at_data_root(cfg, data)
+cfg.merge_from_dict({'work_dir': work_dir, 'train_cfg.max_iters': 2,
+                     'train_cfg.val_interval': 2, 'default_hooks.checkpoint.interval': 2,
+                     'train_dataloader.batch_size': 2, 'model.data_preprocessor.size': (64, 64),
+                     **{f'{split}_dataloader.{key}': value for split in ('train', 'val', 'test')
+                        for key, value in (('num_workers', 0), ('persistent_workers', False))}})
+add_safety_hooks(cfg)
+cfg.custom_hooks.append(dict(type='RecordLocalLoader'))
+before = state()
+runner = Runner.from_cfg(cfg)
+runner.train()
+during = [type(hook).__name__ for hook in runner.hooks]
+after = state()
+print('REPORT', json.dumps(dict(
+    hooks=during, changed={key: [name for name in before[key] if before[key][name] !=
+                                 after[key].get(name)] if isinstance(before[key], dict)
+                           else before[key] != after[key] for key in before},
+    local_loader=[runner.local_loader, CheckpointLoader._schemes[''].__module__])))
+"""
+
+
+def test_training_through_mmengines_runner_leaves_the_process_as_it_was(tmp_path):
+    data = make_demo_ade(tmp_path / 'ade', num_train=2, num_val=1, size=64)
+    work = tmp_path / 'work'
+    result = subprocess.run(
+        [sys.executable, '-c', AS_LEFT, 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py',
+         str(data), str(work)], cwd=REPO_ROOT, capture_output=True, text=True, env=CHECKOUT_ENV)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads(result.stdout.split('REPORT ', 1)[1])
+    assert (work / 'iter_2.pth').is_file()  # it trained and saved, through vitdense's hook
+    assert {'SafeCheckpointHook', 'PreemptionHook', 'ExactResumeHook'} <= set(report['hooks'])
+    assert report['changed'] == dict(handlers=[], excepthook=False, schemes=[])
+    # safe loading during the run only
+    assert report['local_loader'] == ['vitdense.checkpoint_io', 'mmengine.runner.checkpoint']
 
 
 BUILD_ON = """

@@ -15,7 +15,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,
+from vitdense.engine.launch import (add_safety_hooks, apply_resume, join_job, load_config,
                                     log_to_tensorboard, parse_tool_args, run_tool, tool_parser)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
 from vitdense.engine.preflight import check_data
@@ -46,6 +46,7 @@ def main() -> None:
     args = parse_args()
     cfg, _ = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
                          args.dist_timeout)
+    join_job(cfg)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')

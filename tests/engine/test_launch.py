@@ -22,8 +22,8 @@ from mmengine.logging import MMLogger
 from vitdense.checkpoint_io import CorruptCheckpointError
 from vitdense.engine.launch import (add_safety_hooks, apply_resume, export_mpi_environment,
                                     export_slurm_environment, first_host,
-                                    gather_results_over_process_group, load_config,
-                                    slurm_master_port)
+                                    gather_results_over_process_group, join_job,
+                                    load_config, slurm_master_port)
 
 from common import REPO_ROOT
 
@@ -113,6 +113,50 @@ def test_worker_exits_when_its_launcher_is_killed():
     pytest.fail('the worker outlived its launcher')
 
 
+FAILING_WORKER = """
+import os, sys, torch
+from vitdense.engine.launch import run_tool
+
+
+def main():
+    if sys.argv[1] == 'launched':  # a worker of a job: its process group is open
+        os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[2], RANK='0',
+                          WORLD_SIZE='1')
+        torch.distributed.init_process_group('gloo')
+    raise RuntimeError('a peer timed out')
+
+
+run_tool(main)
+"""
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``T``: stopped)."""
+    return Path(f'/proc/{pid}/stat').read_text().rsplit(') ', 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads /proc')
+def test_a_failing_launched_worker_wakes_its_stopped_siblings(tmp_path):
+    sibling = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+    try:
+        os.kill(sibling.pid, signal.SIGSTOP)
+        while _state(sibling.pid) != 'T':
+            time.sleep(0.05)
+        port = str(29500 + os.getpid() % 1000)
+        for how, state in (('alone', 'T'), ('launched', 'S')):  # 'none': nobody to wake
+            worker = subprocess.run([sys.executable, '-c', FAILING_WORKER, how, port],
+                                    cwd=tmp_path, capture_output=True, text=True,
+                                    env={**os.environ, 'PYTHONPATH': str(REPO_ROOT)})
+            assert worker.returncode == 1 and 'RuntimeError: a peer timed out' in worker.stderr
+            deadline = time.monotonic() + 10
+            while _state(sibling.pid) != state and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _state(sibling.pid) == state, how
+    finally:
+        sibling.kill()
+        sibling.wait()
+
+
 def test_launch_script_prefers_the_project_environment(tmp_path):
     # A checkout whose .venv has a python: torchrun.sh runs it, not the one on PATH.
     checkout = tmp_path / 'checkout'
@@ -194,7 +238,7 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: 
     """Process ``rank`` of two runs ``--resume`` on its node (the folder it works in, where
     the work dir ``work_dirs/run`` is); writes what happened. ``launcher='mpi'``: the process
     has the variables Open MPI's mpirun gives it and joins the job through the tools' own
-    set-up (:func:`load_config`)."""
+    set-up (:func:`load_config`, :func:`join_job`)."""
     torch.set_num_threads(1)
     os.chdir(nodes[rank])
     if launcher == 'mpi':
@@ -204,6 +248,7 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: 
         for name in ('MASTER_ADDR', 'RANK', 'WORLD_SIZE'):
             os.environ.pop(name, None)
         cfg, _ = load_config(osp.join(out, 'job.py'), None, 'mpi', 'work_dirs/run')
+        join_job(cfg)
     else:
         os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
                           WORLD_SIZE='2')

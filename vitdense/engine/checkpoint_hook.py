@@ -7,11 +7,12 @@ older one, and a ``last_checkpoint`` naming a missing file. This hook writes loc
 checkpoints and ``last_checkpoint`` atomically (:class:`~vitdense.checkpoint_io.
 AtomicLocalBackend`), points ``last_checkpoint`` at the new file only once it is complete,
 and removes checkpoints beyond ``max_keep_ckpts`` only after that, counting the saves made
-on a preemption signal or by a time budget (:func:`save_resumable`) with its own. Building it (which the
-Runner does before loading anything) makes mmengine's local checkpoint scheme load through
-:func:`~vitdense.checkpoint_io.safe_load` (:func:`~vitdense.checkpoint_io.use_safe_loading`),
-so ``load_from``, ``resume`` and ``Pretrained`` initialisation read mmengine checkpoints
-with ``weights_only=True``. What it saves holds tensors and Python builtins only: the message
+on a preemption signal or by a time budget (:func:`save_resumable`) with its own. From
+``before_run`` (before the Runner loads anything) to ``after_run`` mmengine's checkpoint
+schemes load through :func:`~vitdense.checkpoint_io.safe_load`
+(:func:`~vitdense.checkpoint_io.use_safe_loading`), so ``load_from``, ``resume`` and
+``Pretrained`` initialisation read mmengine checkpoints with ``weights_only=True``; then the
+schemes are registered back as they were. What it saves holds tensors and Python builtins only: the message
 hub's ``HistoryBuffer`` s and the numpy values of meta and runtime information are written as
 plain data (:func:`~vitdense.checkpoint_io.to_plain`) and rebuilt when a checkpoint is loaded,
 so ``torch.load`` with torch's defaults reads every checkpoint and resuming stays exact. Our
@@ -27,6 +28,7 @@ from typing import Any
 from mmengine.dist import is_main_process
 from mmengine.fileio import LocalBackend, get_file_backend
 from mmengine.hooks import CheckpointHook
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from vitdense.checkpoint_io import (ATOMIC_BACKEND, atomic_write, from_plain, to_plain,
                                     use_safe_loading)
@@ -43,7 +45,19 @@ class SafeCheckpointHook(CheckpointHook):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.kept: list[str] = []  # paths of the checkpoints kept, oldest first
+        self.schemes_before: dict[str, Any] = {}  # mmengine's loaders, restored after the run
+
+    def before_run(self, runner: Any) -> None:
+        """Load every checkpoint of the run safely; remember the loaders it replaces."""
+        super().before_run(runner)
+        self.schemes_before = dict(CheckpointLoader._schemes)
         use_safe_loading()
+
+    def after_run(self, runner: Any) -> None:
+        """Register mmengine's checkpoint loaders back as they were before the run."""
+        super().after_run(runner)
+        for prefix, loader in self.schemes_before.items():
+            CheckpointLoader.register_scheme(prefix, loader, force=True)
 
     def before_train(self, runner: Any) -> None:
         """Resolve the output folder as mmengine does; write local files atomically; take

@@ -83,7 +83,8 @@ def load_config(path: str, cfg_options: dict | None, launcher: str,
     """Read a config, apply ``--cfg-options``, the launcher and the work dir, load its host.
 
     The work dir is, by priority, ``work_dir``, the config's own, ``work_dirs/<config name>``.
-    ``dist_timeout`` (seconds) bounds how long a process waits for the others.
+    ``dist_timeout`` (seconds) bounds how long a process waits for the others. Nothing of
+    the process changes: a launched tool then joins its job with :func:`join_job`.
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path}')
@@ -97,17 +98,24 @@ def load_config(path: str, cfg_options: dict | None, launcher: str,
             raise ValueError(f'--dist-timeout must be positive, got {dist_timeout}')
         cfg.setdefault('env_cfg', ConfigDict()).setdefault('dist_cfg', ConfigDict())
         cfg.env_cfg.dist_cfg.timeout = dist_timeout
-    if launcher != 'none':
-        exit_with_launcher()
-        wake_siblings_on_failure()
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('work_dirs', osp.splitext(osp.basename(path))[0])
-    if launcher != 'none':
-        open_process_group(cfg, launcher)
-        gather_results_over_process_group(cfg)
     return cfg, host_of(cfg)
+
+
+def join_job(cfg: Config) -> None:
+    """A launched tool's process-level set-up (nothing for ``launcher='none'``): the kernel
+    stops this worker when its launcher dies (:func:`exit_with_launcher`), the process group
+    is opened before the Runner is built (:func:`open_process_group`) and the metrics gather
+    their results over it (:func:`gather_results_over_process_group`). Tools call it right
+    after :func:`load_config`, in their ``main`` that :func:`run_tool` runs."""
+    if cfg.launcher == 'none':
+        return
+    exit_with_launcher()
+    open_process_group(cfg, cfg.launcher)
+    gather_results_over_process_group(cfg)
 
 
 def open_process_group(cfg: Config, launcher: str) -> None:
@@ -269,8 +277,8 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def wake_siblings_on_failure() -> None:
-    """When this worker dies of an error, send SIGCONT to the launcher's other workers.
+def wake_siblings() -> None:
+    """Send SIGCONT to the other processes of this worker's launcher.
 
     A stopped worker (SIGSTOP, a suspended job) makes its peers fail at the process-group
     timeout; the launcher then sends every worker SIGTERM, which a stopped process does not
@@ -280,17 +288,12 @@ def wake_siblings_on_failure() -> None:
     """
     if not sys.platform.startswith('linux'):
         return
-    launcher, previous = os.getppid(), sys.excepthook
-
-    def wake_then_report(kind: type, value: BaseException, traceback) -> None:
-        for pid in children_of(launcher):
-            if pid != os.getpid():
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-        previous(kind, value, traceback)
-    sys.excepthook = wake_then_report
+    for pid in children_of(os.getppid()):
+        if pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def close_process_group() -> None:
@@ -311,15 +314,21 @@ def close_process_group() -> None:
 
 
 def run_tool(main: Callable[[], None]) -> None:
-    """Run a tool's ``main`` and close the process group; exit with
-    :data:`~vitdense.engine.preemption.PREEMPTED_EXIT_CODE` when a preemption signal stopped
-    training after its checkpoint was saved, else return."""
+    """The tools' launch entry point: run a tool's ``main`` and close the process group; exit
+    with :data:`~vitdense.engine.preemption.PREEMPTED_EXIT_CODE` when a preemption signal
+    stopped training after its checkpoint was saved, else return. A worker of a launched job
+    (its process group open, :func:`join_job`) that fails wakes its stopped siblings
+    (:func:`wake_siblings`) before the error propagates."""
     status = 0
     try:
         main()
     except Preempted as stop:
         print(f'rank {get_rank()}: {stop}', file=sys.stderr, flush=True)
         status = stop.exit_code
+    except (Exception, KeyboardInterrupt):
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            wake_siblings()
+        raise
     close_process_group()  # after the except clause has let go of the runner's frames
     if status:  # a normal end returns, so that a caller running the tool in-process goes on
         sys.exit(status)
