@@ -313,11 +313,13 @@ def test_every_refusal_names_every_option_and_its_advice_applied_as_written_load
             assert_features_match(model(images), [expected])
 
 
-def test_a_distilled_deit_names_its_distillation_token_as_what_no_option_loads(tmp_path):
-    """DeiT distilled's table has two prefix rows, for its class and distillation tokens: no
-    ``no_embed_class`` or other option of ViT loads it, and the error says why."""
+def test_a_distilled_deit_loads_its_distillation_token_as_a_register(tmp_path):
+    """DeiT distilled's table has two prefix rows, for its class and distillation tokens: the
+    distillation token is a register with a position row, and the advice names
+    ``reg_tokens=1``, which loads it."""
     path = tmp_path / 'deit_distilled.pth'
     torch.save(_timm_source('Distilled').state_dict(), path)
-    with pytest.raises(ValueError, match=r'distillation token(.|\n)*to load it: no option of '
-                                         r'ViT loads its distillation token \(dist_token'):
+    with pytest.raises(ValueError, match=r'to load it: reg_tokens=1'):
         _pretrained(ViT, TINY_ARCH, path, img_size=64, out_type='cls_token')
+    model = _pretrained(ViT, TINY_ARCH, path, img_size=64, out_type='cls_token', reg_tokens=1)
+    assert model.reg_token.shape == (1, 1, TINY_ARCH['embed_dims'])

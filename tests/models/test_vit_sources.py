@@ -310,3 +310,26 @@ def test_sam_image_encoder_loads_into_the_vitdet_layout(image_hw):
             x = block(x)
             maps.append(x.permute(0, 3, 1, 2))
     assert_block_maps_match(ours, maps, images)
+
+
+def test_deit_distilled_loads_its_distillation_token_as_a_register():
+    """DeiT-distilled's distillation token is a prefix token with a position row, as a
+    register of ``reg_tokens=1``: the class token (through the final norm) and every block's
+    map are timm's."""
+    import timm
+    reference = timm.create_model('deit_tiny_distilled_patch16_224', num_classes=0,
+                                  dynamic_img_size=True, **SMALL_TIMM).eval()
+    state_dict = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(state_dict)
+    images = torch.randn(2, 3, 160, 224)
+    classifier = ViT(SMALL, out_type='cls_token', reg_tokens=1).eval()
+    classifier.load_state_dict(classifier.adapt_checkpoint(state_dict))
+    with torch.no_grad():
+        expected = reference.forward_features(images)[:, 0]
+        assert (classifier(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), reg_tokens=1).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(state_dict))
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)

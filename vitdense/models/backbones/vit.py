@@ -73,11 +73,13 @@ OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
 
 
 #: the official layouts of the ViT sources timm converts -> ours: DINOv3's hub files
-#: (storage tokens), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
+#: (storage tokens), DeiT-distilled's distillation token (a register with a position row:
+#: ``reg_tokens=1``), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
 #: tables), DINOv2-g's fused SwiGLU (``w12``, ``w3``); DINOv2's registers are merged
 #: (:meth:`ViT.merge_checkpoint_tensors`)
 SOURCE_RULES: tuple[Rule, ...] = (
     (r'^storage_tokens$', 'reg_token'),
+    (r'^dist_token$', 'reg_token'),
     (r'^image_encoder\.pos_embed$', 'pos_embed.weight'),
     (r'^image_encoder\.', ''),
     (r'\.mlp\.lin([12])\.', r'.mlp.fc\1.'),
@@ -125,7 +127,8 @@ class ViT(ColumnarBackbone):
         no_embed_class: the position table has rows for the patches only; the class token
             (and registers) get no position (timm's option: DeiT III, DINOv2).
         reg_tokens: register tokens after the class token (Darcet et al., 2024; timm's
-            option: DINOv2 with registers; DINOv3's storage tokens).
+            option: DINOv2 with registers; DINOv3's storage tokens; DeiT-distilled's
+            distillation token is one, with its position row: ``reg_tokens=1``).
         pos_embed: 'learn' (a learned absolute table) or 'none' (positions from ``rope``
             alone: DINOv3).
         rope: rotary position embeddings in every block's attention, one of
