@@ -5,6 +5,7 @@ MPI's variables, evaluation
 results gathered over the process group, and the launch scripts' choice of interpreter."""
 from __future__ import annotations
 
+import ctypes
 import os
 import os.path as osp
 import signal
@@ -47,6 +48,18 @@ def test_dist_timeout_reaches_the_process_group_config(tmp_path):
     assert cfg.env_cfg.dist_cfg.timeout == 120
     with pytest.raises(ValueError, match='--dist-timeout must be positive'):
         load_config(CONFIG, None, 'none', str(tmp_path), dist_timeout=0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='prctl')
+def test_loading_a_config_for_a_launcher_leaves_the_process_alone(tmp_path):
+    excepthook, pdeathsig = sys.excepthook, ctypes.c_int(-1)
+    cfg, _ = load_config(CONFIG, None, 'pytorch', str(tmp_path))
+    assert cfg.launcher == 'pytorch' and sys.excepthook is excepthook
+    assert not torch.distributed.is_initialized()
+    assert 'collect_device' not in str(cfg.test_evaluator)  # join_job's, when launched
+    pr_get_pdeathsig = 2
+    ctypes.CDLL(None).prctl(pr_get_pdeathsig, ctypes.byref(pdeathsig))
+    assert pdeathsig.value == 0  # no parent-death signal asked for
 
 
 def test_resume_with_nothing_to_resume_says_so(tmp_path, capfd):
