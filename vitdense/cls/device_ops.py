@@ -237,23 +237,23 @@ def warp_affine(x: torch.Tensor, matrix: torch.Tensor, fill: Sequence[float]) ->
             _AB_BITS - _INTER_BITS)
 
     sx, sy = fixed(0), fixed(1)
-    fill_values = torch.tensor(fill, dtype=torch.int64, device=x.device)[None, :, None]
-    flat = x.reshape(n, c, h * w).long()
-
-    def tap(iy: torch.Tensor, ix: torch.Tensor) -> torch.Tensor:
-        """Pixels at (iy, ix), (N, C, H*W), ``fill`` outside the image."""
-        inside = ((ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)).reshape(n, 1, -1)
-        index = (iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)).reshape(n, 1, -1)
-        return torch.where(inside, flat.gather(2, index.expand(n, c, -1)), fill_values)
-
-    table = torch.from_numpy(_cubic_table()).to(x.device)
-    weights = table[(sy & (_INTER_TAB_SIZE - 1)) * _INTER_TAB_SIZE
-                    + (sx & (_INTER_TAB_SIZE - 1))].reshape(n, 1, h * w, 16)
-    x0, y0 = (sx >> _INTER_BITS) - 1, (sy >> _INTER_BITS) - 1
-    acc = torch.zeros(n, c, h * w, dtype=torch.int64, device=x.device)
+    # Every tap outside the image reads ``fill``: a border of fill wide enough for the 4x4
+    # kernel at the clamped corner positions (-4 and size + 4) replaces the bounds checks.
+    fill_values = torch.tensor(fill, dtype=torch.uint8, device=x.device)[None, :, None, None]
+    padded = fill_values.expand(n, c, h + 12, w + 12).clone()
+    padded[..., 4:h + 4, 4:w + 4] = x
+    pw = w + 12
+    flat = padded.reshape(n, c, -1)
+    x0 = ((sx >> _INTER_BITS) - 1).clamp(-4, w + 4) + 4
+    y0 = ((sy >> _INTER_BITS) - 1).clamp(-4, h + 4) + 4
+    base = (y0 * pw + x0).reshape(n, 1, -1).expand(n, c, -1)
+    table = torch.from_numpy(_cubic_table()).to(device=x.device, dtype=torch.int32)
+    fraction = (sy & (_INTER_TAB_SIZE - 1)) * _INTER_TAB_SIZE + (sx & (_INTER_TAB_SIZE - 1))
+    weights = table[fraction.reshape(n, -1)].permute(0, 2, 1).contiguous()  # (N, 16, H*W)
+    acc = torch.zeros(n, c, h * w, dtype=torch.int32, device=x.device)
     for i in range(4):
         for j in range(4):
-            acc += tap(y0 + i, x0 + j) * weights[..., i * 4 + j]
+            acc += flat.gather(2, base + (i * pw + j)) * weights[:, None, i * 4 + j]
     out = (acc + (1 << (_COEF_BITS - 1))) >> _COEF_BITS
     return out.clamp(0, 255).to(torch.uint8).reshape(n, c, h, w)
 
