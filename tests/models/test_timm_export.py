@@ -5,7 +5,8 @@ import timm
 import torch
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT
-from vitdense.models.backbones.timm_export import split_checkpoint, timm_model_name, to_timm
+from vitdense.models.backbones.timm_export import (split_checkpoint, timm_arguments,
+                                                   timm_model_name, to_timm)
 
 from common import TINY_ARCH, TINY_CONVIT_ARCH
 
@@ -30,14 +31,18 @@ CASES = {
 OUT_INDICES = (1, 3)
 
 
+def _options(options: dict, **kwargs) -> dict:
+    """The constructor options of :func:`_perturbed`'s model."""
+    return {'arch': TINY_ARCH, 'img_size': IMG_SIZE, **options, **kwargs}
+
+
 def _perturbed(family: type, options: dict, **kwargs) -> torch.nn.Module:
     """A tiny model whose every tensor matters: LayerScale at the scale of the residual (a
     trained model's, not 1e-5), talking-heads maps mixing the heads at unit scale (at their
     near-zero initialisation the attention is near uniform), temperatures and gates moved off
     their initialisation, BN statistics not (0, 1)."""
-    options = {'arch': TINY_ARCH, **options}
     torch.manual_seed(0)
-    model = family(options.pop('arch'), img_size=IMG_SIZE, **options, **kwargs)
+    model = family(**_options(options, **kwargs))
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if name.endswith(('running_var', '.gamma')):
@@ -69,7 +74,8 @@ def _feature_difference(ours: torch.nn.Module, theirs: torch.nn.Module) -> float
 def test_round_trip_to_timm_and_back_is_exact(case, tmp_path):
     family, options, timm_name, timm_kwargs, _ = CASES[case]
     ours = _perturbed(family, options, out_type='cls_token')
-    exported, filled = to_timm(family, ours.state_dict(), timm_name, timm_kwargs)
+    exported, filled, _, _ = to_timm(family, ours.state_dict(), timm_name, timm_kwargs,
+                                     options=_options(options, out_type='cls_token'))
     assert filled == []
     theirs = _timm_model(timm_name, timm_kwargs, exported)
     assert _feature_difference(ours, theirs) <= 1e-5
@@ -88,8 +94,9 @@ def test_round_trip_to_timm_and_back_is_exact(case, tmp_path):
 def test_dense_maps_equal_timms_intermediates(case):
     family, options, timm_name, timm_kwargs, _ = CASES[case]
     dense = _perturbed(family, options, pyramid=False, out_indices=OUT_INDICES)
-    exported, filled = to_timm(family, dense.state_dict(), timm_name, timm_kwargs,
-                               fill_missing=True)
+    exported, filled, _, _ = to_timm(
+        family, dense.state_dict(), timm_name, timm_kwargs, fill_missing=True,
+        options=_options(options, pyramid=False, out_indices=OUT_INDICES))
     assert filled and all(k.startswith(('norm.', 'cls_token', 'blocks_token_only.',
                                         'cls_attn_blocks.')) for k in filled)
     theirs = _timm_model(timm_name, timm_kwargs, exported)
@@ -105,7 +112,8 @@ def test_dense_maps_equal_timms_intermediates(case):
 def test_an_error_of_one_tensor_fails_the_feature_check(case):
     family, options, timm_name, timm_kwargs, tensor = CASES[case]
     ours = _perturbed(family, options, out_type='cls_token')
-    exported, _ = to_timm(family, ours.state_dict(), timm_name, timm_kwargs)
+    exported = to_timm(family, ours.state_dict(), timm_name, timm_kwargs,
+                       options=_options(options, out_type='cls_token')).state_dict
     exported[tensor] = exported[tensor] * 1.001
     assert _feature_difference(ours, _timm_model(timm_name, timm_kwargs, exported)) > 1e-5
 
@@ -126,7 +134,8 @@ def test_a_classifiers_head_is_written_as_timms_head():
         **{f'backbone.{k}': v for k, v in ours.state_dict().items()},
         'head.fc.weight': head.weight, 'head.fc.bias': head.bias,
         'data_preprocessor.mean': torch.zeros(3)})
-    exported, _ = to_timm(CaiT, checkpoint, 'cait_xxs24_224', dict(TIMM_TINY, init_values=1e-5))
+    exported = to_timm(CaiT, checkpoint, 'cait_xxs24_224', dict(TIMM_TINY, init_values=1e-5),
+                       options=_options({}, out_type='cls_token')).state_dict
     assert torch.equal(exported['head.weight'], head.weight)
     theirs = timm.create_model('cait_xxs24_224', num_classes=5,
                                **dict(TIMM_TINY, init_values=1e-5)).eval()
@@ -140,20 +149,97 @@ def test_a_dense_model_without_fill_missing_options_timm_lacks_and_other_archs_a
     dense = _perturbed(XCiT, {})
     with pytest.raises(ValueError, match=r'lacks 39 tensors of xcit_nano_12_p16_224 \(cls_token'
                                          r'.*fill_missing=True \(--fill-missing\)'):
-        to_timm(XCiT, dense.state_dict(), 'xcit_nano_12_p16_224',
-                dict(TIMM_TINY, tokens_norm=True))
-    windowed = _perturbed(ViT, {}, use_rel_pos=True, dense_class_token=False)
-    with pytest.raises(ValueError, match=r'vit_tiny_patch16_224 has no tensor for 8 of the '
-                                         r'checkpoint \(blocks\.0\.attn\.rel_pos'):
-        to_timm(ViT, windowed.state_dict(), 'vit_tiny_patch16_224', TIMM_TINY)
-    tiny = _perturbed(ViT, {}, out_type='cls_token').state_dict()
-    with pytest.raises(ValueError, match=r"lacks 96 tensors of vit_tiny_patch16_224's trunk "
-                                         r'\(blocks\.4\.norm1\.weight.*another arch'):
-        to_timm(ViT, tiny, 'vit_tiny_patch16_224', dict(img_size=IMG_SIZE))
-    with pytest.raises(ValueError, match=r"vit_tiny_patch16_224 \(options \{'depth': 4\}\) "
-                                         r'does not load the export, another arch(.|\n)*'
-                                         r'size mismatch for cls_token'):
-        to_timm(ViT, tiny, 'vit_tiny_patch16_224', dict(depth=4))
+        to_timm(XCiT, dense.state_dict(), options=_options({}))
+    windowed = dict(use_rel_pos=True, dense_class_token=False)
+    with pytest.raises(ValueError, match=r"timm.create_model\('vit_tiny_patch16_224', .*\) has "
+                                         r'no tensor for 8 of the checkpoint \(blocks\.0\.attn'
+                                         r'\.rel_pos'):
+        to_timm(ViT, _perturbed(ViT, windowed).state_dict(), options=_options(windowed))
+    classifier = dict(out_type='cls_token')
+    tiny = _perturbed(ViT, classifier).state_dict()
+    with pytest.raises(ValueError, match=r"lacks 96 tensors of the trunk of timm.create_model"
+                                         r"\('vit_tiny_patch16_224', .*depth=12.*another arch"):
+        to_timm(ViT, tiny, timm_kwargs=dict(depth=12), options=_options(classifier))
+    with pytest.raises(ValueError, match=r'embed_dim=64.*does not load the export, another '
+                                         r'arch(.|\n)*size mismatch for cls_token'):
+        to_timm(ViT, tiny, timm_kwargs=dict(embed_dim=64), options=_options(classifier))
+    with pytest.raises(ValueError, match=r"holds no config \(meta\['cfg'\]\): give the "
+                                         r"backbone's options"):
+        to_timm(ViT, tiny)
+    with pytest.raises(ValueError, match=r"is not the checkpoint's backbone"):
+        to_timm(ViT, tiny, options=_options(classifier, depth=3))
+
+
+# family, the backbone's options that change its forward but not its tensors, and timm's
+# keyword left at timm's default (what an export that checks tensors alone wrote)
+FORWARD_OPTIONS = {
+    'vit-avg-featmap': (ViT, dict(out_type='avg_featmap'), dict(global_pool='token')),
+    'vit-norm-eps': (ViT, dict(out_type='cls_token', norm_eps=1e-5), dict(norm_layer=None)),
+    'vit-heads': (ViT, dict(arch=dict(TINY_ARCH, num_heads=4), out_type='cls_token'),
+                  dict(num_heads=2)),
+    'vit-quick-gelu': (ViT, dict(out_type='cls_token', act_layer='quick_gelu'),
+                       dict(act_layer='gelu')),
+    'vit-fc-norm-dense': (ViT, dict(pyramid=False, out_indices=(1, 3), norm_eps=1e-5),
+                          dict(norm_layer=None)),
+    'xcit-tokens-norm': (XCiT, dict(arch=dict(TINY_ARCH, tokens_norm=False),
+                                    out_type='cls_token'), dict(tokens_norm=True)),
+    'xcit-heads': (XCiT, dict(arch=dict(TINY_ARCH, num_heads=4), out_type='cls_token'),
+                   dict(num_heads=2)),
+    'xcit-norm-eps': (XCiT, dict(out_type='cls_token', norm_eps=1e-5), dict(norm_layer=None)),
+    'cait-heads': (CaiT, dict(arch=dict(TINY_ARCH, num_heads=4), out_type='cls_token'),
+                   dict(num_heads=2)),
+    'cait-norm-eps': (CaiT, dict(out_type='cls_token', norm_eps=1e-5), dict(norm_layer=None)),
+    'convit-norm-eps': (ConViT, dict(arch=TINY_CONVIT_ARCH, out_type='cls_token',
+                                     norm_eps=1e-5), dict(norm_layer=None)),
+}
+
+
+def _small_embeddings_(model: torch.nn.Module) -> torch.nn.Module:
+    """Token embeddings scaled down, so that a LayerNorm's eps is not negligible beside
+    their variance (as in trained models' first blocks)."""
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.startswith(('patch_embed.', 'pos_embed.', 'cls_token')):
+                tensor.mul_(1e-3)
+    return model
+
+
+@pytest.mark.parametrize('case', FORWARD_OPTIONS)
+def test_an_option_that_changes_the_forward_is_written_into_timms_call_or_refused(case):
+    """The call written from the backbone's options computes its features (≤ 1e-5); the
+    same export under the call without that option is refused: by the feature check where it
+    loads strictly in timm, by the strict load where the option has tensors of its own."""
+    family, options, timm_default = FORWARD_OPTIONS[case]
+    model = _small_embeddings_(_perturbed(family, options))
+    export = to_timm(family, model.state_dict(), options=_options(options), fill_missing=True)
+    assert export.difference <= 1e-5
+    assert all(f'{key}=' in export.call for key in timm_default)
+    refused = r'loads the export but computes other features than the backbone: .* differ by'
+    if family in (XCiT, CaiT) and 'num_heads' in timm_default:  # the heads' own tensors
+        refused = r'does not load the export, another arch'
+    with pytest.raises(ValueError, match=refused):
+        to_timm(family, model.state_dict(), timm_kwargs=timm_default, options=_options(options),
+                fill_missing=True)
+
+
+def test_the_call_is_written_from_the_checkpoints_own_config(tmp_path):
+    """An mmengine checkpoint keeps its config (``meta['cfg']``): the backbone's options come
+    from it, and the printed call builds the model that loads the export."""
+    options = _options(dict(out_type='avg_featmap', norm_eps=1e-5))
+    model = _small_embeddings_(_perturbed(ViT, options))
+    cfg = f"model = dict(type='ImageClassifier', backbone=dict(type='vitdense.ViT', " \
+          f"**{options!r}))"
+    checkpoint = dict(meta=dict(cfg=cfg), state_dict={
+        f'backbone.{k}': v for k, v in model.state_dict().items()})
+    export = to_timm(ViT, checkpoint)
+    assert export.call.startswith("timm.create_model('vit_tiny_patch16_224', num_classes=0, "
+                                  "embed_dim=32, depth=4, num_heads=2")
+    assert "global_pool='avg'" in export.call and 'eps=1e-05' in export.call
+    import functools  # noqa: F401 (the call's norm_layer)
+    theirs = eval(export.call)
+    theirs.load_state_dict(export.state_dict)
+    assert _feature_difference(model, theirs) <= 1e-5
+    assert timm_arguments(model)['fc_norm'] is False
 
 
 def test_timm_model_names_come_from_the_family_table():

@@ -1,10 +1,13 @@
 """tools/model_converters/vitdense_to_timm.py: a whole mmengine checkpoint of a classifier
-becomes a state dict that timm's model loads strictly with the same logits; a dense model
-without its classification stage is refused unless asked to fill it; no file is
-overwritten unless asked."""
+becomes a state dict that the printed ``timm.create_model(...)`` call (written from the
+checkpoint's own config) loads strictly with the same logits; a dense model without its
+classification stage is refused unless asked to fill it; timm options that contradict the
+backbone are refused; no file is overwritten unless asked."""
 from __future__ import annotations
 
+import functools  # noqa: F401 (the printed calls may name it)
 import json
+import re
 import subprocess
 import sys
 
@@ -13,31 +16,39 @@ import torch
 
 from vitdense.models import XCiT
 
-from common import CHECKOUT_ENV, REPO_ROOT, TINY_ARCH
+from common import CHECKOUT_ENV, REPO_ROOT, TINY_ARCH, perturb_
 
 CONVERTER = REPO_ROOT / 'tools/model_converters/vitdense_to_timm.py'
-TIMM_KWARGS = dict(embed_dim=32, depth=4, num_heads=2, tokens_norm=True)
+OPTIONS = dict(arch=TINY_ARCH, img_size=64)
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CONVERTER), 'xcit', *args,
-                           '--timm-model', 'xcit_nano_12_p16_224',
-                           '--timm-kwargs', json.dumps(TIMM_KWARGS)],
+    return subprocess.run([sys.executable, str(CONVERTER), 'xcit', *args],
                           capture_output=True, text=True, env=CHECKOUT_ENV)
+
+
+def _printed_call(stdout: str) -> str:
+    return re.search(r'load with (timm\.create_model\(.*\))\.load_state_dict', stdout).group(1)
 
 
 def test_a_classifier_checkpoint_is_written_for_timm_and_kept_from_overwrites(tmp_path):
     torch.manual_seed(0)
-    backbone = XCiT(TINY_ARCH, out_type='cls_token').eval()
+    options = dict(OPTIONS, out_type='cls_token', arch=dict(TINY_ARCH, tokens_norm=False))
+    backbone = perturb_(XCiT(**options))
     head = torch.nn.Linear(32, 3)
     src, dst = tmp_path / 'epoch_1.pth', tmp_path / 'xcit_timm.pth'
-    torch.save(dict(meta=dict(epoch=1), message_hub=dict(runtime_info=dict(iter=9)),
+    cfg = f"model = dict(type='ImageClassifier', backbone=dict(type='vitdense.XCiT', " \
+          f"**{options!r}))"
+    torch.save(dict(meta=dict(epoch=1, cfg=cfg), message_hub=dict(runtime_info=dict(iter=9)),
                     state_dict={**{f'backbone.{k}': v for k, v in backbone.state_dict().items()},
                                 'head.fc.weight': head.weight, 'head.fc.bias': head.bias}), src)
     result = _convert(str(src), str(dst))
     assert result.returncode == 0, result.stderr
-    assert "timm.create_model('xcit_nano_12_p16_224', num_classes=3" in result.stdout
-    theirs = timm.create_model('xcit_nano_12_p16_224', num_classes=3, **TIMM_KWARGS).eval()
+    call = _printed_call(result.stdout)
+    assert call.startswith("timm.create_model('xcit_nano_12_p16_224', num_classes=3, "
+                           "embed_dim=32, depth=4, num_heads=2")
+    assert 'tokens_norm=False' in call
+    theirs = eval(call).eval()
     theirs.load_state_dict(torch.load(dst), strict=True)
     images = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -47,16 +58,23 @@ def test_a_classifier_checkpoint_is_written_for_timm_and_kept_from_overwrites(tm
     again = _convert(str(src), str(dst))
     assert again.returncode != 0 and 'exists; pass --overwrite' in again.stderr
     assert dst.read_bytes() == written
+    contradicting = _convert(str(src), str(tmp_path / 'other.pth'), '--timm-kwargs',
+                             json.dumps(dict(tokens_norm=True)))
+    assert contradicting.returncode != 0 and not (tmp_path / 'other.pth').exists()
+    assert 'computes other features than the backbone' in contradicting.stderr
 
 
 def test_a_dense_model_is_refused_unless_its_classification_stage_is_filled(tmp_path):
     src, dst = tmp_path / 'dense.pth', tmp_path / 'dense_timm.pth'
-    torch.save(XCiT(TINY_ARCH).state_dict(), src)
-    refused = _convert(str(src), str(dst))
+    torch.save(XCiT(**OPTIONS).state_dict(), src)
+    no_options = _convert(str(src), str(dst))
+    assert no_options.returncode != 0 and "give the backbone's options" in no_options.stderr
+    options = ('--options', json.dumps(OPTIONS))
+    refused = _convert(str(src), str(dst), *options)
     assert refused.returncode != 0 and not dst.exists()
     assert 'lacks 39 tensors' in refused.stderr and '--fill-missing' in refused.stderr
-    filled = _convert(str(src), str(dst), '--fill-missing')
+    filled = _convert(str(src), str(dst), *options, '--fill-missing')
     assert filled.returncode == 0, filled.stderr
     assert "39 tensors from timm's initialisation, not trained: cls_token" in filled.stdout
-    timm.create_model('xcit_nano_12_p16_224', num_classes=0, **TIMM_KWARGS).load_state_dict(
-        torch.load(dst), strict=True)
+    eval(_printed_call(filled.stdout)).load_state_dict(torch.load(dst), strict=True)
+    assert timm  # the printed call names it

@@ -41,6 +41,7 @@ class CaiT(ColumnarBackbone):
         (r'\.attn\.mix_weights\.', '.attn.proj_w.'),
         (r'\.ls([12])\.gamma$', r'.gamma_\1'),
     )
+    timm_arguments = dict(layer_scale='init_values', num_cls_layers='depth_token_only')
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.mix_logits\.')
     timm_models = (
         ('xxs24', {}, 'cait_xxs24_224'), ('xxs36', {}, 'cait_xxs36_224'),

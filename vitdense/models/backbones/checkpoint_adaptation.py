@@ -138,6 +138,11 @@ class CheckpointAdaptation:
     #: our keys -> the family's timm model's (regex, replacement), after
     #: ``SHARED_TIMM_RULES``: the inverse of ``checkpoint_rules`` for timm's layout
     timm_export_rules: tuple[Rule, ...] = ()
+    #: the family's settings (arch keys, else model attributes) -> the keyword of its timm
+    #: model's constructor, beside the shared ones (``timm_export.SHARED_TIMM_ARGUMENTS``)
+    timm_arguments: dict[str, str] = {}
+    #: whether the timm model's ``embed_dim`` is per head (timm's ConViT)
+    timm_embed_dim_per_head = False
     #: keys of foreign checkpoints that have no counterpart here (classifier heads)
     foreign_only_keys = r'^(head|head_dist|pre_logits)\.'
     #: key patterns only this family's checkpoints have all of (what an error names)

@@ -34,6 +34,9 @@ class ConViT(ColumnarBackbone):
     timm_export_rules = (
         (r'\.attn\.gating$', '.attn.gating_param'),
     )
+    timm_arguments = dict(num_local_layers='local_up_to_layer',
+                          locality_strength='locality_strength')
+    timm_embed_dim_per_head = True
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.gating$')
     timm_models = (
         ('tiny', {}, 'convit_tiny'), ('small', {}, 'convit_small'), ('base', {}, 'convit_base'),

@@ -64,6 +64,8 @@ class XCiT(ColumnarBackbone):
         (r'\.norm_lpi\.', '.norm3.'),
         (r'\.lpi\.', '.local_mp.'),
     )
+    timm_arguments = dict(layer_scale='eta', tokens_norm='tokens_norm',
+                          num_cls_layers='cls_attn_layers')
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.temperature$')
     timm_models = tuple((arch, dict(patch_size=p), f'xcit_{arch}_p{p}_224')
                         for arch in arch_zoo for p in (16, 8))
