@@ -81,7 +81,7 @@ def describe_checkpoint(state_dict: dict) -> dict:
     ``checkpoint_markers`` match most), depth, width, LayerScale, registers, rows of the
     position table before its grid (the class token's), normalisation after pooling
     (``fc_norm``), class-attention blocks, patch size (of a linear patch projection),
-    attention biases, class and distillation tokens, gated positional (GPSA) blocks."""
+    attention biases, class token, gated positional (GPSA) blocks."""
     from . import backbone_families  # the families import this module
     scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
               if cls.checkpoint_markers and all(
@@ -106,7 +106,6 @@ def describe_checkpoint(state_dict: dict) -> dict:
         else None,
         qkv_bias=any(QKV_BIAS.match(k) for k in state_dict),
         class_token='cls_token' in state_dict,
-        distillation_token='dist_token' in state_dict,
         gpsa_blocks=sum(bool(GPSA_GATING.match(k)) for k in state_dict))
 
 
@@ -121,7 +120,6 @@ def format_facts(facts: dict) -> str:
             f"{facts['class_attention_blocks']} class-attention blocks, patch size "
             f"{facts['patch_size'] or '-'}, {'' if facts['qkv_bias'] else 'no '}qkv bias, "
             f"{'' if facts['class_token'] else 'no '}class token"
-            f"{', a distillation token' if facts['distillation_token'] else ''}"
             f"{f', {n} GPSA blocks' if (n := facts['gpsa_blocks']) else ''}")
 
 
@@ -365,9 +363,6 @@ class CheckpointAdaptation:
         if found['family'] != model['family']:
             return [f"a {found['family']} backbone (type='vitdense.{found['family']}'), "
                     f"depth {found['depth']}, width {found['width']}"]
-        if found['distillation_token'] and not model['distillation_token']:
-            return [f"no option of {type(self).__name__} loads its distillation token "
-                    f"(dist_token: DeiT distilled); build a model with one"]
         options, arch = [], {}
         if (found['depth'], found['width']) != (model['depth'], model['width']):
             options.append(self.arch_option(found['depth'], found['width']))
