@@ -13,9 +13,9 @@ import importlib.util
 import os.path as osp
 import sys
 import warnings
+from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Sequence
 
 MMCV_EXT_WRITTEN_FOR = '>=2.0.0,<2.2.0'   # op signatures of mmcv 2.1.0
 
