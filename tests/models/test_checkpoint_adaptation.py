@@ -208,6 +208,15 @@ def _ours_source(**options) -> dict:
             'rpn_head.rpn_cls.weight': torch.randn(3, 8, 1, 1)}
 
 
+def _dinov2_hub_source() -> dict:
+    """The official DINOv2 hub layout with registers: ``register_tokens`` (without position
+    rows), a table with the class token's row, ``mask_token``."""
+    state_dict = _timm_source(patch_size=14, img_size=56, init_values=1e-5).state_dict()
+    generator = torch.Generator().manual_seed(1)
+    return dict(state_dict, register_tokens=torch.randn(1, 4, 32, generator=generator),
+                mask_token=torch.randn(1, 32, generator=generator))
+
+
 CLS, DENSE = dict(out_type='cls_token'), dict(pyramid=False, out_indices=(0, 1, 2, 3))
 AVG = dict(out_type='avg_featmap')
 # name: (the checkpoint's state dict, family, options of the model that refuses it, the
@@ -222,6 +231,10 @@ ADVICE_CASES = {
         lambda: _timm_source(patch_size=14, img_size=56, init_values=1e-5,
                              no_embed_class=True, reg_tokens=4), ViT, dict(mode, img_size=56),
         ['patch_size=14', 'layer_scale=', 'reg_tokens=4', 'no_embed_class=True'])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    **{f'dinov2-hub-reg4-{m}': (_dinov2_hub_source, ViT, dict(mode, img_size=56),
+                                ['patch_size=14', 'layer_scale=', 'reg_tokens=4',
+                                 'no_embed_class=True'])
        for m, mode in (('cls', CLS), ('dense', DENSE))},
     **{f'timm-no-qkv-bias-{m}': (lambda: _timm_source(qkv_bias=False), ViT, mode,
                                  ['qkv_bias=False']) for m, mode in (('cls', CLS), ('dense', DENSE))},
