@@ -333,3 +333,50 @@ def test_deit_distilled_loads_its_distillation_token_as_a_register():
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)
+
+
+@pytest.mark.parametrize('timm_name', ['beit_base_patch16_224', 'beit_large_patch16_224'])
+def test_beit_computes_what_timm_computes(timm_name):
+    result = compare_with_timm('vit', SMALL, timm_name, num_classes=10, perturbation=.05,
+                               timm_kwargs=SMALL_TIMM, **table_options(timm_name))
+    assert result['logit_rel_diff'] <= RELATIVE_TOLERANCE
+    assert result['feature_rel_diff'] <= RELATIVE_TOLERANCE
+    assert result['pyramid_rel_diff'] <= RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize('img_size', [224, (192, 288)])
+def test_beit_tables_are_resampled_as_beit_does(img_size):
+    """BEiT's relative tables for a 14 x 14 grid at a 12 x 18 input: timm resamples them
+    when building the model for that size (``checkpoint_filter_fn``); ours resamples them in
+    the forward pass of a model of the checkpoint's size, or when loading into a model of
+    the input's size, with the same kernel."""
+    import timm
+    from timm.models.beit import checkpoint_filter_fn
+    state_dict = perturbed(timm.create_model('beit_base_patch16_224', num_classes=0,
+                                             **SMALL_TIMM).state_dict(), .05)
+    reference = timm.create_model('beit_base_patch16_224', num_classes=0, img_size=(192, 288),
+                                  **SMALL_TIMM).eval()
+    reference.load_state_dict(checkpoint_filter_fn(dict(state_dict), reference))
+    ours = ViT(SMALL, img_size=img_size, pyramid=False, out_indices=(0, 1, 2, 3),
+               **table_options('beit_base_patch16_224')).eval()
+    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    images = torch.randn(2, 3, 192, 288)
+    assert_block_maps_match(ours, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+def test_beit_pretraining_table_is_shared_by_every_block():
+    """BEiT's pretraining checkpoints hold one shared table: each block gets a copy."""
+    import timm
+    state_dict = timm.create_model('beit_base_patch16_224', num_classes=0,
+                                   **SMALL_TIMM).state_dict()
+    shared = torch.randn_like(state_dict['blocks.0.attn.relative_position_bias_table'])
+    for key in [k for k in state_dict if 'relative_position_bias_table' in k]:
+        del state_dict[key]
+    state_dict['rel_pos_bias.relative_position_bias_table'] = shared
+    model = ViT(SMALL, pyramid=False, **table_options('beit_base_patch16_224'))
+    adapted = model.adapt_checkpoint(state_dict)
+    for block in range(SMALL['num_layers']):
+        assert torch.equal(adapted[f'blocks.{block}.attn.relative_position_bias.table'], shared)
+    assert 'blocks.0.attn.relative_position_bias.table' in model.no_weight_decay()

@@ -16,6 +16,7 @@ from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import FeedForward, TransformerBlock
 from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
+from ..layers.relative_bias import RelativePositionBias
 from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import SwiGLU, merge_swiglu_tensors
 from .base import AttentionLayout, ColumnarBackbone
@@ -27,6 +28,7 @@ POS_EMBEDS = ('learn', 'none')
 #: ``v_bias``) or three maps (``q_proj``, ``k_proj`` without bias, ``v_proj``)
 EVA_QV_BIAS = re.compile(r'^(blocks\.\d+\.attn)\.q_bias$')
 EVA_SPLIT_QKV = re.compile(r'^(blocks\.\d+\.attn)\.q_proj\.weight$')
+BLOCK = re.compile(r'^blocks\.(\d+)\.')
 #: timm's per-branch modules of a parallel block (``attns.<b>.norm``, ...) -> ours
 TIMM_PARALLEL_MODULES = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn',
                          ('attns', 'ls'): 'ls1', ('ffns', 'norm'): 'norm2',
@@ -87,13 +89,18 @@ SOURCE_RULES: tuple[Rule, ...] = (
     (r'\.mlp\.w3\.', '.mlp.fc2.'),
     (r'\.attn\.rel_pos_h$', '.attn.rel_pos.height'),
     (r'\.attn\.rel_pos_w$', '.attn.rel_pos.width'),
+    (r'\.attn\.relative_position_bias_table$', '.attn.relative_position_bias.table'),
 )
+#: BEiT's pretraining checkpoints: one relative position table shared by all blocks, which
+#: fine-tuning gives each block a copy of (BEiT §2.6)
+SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: tensors of the sources' pretraining or other tasks that ViT has no module for, left out
 #: with a log line naming them (as timm does): DINOv2's and DINOv3's mask token, DINOv3's
 #: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
-#: encoder and mask decoder
+#: encoder and mask decoder, BEiT's relative position indices (recomputed)
 SOURCE_ONLY_KEYS = re.compile(r'^(mask_token|rope_embed\.periods|neck\.|prompt_encoder\.|'
-                              r'mask_decoder\.)|\.qkv\.bias_mask$')
+                              r'mask_decoder\.)|\.qkv\.bias_mask$|'
+                              r'relative_position_index$')
 
 
 #: the options of the published families timm holds (their sizes: ``ViT.timm_models``):
@@ -102,6 +109,8 @@ EVA02 = dict(patch_size=14, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, rope='eva02')
 #: DINOv3 (Siméoni et al. 2025): rotary positions alone, 4 storage tokens, LayerScale
 DINOV3 = dict(pos_embed='none', rope='dinov3', reg_tokens=4, layer_scale=1e-5,
               qkv_bias=False, norm_eps=1e-5)
+#: BEiT (Bao et al. 2022): relative position bias in every block, LayerScale
+BEIT = dict(pos_embed='none', use_rel_pos_bias=True, layer_scale=1e-5)
 #: CLIP's image tower (Radford et al. 2021): a norm before the blocks (OpenAI's: QuickGELU)
 CLIP = dict(pre_norm=True, norm_eps=1e-5)
 
@@ -144,6 +153,10 @@ class ViT(ColumnarBackbone):
         scale_mlp: SwiGLU: a LayerNorm of the hidden units before ``fc2`` (EVA-02 B/L).
         act_layer: FFN activation, 'gelu' or 'quick_gelu' (OpenAI's CLIP).
         pre_norm: a LayerNorm of the tokens before the first block (``norm_pre``: CLIP).
+        use_rel_pos_bias: BEiT's relative position bias in every block (timm's name: BEiT,
+            data2vec; with ``pos_embed='none'``), its tables sized for ``img_size`` and
+            resampled as BEiT does to other grids (at load and in forward); a pretraining
+            checkpoint's shared table is copied to each block.
         class_token: False: a model without class token (SigLIP, timm's ``*_gap`` ViTs; its
             registers, if any, kept), read by ``out_type='avg_featmap'`` or densely; SigLIP's
             attention-pooling head (``attn_pool``) is unused by dense models.
@@ -162,10 +175,12 @@ class ViT(ColumnarBackbone):
                          stem='linear', stem_norm='BN', no_embed_class=False, reg_tokens=0,
                          pos_embed='learn', rope=None, rope_temperature=None,
                          ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
-                         scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True)
+                         scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True,
+                         use_rel_pos_bias=False)
     #: the arch settings ViT's constructor takes as keywords (``layer_scale`` is the base's)
     family_options = tuple(key for key in arch_defaults if key != 'layer_scale')
     checkpoint_rules = OPENMMLAB_VIT_RULES + SOURCE_RULES
+    no_weight_decay_names = ('table',)  # BEiT's relative position tables
     #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
     classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
     #: mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
@@ -200,6 +215,8 @@ class ViT(ColumnarBackbone):
         ('base', dict(CLIP, act_layer='quick_gelu'), 'vit_base_patch16_clip_quickgelu_224'),
         ('large', dict(CLIP, patch_size=14, act_layer='quick_gelu'),
          'vit_large_patch14_clip_quickgelu_224'),
+        ('base', dict(BEIT, layer_scale=.1), 'beit_base_patch16_224'),
+        ('large', BEIT, 'beit_large_patch16_224'),
         ('base', dict(class_token=False), 'vit_base_patch16_siglip_224'),
         ('base', dict(class_token=False, reg_tokens=4, no_embed_class=True, img_size=256),
          'vit_base_patch16_reg4_gap_256'),
@@ -262,7 +279,10 @@ class ViT(ColumnarBackbone):
                                        num_branches=arch['num_parallel'],
                                        rel_pos_grid=layout.rel_pos_grid,
                                        qk_norm=arch['qk_norm'], norm_eps=self.norm_eps,
-                                       rope=self._rotary_embedding())
+                                       rope=self._rotary_embedding(),
+                                       rel_pos_bias=RelativePositionBias(
+                                           self.num_heads, self.pretrain_grid)
+                                       if arch['use_rel_pos_bias'] else None)
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
                                 drop_path, self.drop_rate, num_branches=arch['num_parallel'],
                                 window_size=layout.window_size, norm_eps=self.norm_eps,
@@ -294,6 +314,19 @@ class ViT(ColumnarBackbone):
             raise ValueError('swiglu_mlp does not support parallel blocks (num_parallel > 1)')
         return SwiGLU(self.embed_dims, int(self.embed_dims * arch['mlp_ratio']),
                       self.drop_rate, arch['scale_mlp'], self.norm_eps)
+
+    def adapt_checkpoint(self, state_dict: dict, strict: bool = True,
+                         truncate: bool = False) -> dict:
+        """As the base's, BEiT's relative position tables of another grid resampled first
+        to the model's, as BEiT does (their modules' load hook does the same for our own
+        layout)."""
+        if isinstance(state_dict.get('state_dict'), dict):
+            state_dict = state_dict['state_dict']
+        converted = self.convert_checkpoint(state_dict)
+        for name, module in self.named_modules():
+            if isinstance(module, RelativePositionBias) and f'{name}.table' in converted:
+                converted[f'{name}.table'] = module.checkpoint_table(converted[f'{name}.table'])
+        return super().adapt_checkpoint(converted, strict, truncate)
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
@@ -331,6 +364,10 @@ class ViT(ColumnarBackbone):
             # DINOv3's hub files: the key bias is masked out (to zero)
             bias = f'{key[:-len("_mask")]}'
             state_dict[bias] = state_dict[bias] * torch.nan_to_num(state_dict[key])
+        if SHARED_RELATIVE_TABLE in state_dict:
+            shared = state_dict.pop(SHARED_RELATIVE_TABLE)
+            for block in sorted({int(m.group(1)) for m in map(BLOCK.match, state_dict) if m}):
+                state_dict[f'blocks.{block}.attn.relative_position_bias.table'] = shared.clone()
         if 'register_tokens' in state_dict:
             # DINOv2's hub files position the class token, not the registers: as timm, the
             # class token's row joins the token and the registers join without positions

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .branched import make_linear
 from .grid import Grid
 from .recompute import recomputed_in_backward
+from .relative_bias import RelativePositionBias
 from .rotary import RotaryPositionEmbedding
 from .talking_heads import (LogitTerms, check_path, talking_heads_attention,
                             with_logit_terms, written_out_weights)
@@ -55,16 +56,20 @@ def _logit_terms(rel_pos: Optional[nn.Module], q: torch.Tensor,
 
 
 def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     terms: Optional[LogitTerms] = None, dropout_p: float = 0.) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` of logits ``scale·q·k`` plus ``terms``; values
-    narrower than the queries and keys with the terms are zero-padded to their width and
-    the output cut back, since the fused CPU and flash kernels take one head width."""
+                     terms: Optional[LogitTerms] = None, dropout_p: float = 0.,
+                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` of logits ``scale·q·k`` plus ``terms`` plus an
+    additive ``bias`` (heads, queries, keys); values narrower than the queries and keys with
+    the terms are zero-padded to their width and the output cut back, since the fused CPU
+    and flash kernels take one head width."""
+    bias = None if bias is None else bias.to(q.dtype)
     if terms is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+                                              scale=scale)
     q, k = with_logit_terms(q * scale, k, terms)
     width = v.shape[-1]
     out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, q.shape[-1] - width)),
-                                         dropout_p=dropout_p, scale=1.)
+                                         attn_mask=bias, dropout_p=dropout_p, scale=1.)
     return out[..., :width]
 
 
@@ -80,15 +85,15 @@ class MultiheadSelfAttention(nn.Module):
     head's queries and keys before attention (timm's ``qk_norm``), with ``norm_eps``.
     ``rope``: rotary position embeddings applied to the queries and keys of the patches
     (after ``qk_norm``, as timm's EVA), built for the grid each call gets (a window's in
-    window attention).
+    window attention). ``rel_pos_bias``: BEiT's per-block relative position bias.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0., talking_heads: bool = False,
                  num_branches: int = 1, rel_pos_grid: Optional[Grid] = None,
                  talking_heads_path: Optional[str] = None, qk_norm: bool = False,
-                 norm_eps: float = 1e-6, rope: Optional[RotaryPositionEmbedding] = None
-                 ) -> None:
+                 norm_eps: float = 1e-6, rope: Optional[RotaryPositionEmbedding] = None,
+                 rel_pos_bias: Optional[RelativePositionBias] = None) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
@@ -114,6 +119,10 @@ class MultiheadSelfAttention(nn.Module):
         self.q_norm = nn.LayerNorm(dim // num_heads, eps=norm_eps) if qk_norm else None
         self.k_norm = nn.LayerNorm(dim // num_heads, eps=norm_eps) if qk_norm else None
         self.rope = rope
+        if rel_pos_bias is not None and (talking_heads or num_branches > 1):
+            raise ValueError('BEiT\'s relative position bias does not support talking heads or '
+                             'parallel branches')
+        self.relative_position_bias = rel_pos_bias
 
     def _queries_keys_values(self, x: torch.Tensor, hw: Optional[Grid]
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,22 +136,30 @@ class MultiheadSelfAttention(nn.Module):
             q, k = self.rope(q, hw), self.rope(k, hw)
         return q, k, v
 
+    def _bias(self, hw: Optional[Grid], num_tokens: int) -> Optional[torch.Tensor]:
+        """BEiT's relative position bias (heads, tokens, tokens), or None."""
+        if self.relative_position_bias is None:
+            return None
+        return self.relative_position_bias(hw, num_tokens)
+
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
                 num_queries: Optional[int] = None) -> torch.Tensor:
         """Attention of every token, or of the first ``num_queries`` tokens only (all
         tokens still serve as keys and values); output (..., queries, C)."""
         q, k, v = self._queries_keys_values(x, hw)
         terms = _logit_terms(self.rel_pos, q, hw)
+        bias = self._bias(hw, k.shape[-2])
         if num_queries is not None:
             q = q[..., :num_queries, :]
             terms = None if terms is None else (terms[0][..., :num_queries, :], terms[1])
+            bias = None if bias is None else bias[..., :num_queries, :]
         drop = self.attn_drop if self.training else 0.
         if self.talking_heads:
             out = talking_heads_attention(q, k, v, self.scale, self.mix_logits,
                                           self.mix_weights, terms, drop,
                                           self.talking_heads_path)
         else:
-            out = _fused_attention(q, k, v, self.scale, terms, drop)
+            out = _fused_attention(q, k, v, self.scale, terms, drop, bias)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
 
     def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
@@ -155,7 +172,9 @@ class MultiheadSelfAttention(nn.Module):
         if self.talking_heads:
             weights = written_out_weights(queries, keys, self.mix_logits, self.mix_weights)
         else:
-            weights = (queries @ keys.transpose(-2, -1)).softmax(dim=-1)
+            logits = queries @ keys.transpose(-2, -1)
+            bias = self._bias(hw, k.shape[-2])
+            weights = (logits if bias is None else logits + bias).softmax(dim=-1)
         if x.dim() == 4:
             weights = weights.view(x.shape[0], x.shape[1], *weights.shape[1:])
             weights = weights.transpose(0, 1).flatten(1, 2)
