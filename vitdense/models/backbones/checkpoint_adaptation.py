@@ -222,7 +222,8 @@ class CheckpointAdaptation:
         """A checkpoint of any layout this family reads (official release, timm, ours;
         bare or wrapped in ``model`` / ``state_dict``), in the layout of this model.
 
-        Keys go through :meth:`convert_checkpoint`, and a model built without
+        Keys go through :meth:`convert_checkpoint`, tensors through the family's
+        :meth:`fit_checkpoint_tensors`, and a model built without
         ``pos_antialias`` takes the position kernel of the checkpoint's library
         (:meth:`adopt_position_kernel`); tensors the model's mode does not build
         (:meth:`built_by_other_modes`) are dropped and logged, and with ``truncate`` so are
@@ -233,7 +234,7 @@ class CheckpointAdaptation:
         error says what the checkpoint is and which option loads it.
         """
         state_dict = checkpoint_weights(state_dict)
-        converted = self.convert_checkpoint(state_dict)
+        converted = self.fit_checkpoint_tensors(self.convert_checkpoint(state_dict))
         expected = self.state_dict()
         unused = sorted(k for k in converted if k not in expected and (
             self.built_by_other_modes(k) or truncate and self._beyond_depth(k)))
@@ -255,6 +256,11 @@ class CheckpointAdaptation:
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
+        return converted
+
+    def fit_checkpoint_tensors(self, converted: dict) -> dict:
+        """Converted checkpoint tensors a family brings to this model's shapes before they
+        are checked (none here; ViT resamples BEiT's relative position tables)."""
         return converted
 
     def _mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],

@@ -11,6 +11,7 @@ from typing import Optional, Union
 import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
+from timm.layers import resample_patch_embed
 
 from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
@@ -77,7 +78,8 @@ OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
 #: the official layouts of the ViT sources timm converts -> ours: DINOv3's hub files
 #: (storage tokens), DeiT-distilled's distillation token (a register with a position row:
 #: ``reg_tokens=1``), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
-#: tables), DINOv2-g's fused SwiGLU (``w12``, ``w3``); DINOv2's registers are merged
+#: tables), DINOv2-g's fused SwiGLU (``w12``, ``w3``), EVA-02's releases (SwiGLU ``w1``,
+#: ``w2``, ``w3``, its ``ffn_ln``); DINOv2's registers are merged
 #: (:meth:`ViT.merge_checkpoint_tensors`)
 SOURCE_RULES: tuple[Rule, ...] = (
     (r'^storage_tokens$', 'reg_token'),
@@ -86,7 +88,10 @@ SOURCE_RULES: tuple[Rule, ...] = (
     (r'^image_encoder\.', ''),
     (r'\.mlp\.lin([12])\.', r'.mlp.fc\1.'),
     (r'\.mlp\.w12\.', '.mlp.fc1.'),
+    (r'\.mlp\.w1\.', '.mlp.fc1_g.'),
+    (r'\.mlp\.w2\.', '.mlp.fc1_x.'),
     (r'\.mlp\.w3\.', '.mlp.fc2.'),
+    (r'\.mlp\.ffn_ln\.', '.mlp.norm.'),
     (r'\.attn\.rel_pos_h$', '.attn.rel_pos.height'),
     (r'\.attn\.rel_pos_w$', '.attn.rel_pos.width'),
     (r'\.attn\.relative_position_bias_table$', '.attn.relative_position_bias.table'),
@@ -97,9 +102,10 @@ SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: tensors of the sources' pretraining or other tasks that ViT has no module for, left out
 #: with a log line naming them (as timm does): DINOv2's and DINOv3's mask token, DINOv3's
 #: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
-#: encoder and mask decoder, BEiT's relative position indices (recomputed)
-SOURCE_ONLY_KEYS = re.compile(r'^(mask_token|rope_embed\.periods|neck\.|prompt_encoder\.|'
-                              r'mask_decoder\.)|\.qkv\.bias_mask$|'
+#: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's rotary
+#: tables (recomputed) and masked-image-modelling head
+SOURCE_ONLY_KEYS = re.compile(r'^(mask_token|rope_embed\.periods|rope\.|lm_head\.|neck\.|'
+                              r'prompt_encoder\.|mask_decoder\.)|\.qkv\.bias_mask$|'
                               r'relative_position_index$')
 
 
@@ -153,6 +159,10 @@ class ViT(ColumnarBackbone):
         scale_mlp: SwiGLU: a LayerNorm of the hidden units before ``fc2`` (EVA-02 B/L).
         act_layer: FFN activation, 'gelu' or 'quick_gelu' (OpenAI's CLIP).
         pre_norm: a LayerNorm of the tokens before the first block (``norm_pre``: CLIP).
+        resample_patch_embed: load a checkpoint's patch projection of another kernel size
+            resampled to ``patch_size`` (FlexiViT's pseudo-inverse resize, timm's
+            ``resample_patch_embed``): how EVA-02's detectors take its 14-px kernels at 16 px.
+            Not exact: the model computes about what the checkpoint's did.
         use_rel_pos_bias: BEiT's relative position bias in every block (timm's name: BEiT,
             data2vec; with ``pos_embed='none'``), its tables sized for ``img_size`` and
             resampled as BEiT does to other grids (at load and in forward); a pretraining
@@ -176,7 +186,7 @@ class ViT(ColumnarBackbone):
                          pos_embed='learn', rope=None, rope_temperature=None,
                          ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
                          scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True,
-                         use_rel_pos_bias=False)
+                         use_rel_pos_bias=False, resample_patch_embed=False)
     #: the arch settings ViT's constructor takes as keywords (``layer_scale`` is the base's)
     family_options = tuple(key for key in arch_defaults if key != 'layer_scale')
     checkpoint_rules = OPENMMLAB_VIT_RULES + SOURCE_RULES
@@ -315,18 +325,22 @@ class ViT(ColumnarBackbone):
         return SwiGLU(self.embed_dims, int(self.embed_dims * arch['mlp_ratio']),
                       self.drop_rate, arch['scale_mlp'], self.norm_eps)
 
-    def adapt_checkpoint(self, state_dict: dict, strict: bool = True,
-                         truncate: bool = False) -> dict:
-        """As the base's, BEiT's relative position tables of another grid resampled first
-        to the model's, as BEiT does (their modules' load hook does the same for our own
-        layout)."""
-        if isinstance(state_dict.get('state_dict'), dict):
-            state_dict = state_dict['state_dict']
-        converted = self.convert_checkpoint(state_dict)
+    def fit_checkpoint_tensors(self, converted: dict) -> dict:
+        """BEiT's relative position tables of another grid resampled to the model's, as BEiT
+        does (their modules' load hook does the same for our own layout); with
+        ``resample_patch_embed`` the patch projection resampled to ``patch_size``."""
+        kernel = converted.get('patch_embed.proj.weight')
+        if self.arch['resample_patch_embed'] and kernel is not None and \
+                kernel.shape[-2:] != (self.patch_size, self.patch_size):
+            MMLogger.get_current_instance().info(
+                f'{type(self).__name__}: patch projection of {tuple(kernel.shape[-2:])} kernels '
+                f'resampled to {self.patch_size} (resample_patch_embed=True)')
+            converted['patch_embed.proj.weight'] = resample_patch_embed(
+                kernel, [self.patch_size, self.patch_size])
         for name, module in self.named_modules():
             if isinstance(module, RelativePositionBias) and f'{name}.table' in converted:
                 converted[f'{name}.table'] = module.checkpoint_table(converted[f'{name}.table'])
-        return super().adapt_checkpoint(converted, strict, truncate)
+        return converted
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
