@@ -380,3 +380,49 @@ def test_beit_pretraining_table_is_shared_by_every_block():
     for block in range(SMALL['num_layers']):
         assert torch.equal(adapted[f'blocks.{block}.attn.relative_position_bias.table'], shared)
     assert 'blocks.0.attn.relative_position_bias.table' in model.no_weight_decay()
+
+
+def test_eva02_release_loads_as_timm_converts_it():
+    """EVA-02's own layout (SwiGLU ``w1``/``w2``/``w3`` and ``ffn_ln``, q, k, v maps with q
+    and v biases, rotary tables, the mask token and MIM head) computes what timm computes
+    from it after timm's own conversion."""
+    import timm
+    from timm.models.eva import checkpoint_filter_fn
+    reference = timm.create_model('eva02_base_patch14_224', num_classes=0,
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    renames = {'mlp.fc1_g': 'mlp.w1', 'mlp.fc1_x': 'mlp.w2', 'mlp.fc2': 'mlp.w3',
+               'mlp.norm': 'mlp.ffn_ln', 'attn.q_proj.bias': 'attn.q_bias',
+               'attn.v_proj.bias': 'attn.v_bias'}
+    released = {}
+    for key, value in timm_layout.items():
+        for timm_name, release_name in renames.items():
+            key = key.replace(timm_name, release_name)
+        released[key] = value
+    released.update({'rope.freqs_cos': torch.ones(256, 32), 'mask_token': torch.zeros(1, 1, 64),
+                     'lm_head.weight': torch.zeros(8, 64)})
+    reference.load_state_dict(checkpoint_filter_fn(dict(released), reference))
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3),
+                **table_options('eva02_base_patch14_224')).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(released))
+    images = torch.randn(2, 3, 224, 224)
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+def test_patch_projection_is_resampled_only_where_asked():
+    """EVA-02's detectors take its 14-px kernels at 16 px: ``resample_patch_embed=True``
+    resamples them (timm's kernel); without it the other kernel size is refused."""
+    import timm
+    from timm.layers import resample_patch_embed
+    state_dict = timm.create_model('eva02_base_patch14_224', num_classes=0,
+                                   **SMALL_TIMM).state_dict()
+    options = dict(table_options('eva02_base_patch14_224'), patch_size=16,
+                   ref_feat_shape=(16, 16))
+    with pytest.raises(ValueError, match='patch_embed.proj.weight'):
+        ViT(SMALL, pyramid=False, **options).adapt_checkpoint(state_dict)
+    model = ViT(SMALL, pyramid=False, resample_patch_embed=True, **options)
+    adapted = model.adapt_checkpoint(state_dict)
+    assert torch.equal(adapted['patch_embed.proj.weight'], resample_patch_embed(
+        state_dict['patch_embed.proj.weight'], [16, 16]))

@@ -69,7 +69,9 @@ def compare_with_timm(family: str, arch, timm_name: Optional[str], num_classes: 
                   params_timm=None, logit_diff=None, feature_diff=None, logit_rel_diff=None,
                   feature_rel_diff=None, pyramid_rel_diff=None)
     if timm_name is None:
-        ours = cls(arch, out_type='cls_token', **kwargs)
+        # a model without class token is read by pooling (same parameters)
+        ours = cls(arch, out_type='cls_token' if kwargs.get('class_token', True)
+                   else 'avg_featmap', **kwargs)
         result['params_ours'] = count_parameters(ours) + ours.embed_dims * num_classes + \
             num_classes
         return result
