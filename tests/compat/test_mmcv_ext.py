@@ -59,6 +59,15 @@ def test_nms_keeps_what_greedy_nms_keeps(offset):
     assert torch.equal(dets, torch.cat([boxes[kept], scores[kept, None]], 1))
 
 
+def test_nms_of_float16_boxes_visits_them_in_score_order_past_2048():
+    """float16 holds distinct integers only up to 2,048: the ranks that fix torchvision's
+    visiting order are not made in the boxes' dtype."""
+    boxes, scores = _random_boxes(3000, seed=7, size=200.0)
+    boxes[:, 2:] += 1   # no box empty in float16
+    _, kept = mmcv.ops.nms(boxes.half(), scores.half(), 0.3)
+    assert kept.tolist() == _greedy_nms(boxes.half().float(), scores.half(), 0.3)
+
+
 def test_nms_ties_overlap_and_empty_input():
     boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60], [0, 0, 10, 10.]])
     scores = torch.tensor([0.9, 0.9, 0.9, 0.9])
@@ -329,3 +338,27 @@ def test_other_ops_exist_and_raise_naming_the_op():
         mmcv_ext.deform_roi_pool_forward()
     with pytest.raises(AttributeError):
         mmcv_ext.__wrapped__  # noqa: B018  (dunders are not ops)
+
+
+def test_deformable_attention_and_max_roi_align_read_no_value_on_the_host():
+    """No host synchronisation in the forward and backward of multi-scale deformable attention
+    and of max-pooled RoIAlign with a fixed sampling ratio: under fake tensors, which hold no
+    values, a read of one (``.item()``, ``.tolist()``, a boolean mask) raises.  The adaptive
+    sampling ratio needs its largest count, and says so by raising."""
+    from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+    with FakeTensorMode():
+        value = torch.randn(2, 40, 2, 4, requires_grad=True)
+        locations = torch.rand(2, 5, 2, 2, 3, 2, requires_grad=True)
+        weights = torch.rand(2, 5, 2, 2, 3, requires_grad=True)
+        out = MultiScaleDeformableAttnFunction.apply(
+            value, torch.tensor([[4, 8], [2, 4]]), torch.tensor([0, 32]), locations, weights, 64)
+        out.sum().backward()
+        assert out.shape == (2, 5, 8) and locations.grad.shape == locations.shape
+        x = torch.randn(2, 3, 8, 8, requires_grad=True)
+        rois = torch.rand(4, 5)
+        pooled = mmcv.ops.roi_align(x, rois, 2, 1.0, 2, 'max', True)
+        pooled.sum().backward()
+        assert pooled.shape == (4, 3, 2, 2) and x.grad.shape == x.shape
+        with pytest.raises(DataDependentOutputException):
+            mmcv.ops.roi_align(x, rois, 2, 1.0, 0, 'max', True)

@@ -260,6 +260,30 @@ def test_modulated_deform_conv_equals_the_formula(dtype, geometry):
         ['input', 'offset', 'mask', 'weight', 'bias'])
 
 
+def test_deform_conv_backward_runs_torchvisions_backward_once(monkeypatch):
+    """mmcv's DCNv1 backward makes two compiled calls (input and offset, then weight); the
+    weight's gradient of the first is kept for the second."""
+    calls = []
+    backward = mmcv_ext._deform_conv2d_backward
+    monkeypatch.setattr(mmcv_ext, '_deform_conv2d_backward',
+                        lambda *args: calls.append(1) or backward(*args))
+    geometry = GEOMETRIES['3x3, stride 1']
+    x, offset, weight = _conv_inputs(torch.float64, geometry, modulated=False)
+    out = mmcv.ops.deform_conv2d(x, offset, weight, *geometry.values())
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
+    out.backward(grad)
+    assert len(calls) == 1 and not mmcv_ext._pending_weight_grad
+    reference = _deform_conv_reference(x, offset, None, weight, None, **geometry)
+    (by_weight,) = torch.autograd.grad(reference, [weight], grad)
+    assert_matches('gradient by weight', weight.grad, by_weight, GRADIENT_RTOL)
+    frozen_input = mmcv.ops.deform_conv2d(x.detach(), offset.detach(), weight,
+                                          *geometry.values())
+    weight.grad = None
+    frozen_input.backward(grad)   # only the weight's gradient: computed alone
+    assert len(calls) == 2
+    assert_matches('gradient by weight alone', weight.grad, by_weight, GRADIENT_RTOL)
+
+
 def test_modulated_deform_conv_pack_under_autocast():
     torch.manual_seed(0)
     conv = mmcv.ops.ModulatedDeformConv2dPack(4, 6, 3, padding=1)

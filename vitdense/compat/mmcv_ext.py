@@ -214,7 +214,8 @@ def _bilinear_corners(y: Tensor, x: Tensor, height: int, width: int
 def _roi_grid(rois: Tensor, spatial_scale: float, bins_hw: tuple[int, int],
               sampling_ratio: int, aligned: bool) -> tuple[list[Tensor], list[Tensor]]:
     """mmcv's sampling points of each RoI, y then x: the coordinates (K, bins, most samples per
-    bin) and the number of samples per bin of each RoI (K,)."""
+    bin) and the number of samples per bin of each RoI (K,).  A fixed ``sampling_ratio``
+    fixes the grid; the adaptive one (0) waits once for the device, for the largest count."""
     start = rois[:, 1:3] * spatial_scale - (0.5 if aligned else 0.0)
     size = rois[:, 3:5] * spatial_scale - (0.5 if aligned else 0.0) - start
     if not aligned:
@@ -224,7 +225,8 @@ def _roi_grid(rois: Tensor, spatial_scale: float, bins_hw: tuple[int, int],
         bin_size = size[:, axis] / bins
         count = (torch.full_like(bin_size, sampling_ratio) if sampling_ratio > 0
                  else torch.ceil(size[:, axis] / bins)).long().clamp(min=0)
-        steps = torch.arange(int(count.max()) if len(count) else 0, device=rois.device)
+        most = sampling_ratio if sampling_ratio > 0 else int(count.max()) if len(count) else 0
+        steps = torch.arange(most, device=rois.device)
         bin_start = (start[:, axis, None]
                      + torch.arange(bins, device=rois.device) * bin_size[:, None])
         points.append(bin_start[:, :, None]
@@ -311,9 +313,9 @@ def _roi_align_max_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor,
     first_pixel = ((rois[:, 0].long() * channels)[:, None]
                    + torch.arange(channels, device=rois.device)) * (height * width)
     flat = grad_input.view(-1)
-    for i, w in zip(index, weights):
-        flat.index_put_(((first_pixel[:, :, None, None] + i)[sampled],),
-                        (grad_output * w)[sampled], accumulate=True)
+    for i, w in zip(index, weights):   # a bin without a sample adds 0 (no sync to skip it)
+        flat.index_put_(((first_pixel[:, :, None, None] + i).flatten(),),
+                        (grad_output * w * sampled).flatten(), accumulate=True)
 
 
 @_kernel
