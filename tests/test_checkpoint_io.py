@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from vitdense.checkpoint_io import (ALLOWED_GLOBALS, PLAIN_TAG, CorruptCheckpointError,
                                    UnsafeCheckpointError, atomic_write, from_plain,
                                    load_from_local, safe_load, to_plain, use_safe_loading)
+from vitdense.internals import checkpoint_loader_for
 
 from common import RegressToOne
 
@@ -127,10 +128,19 @@ def mmengine_local_loader():
     CheckpointLoader.register_scheme('', before, force=True)
 
 
-def test_config_naming_the_hook_gets_safe_loading(mmengine_local_loader, tmp_path):
-    assert CheckpointLoader._get_checkpoint_loader('a.pth') is mmengine_checkpoint.load_from_local
-    make_runner(tmp_path, max_epochs=1)
-    assert CheckpointLoader._get_checkpoint_loader('a.pth') is load_from_local
+class RecordLocalLoader(Hook):
+    """Remembers which loader mmengine used for local files while the run trained."""
+
+    def before_train(self, runner) -> None:
+        self.loader = checkpoint_loader_for('a.pth')
+
+
+def test_config_naming_the_hook_loads_safely_during_its_run(mmengine_local_loader, tmp_path):
+    assert checkpoint_loader_for('a.pth') is mmengine_checkpoint.load_from_local
+    record = RecordLocalLoader()
+    make_runner(tmp_path, max_epochs=1, custom_hooks=[record]).train()
+    assert record.loader is load_from_local
+    assert checkpoint_loader_for('a.pth') is mmengine_checkpoint.load_from_local  # as it was
 
 
 def test_safe_load_restores_message_hub(trained):

@@ -94,22 +94,21 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from mmengine.runner import Runner
-from mmengine.runner.checkpoint import CheckpointLoader
 from vitdense.engine.launch import add_safety_hooks, point_at_data_root
+from vitdense.internals import checkpoint_schemes
 
 
 @HOOKS.register_module()
 class RecordLocalLoader(Hook):
     def before_train(self, runner):
-        runner.local_loader = CheckpointLoader._schemes[''].__module__
+        runner.local_loader = checkpoint_schemes()[''].__module__
 
 
 def state():
     handlers = {sig.name: repr(signal.getsignal(sig)) for sig in signal.Signals
                 if sig not in (signal.SIGKILL, signal.SIGSTOP)}
     return dict(handlers=handlers, excepthook=repr(sys.excepthook),
-                schemes={prefix: repr(loader)
-                         for prefix, loader in CheckpointLoader._schemes.items()})
+                schemes={prefix: repr(loader) for prefix, loader in checkpoint_schemes().items()})
 
 
 config, data, work_dir = sys.argv[1:]
@@ -131,7 +130,7 @@ print('REPORT', json.dumps(dict(
     hooks=during, changed={key: [name for name in before[key] if before[key][name] !=
                                  after[key].get(name)] if isinstance(before[key], dict)
                            else before[key] != after[key] for key in before},
-    local_loader=[runner.local_loader, CheckpointLoader._schemes[''].__module__])))
+    local_loader=[runner.local_loader, checkpoint_schemes()[''].__module__])))
 """
 
 

@@ -66,6 +66,8 @@ from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from vitdense.internals import checkpoint_loader_for, checkpoint_schemes
+
 __all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
            'load_from_local', 'use_safe_loading', 'atomic_write', 'AtomicLocalBackend',
            'ATOMIC_BACKEND', 'PLAIN_TAG', 'to_plain', 'from_plain', 'save_plain',
@@ -450,7 +452,7 @@ def use_safe_loading() -> None:
     elsewhere, e.g. as ``Pretrained`` weights of a model built outside a Runner.
     """
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
-    for prefix, loader in list(CheckpointLoader._schemes.items()):
+    for prefix, loader in checkpoint_schemes().items():
         if prefix and loader is not load_from_remote:
             CheckpointLoader.register_scheme(prefix, load_from_remote, force=True)
 
@@ -460,8 +462,7 @@ def load_checkpoint(filename: str, map_location: Any = 'cpu') -> Any:
     nothing: a local file through :func:`safe_load`, any other scheme weights-only with a
     refusal naming the file. For library code that loads a file it was given
     (``Pretrained`` initialisation of our backbones, :func:`vitdense.cls.build_teacher`)."""
-    loader = CheckpointLoader._get_checkpoint_loader(filename)
-    if loader is CheckpointLoader._schemes.get(''):
+    if checkpoint_loader_for(filename) is checkpoint_schemes().get(''):
         return load_from_local(filename, map_location)
     return load_from_remote(filename, map_location)
 

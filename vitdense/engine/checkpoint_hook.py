@@ -12,9 +12,9 @@ on a preemption signal or by a time budget (:func:`save_resumable`) with its own
 schemes load through :func:`~vitdense.checkpoint_io.safe_load`
 (:func:`~vitdense.checkpoint_io.use_safe_loading`), so ``load_from``, ``resume`` and
 ``Pretrained`` initialisation read mmengine checkpoints with ``weights_only=True``; then the
-schemes are registered back as they were. What it saves holds tensors and Python builtins only: the message
-hub's ``HistoryBuffer`` s and the numpy values of meta and runtime information are written as
-plain data (:func:`~vitdense.checkpoint_io.to_plain`) and rebuilt when a checkpoint is loaded,
+schemes are registered back as they were. What it saves holds tensors and Python builtins
+only: the message hub's ``HistoryBuffer`` s and the numpy values of meta and runtime
+information are written as plain data (:func:`~vitdense.checkpoint_io.to_plain`) and rebuilt when a checkpoint is loaded,
 so ``torch.load`` with torch's defaults reads every checkpoint and resuming stays exact. Our
 runtime configs name it: ``default_hooks.checkpoint.type =
 'vitdense.SafeCheckpointHook'``.
@@ -32,6 +32,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 from vitdense.checkpoint_io import (ATOMIC_BACKEND, atomic_write, from_plain, to_plain,
                                     use_safe_loading)
+from vitdense.internals import checkpoint_schemes
 from vitdense.registry import HOOKS
 
 #: message hub key of the paths of the checkpoints kept (oldest first)
@@ -50,7 +51,7 @@ class SafeCheckpointHook(CheckpointHook):
     def before_run(self, runner: Any) -> None:
         """Load every checkpoint of the run safely; remember the loaders it replaces."""
         super().before_run(runner)
-        self.schemes_before = dict(CheckpointLoader._schemes)
+        self.schemes_before = checkpoint_schemes()
         use_safe_loading()
 
     def after_run(self, runner: Any) -> None:

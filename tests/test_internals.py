@@ -1,0 +1,76 @@
+"""vitdense/internals.py against the installed torch and mmengine: each private attribute is
+there and behaves as vitdense assumes, and a missing one is named in the error."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from mmengine.dataset import InfiniteSampler
+from mmengine.runner import checkpoint as mmengine_checkpoint
+from mmengine.runner.checkpoint import CheckpointLoader
+from mmengine.runner.loops import _InfiniteDataloaderIterator
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+from vitdense.internals import (InternalsChanged, checkpoint_loader_for, checkpoint_schemes,
+                                drop_loader_workers, indices_of_rank, new_loop_iterator,
+                                replace_batch_sampler)
+
+
+def test_checkpoint_schemes_lists_every_registered_loader_as_a_copy(monkeypatch):
+    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
+    CheckpointLoader.register_scheme('', mmengine_checkpoint.load_from_local, force=True)
+    schemes = checkpoint_schemes()
+    assert schemes[''] is mmengine_checkpoint.load_from_local
+    assert schemes['https://'] is mmengine_checkpoint.load_from_http
+    schemes.clear()
+    assert checkpoint_schemes()  # a copy: mmengine's table is untouched
+
+
+def test_checkpoint_loader_for_matches_mmengines_prefixes(monkeypatch):
+    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
+    CheckpointLoader.register_scheme('', mmengine_checkpoint.load_from_local, force=True)
+    assert checkpoint_loader_for('work/iter_2.pth') is mmengine_checkpoint.load_from_local
+    assert checkpoint_loader_for('https://x/a.pth') is mmengine_checkpoint.load_from_http
+    assert checkpoint_loader_for('s3://b/a.pth') is mmengine_checkpoint.load_from_ceph
+
+
+def test_drop_loader_workers_makes_a_persistent_loader_start_new_ones():
+    loader = DataLoader(list(range(4)), batch_size=2, num_workers=1, persistent_workers=True)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert loader._iterator is not None  # where a persistent loader keeps its workers
+    drop_loader_workers(loader)
+    assert loader._iterator is None
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_replace_batch_sampler_passes_torchs_guard():
+    loader = DataLoader(list(range(4)), batch_size=2)
+    reversed_pairs = [[3, 2], [1, 0]]
+    with pytest.raises(ValueError, match='batch_sampler attribute should not be set'):
+        loader.batch_sampler = reversed_pairs  # torch still refuses it publicly
+    replace_batch_sampler(loader, reversed_pairs)
+    assert [b.tolist() for b in loader] == reversed_pairs
+
+
+def test_indices_of_rank_is_a_fresh_generator_from_the_start():
+    sampler = InfiniteSampler(list(range(3)), shuffle=False)
+    first = iter(sampler)
+    assert [next(first) for _ in range(4)] == [0, 1, 2, 0]
+    fresh = indices_of_rank(sampler)
+    assert [next(fresh) for _ in range(4)] == [0, 1, 2, 0]
+
+
+def test_new_loop_iterator_starts_the_loader_over():
+    loader = DataLoader(list(range(4)), batch_sampler=BatchSampler(
+        SequentialSampler(range(4)), batch_size=2, drop_last=False))
+    loop = SimpleNamespace(dataloader=loader,
+                           dataloader_iterator=_InfiniteDataloaderIterator(loader))
+    assert next(loop.dataloader_iterator).tolist() == [0, 1]
+    new_loop_iterator(loop)
+    assert next(loop.dataloader_iterator).tolist() == [0, 1]
+
+
+def test_a_missing_attribute_is_named_with_the_versions():
+    with pytest.raises(InternalsChanged, match=r'relies on types\.SimpleNamespace\._iterator, '
+                                               r'which the installed torch .* do not have'):
+        drop_loader_workers(SimpleNamespace())

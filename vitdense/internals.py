@@ -1,0 +1,84 @@
+"""The private attributes of torch and mmengine that vitdense reads or sets, in one place.
+
+Each function names the one private attribute it touches and why no public way exists; each
+checks the attribute is there and, if a release has removed it, raises
+:class:`InternalsChanged` naming the attribute and the versions installed, instead of an
+``AttributeError`` deep in a training loop. ``tests/test_internals.py`` checks every access
+against the installed torch and mmengine (and what vitdense assumes of it), so an upgrade
+that breaks one fails there first, by name.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import mmengine
+import torch
+from mmengine.runner.checkpoint import CheckpointLoader
+from torch.utils.data import DataLoader, Sampler
+
+#: the releases these accesses were checked with
+WRITTEN_FOR = 'torch 2.14, mmengine 0.10'
+
+
+class InternalsChanged(AttributeError):
+    """A private attribute vitdense relies on is gone from the installed torch or mmengine."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        where = owner if isinstance(owner, type) else type(owner)
+        super().__init__(
+            f'vitdense relies on {where.__module__}.{where.__qualname__}.{name}, which the '
+            f'installed torch {torch.__version__} / mmengine {mmengine.__version__} do not '
+            f'have (written for {WRITTEN_FOR}); install those versions '
+            '(requirements/constraints.txt) or report it to vitdense')
+
+
+def _require(owner: Any, name: str) -> None:
+    """Raise :class:`InternalsChanged` unless ``owner`` has attribute ``name``."""
+    if not hasattr(owner, name):
+        raise InternalsChanged(owner, name)
+
+
+def checkpoint_schemes() -> dict[str, Callable]:
+    """A copy of mmengine's checkpoint loaders by prefix (``CheckpointLoader._schemes``):
+    mmengine registers loaders publicly but offers no way to list them, which replacing
+    each one (safe loading) and registering them back need."""
+    _require(CheckpointLoader, '_schemes')
+    return dict(CheckpointLoader._schemes)
+
+
+def checkpoint_loader_for(filename: str) -> Callable:
+    """The loader mmengine would use for ``filename``
+    (``CheckpointLoader._get_checkpoint_loader``: the prefix matching is mmengine's own)."""
+    _require(CheckpointLoader, '_get_checkpoint_loader')
+    return CheckpointLoader._get_checkpoint_loader(filename)
+
+
+def drop_loader_workers(loader: DataLoader) -> None:
+    """Let go of the iterator a persistent loader keeps (``DataLoader._iterator``), so that
+    its next pass starts new workers: torch offers no public way to restart them."""
+    _require(loader, '_iterator')
+    loader._iterator = None
+
+
+def replace_batch_sampler(loader: DataLoader, batch_sampler: Sampler) -> None:
+    """Set ``loader.batch_sampler`` on a built loader, past the guard of
+    ``DataLoader.__setattr__`` (torch refuses the attribute once the loader is built;
+    mmengine builds the loader before a checkpoint says how to sample)."""
+    _require(loader, '_DataLoader__initialized')
+    object.__setattr__(loader, 'batch_sampler', batch_sampler)
+
+
+def indices_of_rank(sampler: Any) -> Any:
+    """A fresh index generator of mmengine's ``InfiniteSampler`` for this process
+    (``InfiniteSampler._indices_of_rank``; its own ``indices`` is advanced and closed by
+    the iterator it served)."""
+    _require(sampler, '_indices_of_rank')
+    return sampler._indices_of_rank()
+
+
+def new_loop_iterator(loop: Any) -> None:
+    """Give an ``IterBasedTrainLoop`` a new iterator over its loader
+    (``_InfiniteDataloaderIterator._iterator``): the loop builds its first one before any
+    hook runs and has no way to rebuild it."""
+    _require(loop.dataloader_iterator, '_iterator')
+    loop.dataloader_iterator._iterator = iter(loop.dataloader)
