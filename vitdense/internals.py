@@ -1,4 +1,4 @@
-"""The private attributes of torch and mmengine that vitdense reads or sets, in one place.
+"""Accesses to private attributes of torch and mmengine, one function each.
 
 Each function names the one private attribute it touches and why no public way exists; each
 checks the attribute is there and, if a release has removed it, raises
