@@ -173,7 +173,9 @@ def test_mmpretrain_vit_trained_at_384_loads_at_224_with_mmpretrains_kernel(tmp_
             images = torch.randn(2, 3, size, size)
             expected = reference.backbone(images)
             assert_features_match(ours(images), expected)
-            assert max_relative_diff(antialiased(images)[0], expected[0]) > 10 * FLOOR
+            off = max_relative_diff(antialiased(images)[0], expected[0])
+            print(f'antialiased kernel at {size}: {off:.1e}')
+            assert off > 10 * FLOOR
 
 
 def test_mmseg_table_of_14x14_at_512_with_mmsegs_kernel(tmp_path):
@@ -198,7 +200,9 @@ def test_mmseg_table_of_14x14_at_512_with_mmsegs_kernel(tmp_path):
     with torch.no_grad():
         expected = reference(images)
         assert_features_match(ours(images), expected)
-        assert max_relative_diff(antialiased(images)[0], expected[0]) > 10 * FLOOR
+        off = max(max_relative_diff(*pair) for pair in zip(antialiased(images), expected))
+        print(f'antialiased kernel: {off:.1e}')
+        assert off > 10 * FLOOR
 
 
 def test_timm_train_checkpoint_gives_its_ema_weights_as_timm_reads_them(tmp_path):
