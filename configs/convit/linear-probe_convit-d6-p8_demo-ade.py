@@ -1,0 +1,4 @@
+# Demo: the linear probe of the demo UperNet's small ConViT (trained on the demo
+# ADE20k-layout set; load it with load_from), frozen.
+_base_ = '../_base_/demo_linear-probe_ade.py'
+model = dict(backbone=dict(type='vitdense.ConViT', img_size=128, arch=dict(num_local_layers=5)))

@@ -1,0 +1,91 @@
+"""Frozen-backbone probes: every family's linear and multi-layer probe configs build a
+segmentor whose backbone has no trainable tensor; a demo probe trained a few iterations leaves
+every backbone tensor (buffers included) bit-identical, keeps no optimiser state for it and
+holds it in eval mode, while its head learns."""
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+
+from vitdense.demo_data import make_demo_ade
+from vitdense.engine.hosts import build_model
+from vitdense.engine.launch import load_config, point_at_data_root
+
+from common import CONFIGS
+
+FAMILIES = {'xcit': ('xcit-s12-p16', 384), 'vit': ('vit-s-p16', 384),
+            'cait': ('cait-xxs24-p16', 192), 'convit': ('convit-s-p16', 432)}
+
+
+def _load(path: Path, work_dir: Path):
+    cfg, _ = load_config(str(path), None, 'none', str(work_dir))
+    return cfg
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+@pytest.mark.parametrize('probe, layers', [('linear-probe', 1), ('ms-probe', 4)])
+def test_ade20k_probe_freezes_the_whole_backbone(family, probe, layers, tmp_path):
+    name, width = FAMILIES[family]
+    cfg = _load(CONFIGS / family / f'{probe}_{name}_8xb2-40k_ade20k-512x512.py', tmp_path)
+    assert cfg.model.test_cfg == dict(mode='slide', crop_size=(512, 512), stride=(341, 341))
+    model = build_model(cfg, 'count')
+    assert type(model).__name__ == 'FrozenBackboneSegmentor'
+    assert len(model.backbone.out_indices) == layers
+    assert not any(p.requires_grad for p in model.backbone.parameters())
+    model.train()
+    assert not model.backbone.training
+    head = model.decode_head
+    assert head.conv_seg.in_channels == width * layers == head.bn.num_features
+    assert all(p.requires_grad for p in head.parameters())
+
+
+def test_probe_head_needs_one_width_per_map():
+    from vitdense.seg import LinearProbeHead
+    with pytest.raises(ValueError, match=r'in_channels \[384\] for in_index \[0, 1\]'):
+        LinearProbeHead(in_channels=[384], in_index=[0, 1], num_classes=5)
+
+
+class BackboneModeProbe(Hook):
+    """Records whether the backbone was in training mode at every training step."""
+
+    def __init__(self) -> None:
+        self.modes = []
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        self.modes.append(runner.model.backbone.training)
+
+
+@pytest.mark.parametrize('family', ['xcit', 'convit'])
+def test_demo_probe_training_leaves_the_backbone_bit_identical(family, tmp_path):
+    """XCiT (BatchNorm in its blocks) and ConViT (a class token joining late in the trunk)."""
+    data_root = make_demo_ade(tmp_path / 'data', num_train=4, num_val=1, size=64)
+    cfg = _load(CONFIGS / family / f'linear-probe_{family}-d6-p8_demo-ade.py', tmp_path / 'work')
+    point_at_data_root(cfg, data_root)
+    cfg.model.data_preprocessor.size = (64, 64)
+    cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)
+    cfg.train_cfg.update(max_iters=4, val_interval=100)
+    cfg.param_scheduler = []
+    cfg.default_hooks.checkpoint = None
+    cfg.default_hooks.pop('visualization')
+    cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None
+    cfg.test_dataloader = cfg.test_cfg = cfg.test_evaluator = None
+    cfg.randomness = dict(seed=0)
+    runner = Runner.from_cfg(cfg)
+    modes = BackboneModeProbe()
+    runner.register_hook(modes)
+    backbone = {k: v.clone() for k, v in runner.model.backbone.state_dict().items()}
+    head = {k: v.clone() for k, v in runner.model.decode_head.state_dict().items()}
+    runner.train()
+    after = runner.model.backbone.state_dict()
+    assert backbone.keys() == after.keys()
+    for key, value in backbone.items():
+        assert torch.equal(after[key], value), key
+    assert any(not torch.equal(runner.model.decode_head.state_dict()[k], v)
+               for k, v in head.items())
+    assert modes.modes == [False] * 4
+    optimizer = runner.optim_wrapper.optimizer
+    backbone_params = {id(p) for p in runner.model.backbone.parameters()}
+    assert not any(id(p) in backbone_params for p in optimizer.state)
+    assert optimizer.state
