@@ -47,11 +47,18 @@ RECIPE = 'configs/cait/cait-xxs24_8xb128_in1k.py'  # the DeiT recipe every famil
 #: a long side of 500 px at 4:3 or 3:2; a few are larger.
 IMAGE_SIZES = {(375, 500): 0.45, (500, 375): 0.15, (333, 500): 0.2, (480, 640): 0.1,
                (600, 800): 0.1}
-#: Training images per second one GPU takes in a step that keeps it busy (estimates for an
-#: H100 in bfloat16 at 224², batch 128-256: ViT-S from its measured eager rate (2,100) and a
-#: compiled, fused step; the others scaled by their FLOPs per image relative to ViT-S).
-GPU_RATE_ESTIMATES = {'ViT-S/16': 5000, 'DeiT-Ti / ViT-Ti': 12000, 'CaiT-XXS24': 3000,
-                      'XCiT-S12/16': 3500, 'ConViT-S': 3500, 'ViT-B/16': 1700}
+#: The GPU rate the cores are sized for: ViT-S/16 training images per second on one H100 in a
+#: step that keeps it busy (an estimate: 2,100 measured eager, 4,000-7,000 expected compiled
+#: and fused), and each family's GFLOPs per 224² image (the papers' tables), by which its
+#: rate is scaled: a FLOP-bound estimate, the most images a family's step could ask for.
+VIT_S_IMAGES_PER_S = 5000
+GFLOPS_224 = {'ViT-Ti/16': 1.3, 'ViT-S/16': 4.6, 'ViT-B/16': 17.6, 'CaiT-XXS24': 2.5,
+              'XCiT-S12/16': 4.8, 'ConViT-S': 5.4}
+
+
+def gpu_rate(family: str) -> float:
+    """Estimated training images per second of one H100 for ``family`` (see GFLOPS_224)."""
+    return VIT_S_IMAGES_PER_S * GFLOPS_224['ViT-S/16'] / GFLOPS_224[family]
 
 
 def to_all_cpu(cfg: Config) -> Config:
@@ -150,9 +157,10 @@ def report(result: dict) -> None:
           f"{per_batch['all-CPU'] * 1e3:.0f} ms")
     print('\n| family (estimated GPU images/s) | ' + ' | '.join(worker) + ' |')
     print('|---|' + '---|' * len(worker))
-    for family, rate in GPU_RATE_ESTIMATES.items():
+    for family in GFLOPS_224:
+        rate = gpu_rate(family)
         cores = ' | '.join(f'{rate / r:.1f}' for r in worker.values())
-        print(f'| {family} ({rate}) | {cores} |')
+        print(f'| {family} ({rate:.0f}) | {cores} |')
     print(json.dumps(result))
 
 
@@ -180,13 +188,14 @@ def accuracy(args: argparse.Namespace) -> dict:
         from vitdense.demo_data import make_demo_imagenet
         make_demo_imagenet(args.data_root)
     top1 = {pipeline: [train_demo(args.family, pipeline, seed, args) for seed in args.seeds]
-            for pipeline in ('split', 'all-CPU')}
+            for pipeline in args.pipelines}
     print(f'\n{args.family} demo config, seeds {args.seeds}')
     print('| pipeline | top-1 per seed | mean | std |')
     print('|---|---|---|---|')
     for pipeline, values in top1.items():
         print(f"| {pipeline} | {', '.join(f'{v:.1f}' for v in values)} | "
-              f'{statistics.mean(values):.1f} | {statistics.stdev(values):.1f} |')
+              f'{statistics.mean(values):.1f} | '
+              f"{statistics.stdev(values) if len(values) > 1 else float('nan'):.1f} |")
     result = dict(family=args.family, seeds=args.seeds, top1=top1)
     print(json.dumps(result))
     return result
@@ -202,6 +211,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p_acc = sub.add_parser('accuracy', help='demo accuracy, split vs all-CPU pipeline')
     p_acc.add_argument('--family', default='xcit', choices=list(DEMO_CONFIGS))
     p_acc.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    p_acc.add_argument('--pipelines', nargs='+', default=['split', 'all-CPU'],
+                       choices=['split', 'all-CPU'])
     p_acc.add_argument('--data-root', default=str(ROOT / 'data' / 'demo_in10'))
     for p in (p_speed, p_acc):
         p.add_argument('--work-dir', default=str(ROOT / 'work_dirs' / 'benchmark_data_pipeline'))
