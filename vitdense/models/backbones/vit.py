@@ -344,7 +344,10 @@ class ViT(ColumnarBackbone):
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
-        """As the base's; then the tensors of ``SOURCE_ONLY_KEYS`` are left out, logged."""
+        """As the base's (a file wrapped in ``module`` too, as EVA-02's releases); then the
+        tensors of ``SOURCE_ONLY_KEYS`` are left out, logged."""
+        if isinstance(state_dict.get('module'), dict):
+            state_dict = state_dict['module']
         converted = super().convert_checkpoint(state_dict)
         left_out = sorted(key for key in converted if SOURCE_ONLY_KEYS.search(key))
         if left_out:

@@ -1,0 +1,11 @@
+# UperNet in ViTDet's layout, ADE20k 160k, from EVA-02 B (rotary positions, SwiGLU with a
+# norm, MIM-pretrained on IN-21k): ViTDet's 14×14 windows (global blocks 2, 5, 8, 11) and
+# relative positions; its 14-px patch kernels resampled to 16 px, every window's rotation
+# rescaled to the 16×16 pretraining grid; the class token and its position row left out.
+_base_ = './upernet_vit-b-p16_vitdet_8xb2-160k_ade20k-512x512.py'
+model = dict(
+    backbone=dict(
+        mlp_ratio=4 * 2 / 3, swiglu_mlp=True, scale_mlp=True, rope='eva02',
+        ref_feat_shape=(16, 16), resample_patch_embed=True,
+        init_cfg=dict(checkpoint='https://huggingface.co/Yuxin-CV/EVA-02/resolve/main/eva02/pt/'
+                                 'eva02_B_pt_in21k_p14.pt')))
