@@ -25,6 +25,13 @@ switches mmcv's op modules between the two extensions.
    its own (on a CPU the peak is the rise of the peak resident memory over the inputs').
 
     python -m benchmarks.benchmark_mmcv_ops --pure-torch --out benchmarks/results/mmcv_pure_torch.json
+
+5. Without a compiled mmcv (``--against REV``): soft-NMS of 8,000 boxes and PSAMask at
+   PSANet's ADE20K and Cityscapes shapes (forward, and forward + backward), served by this
+   tree and by git revision ``REV`` of ``vitdense/compat/mmcv_ext.py``, each in a process of
+   its own: median time, peak memory and the peak over PSAMask's output size.
+
+    python -m benchmarks.benchmark_mmcv_ops --against REV --device cpu --out against.json
 """
 from __future__ import annotations
 
@@ -382,6 +389,120 @@ def pure_torch_comparison(device: str, repeats: int) -> list[dict]:
     return rows
 
 
+# --- 5. the served ops against an earlier revision of them (no compiled mmcv needed) --------
+
+def load_revision(rev: str) -> ModuleType:
+    """The served ops as they were at git revision ``rev`` of this repository, as a module."""
+    import importlib.util
+    import subprocess
+    import tempfile
+    source = subprocess.run(['git', 'show', f'{rev}:vitdense/compat/mmcv_ext.py'], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp(prefix='mmcv_ext_')) / 'mmcv_ext_at_revision.py'
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location('mmcv_ext_at_revision', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _soft_nms_case(device: str) -> dict:
+    """8,000 boxes of up to 100 px in an 800 px square (mmcv runs soft-NMS on the CPU)."""
+    gen = torch.Generator().manual_seed(0)
+    corner = torch.rand(8000, 2, generator=gen) * 800
+    boxes = torch.cat([corner, corner + torch.rand(8000, 2, generator=gen) * 100 + 5], 1)
+    return dict(boxes=boxes, scores=torch.rand(8000, generator=gen))
+
+
+def _psamask_case(batch: int, feature_hw: tuple[int, int], mask_hw: tuple[int, int]
+                  ) -> Callable[[str], dict]:
+    """PSANet's collect mask at a config's shape: the mask (N, h_mask * w_mask, H, W)."""
+    def build(device: str) -> dict:
+        mask = torch.randn(batch, mask_hw[0] * mask_hw[1], *feature_hw, device=device)
+        return dict(mask=mask.requires_grad_(), mask_hw=mask_hw)
+    return build
+
+
+def _psamask_step(case: dict, backward: bool) -> torch.Tensor:
+    import mmcv.ops
+    out = mmcv.ops.PSAMask('collect', case['mask_hw'])(case['mask'])
+    if backward:
+        out.backward(torch.ones_like(out))
+    return out
+
+
+def _revision_cases() -> dict[str, dict]:
+    """case -> (inputs builder, step, the output's size in bytes or None)."""
+    import mmcv.ops
+    psamask_shapes = {'ADE20K 512x512 (4 images, 64x64 features, 66x66 mask)': (4, (64, 64),
+                                                                               (66, 66)),
+                      'Cityscapes 512x1024 (2 images, 64x128 features, 97x97 mask)': (
+                          2, (64, 128), (97, 97))}
+    cases = {'soft_nms linear, 8,000 boxes': dict(
+        inputs=_soft_nms_case, output_bytes=None,
+        step=lambda c: mmcv.ops.soft_nms(c['boxes'], c['scores'], 0.3, sigma=0.5,
+                                         min_score=1e-3, method='linear')[1])}
+    for name, (batch, feature_hw, mask_hw) in psamask_shapes.items():
+        output_bytes = 4 * batch * (feature_hw[0] * feature_hw[1]) ** 2
+        for backward in (False, True):
+            cases[f'PSAMask {"fwd+bwd" if backward else "fwd"}, {name}'] = dict(
+                inputs=_psamask_case(batch, feature_hw, mask_hw), output_bytes=output_bytes,
+                step=lambda c, b=backward: _psamask_step(c, b))
+    return cases
+
+
+def measure_revision_one(case: str, rev: str | None, device: str, repeats: int) -> dict:
+    """Median time and peak memory of one case, served by this tree (``rev`` None) or by
+    revision ``rev``, in this process (peak as in :func:`measure_one`)."""
+    import resource
+    import mmcv.ops  # noqa: F401  (loads mmcv._ext)
+    spec = _revision_cases()[case]
+    ext = sys.modules['mmcv._ext'] if rev is None else load_revision(rev)
+    inputs = spec['inputs'](device)
+    sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    times = []
+    with using(ext):
+        for _ in range(repeats + 1):
+            for t in inputs.values():
+                if isinstance(t, torch.Tensor):
+                    t.grad = None
+            sync()
+            start = time.perf_counter()
+            spec['step'](inputs)
+            sync()
+            times.append(time.perf_counter() - start)
+    peak = (torch.cuda.max_memory_allocated() if device == 'cuda'
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    row = dict(case=case, path=rev or 'served', device=device,
+               step_ms_median=1e3 * statistics.median(times[1:]),
+               peak_mib_over_inputs=(peak - base) / 2**20)
+    if spec['output_bytes']:
+        row['peak_over_output'] = (peak - base) / spec['output_bytes']
+    return row
+
+
+def revision_comparison(rev: str, device: str, repeats: int) -> list[dict]:
+    """Each case served by this tree and by revision ``rev``, alternately, each in a fresh
+    interpreter (see :func:`measure_revision_one`)."""
+    import subprocess
+    rows = []
+    for case in _revision_cases():
+        for path in ('served', rev):
+            command = [sys.executable, '-m', 'benchmarks.benchmark_mmcv_ops',
+                       '--measure-revision-one', case, path, '--device', device,
+                       '--repeats', str(repeats)]
+            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                    check=True)
+            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -396,9 +517,26 @@ def main() -> None:
     parser.add_argument('--repeats', type=int, default=10)
     parser.add_argument('--measure-one', nargs=2, metavar=('CASE', 'PATH'),
                         help=argparse.SUPPRESS)  # one path of 4, in a process of its own
+    parser.add_argument('--against', metavar='REV',
+                        help='only 5: soft-NMS and PSAMask served by this tree and by git '
+                             'revision REV')
+    parser.add_argument('--measure-revision-one', nargs=2, metavar=('CASE', 'PATH'),
+                        help=argparse.SUPPRESS)  # one path of 5, in a process of its own
     args = parser.parse_args()
     if args.measure_one:
         print(json.dumps(measure_one(*args.measure_one, args.device, args.repeats)))
+        return
+    if args.measure_revision_one:
+        case, path = args.measure_revision_one
+        print(json.dumps(measure_revision_one(case, None if path == 'served' else path,
+                                              args.device, args.repeats)))
+        return
+    if args.against:
+        rows = revision_comparison(args.against, args.device, args.repeats)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(dict(torch=torch.__version__, against=args.against,
+                                            rows=rows), indent=1))
+        print(f'wrote {args.out}')
         return
     if args.pure_torch:
         rows = pure_torch_comparison(args.device, args.repeats)
