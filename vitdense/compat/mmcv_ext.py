@@ -552,7 +552,7 @@ def _kernel_offsets(input: Tensor, offset: Tensor, mask: Tensor | None, kernel_h
     strict = mask is None   # DCNv1's kernel checks the offset's shape
     offset = _read_per_sample(offset, 2 * taps, out_hw, strict, op, 'offset')
     mask = None if mask is None else _read_per_sample(mask, taps, out_hw, strict, op, 'mask')
-    pos = offset.view(batch, deform_groups, kh, kw, 2, *out_hw)
+    pos = offset.reshape(batch, deform_groups, kh, kw, 2, *out_hw)
     rows = torch.arange(out_hw[0], device=offset.device) * stride_h - pad_h
     cols = torch.arange(out_hw[1], device=offset.device) * stride_w - pad_w
     base_y = (rows + dil_h * torch.arange(kh, device=offset.device)[:, None])[:, None, :, None]
