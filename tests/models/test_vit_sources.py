@@ -426,3 +426,19 @@ def test_patch_projection_is_resampled_only_where_asked():
     adapted = model.adapt_checkpoint(state_dict)
     assert torch.equal(adapted['patch_embed.proj.weight'], resample_patch_embed(
         state_dict['patch_embed.proj.weight'], [16, 16]))
+
+
+@pytest.mark.parametrize('timm_name', ['samvit_base_patch16', 'samvit_large_patch16'])
+def test_sam_sizes_compute_what_timm_computes(timm_name):
+    """SAM B / L as ViT's table builds them (windows in all but the global blocks, relative
+    positions, no class token), at a small width and depth: every block's map is timm's."""
+    options = table_options(timm_name)
+    assert options['window_size'] == 14 and not options['class_token']
+    options.update(img_size=224, window_size=4, window_block_indexes=(0, 2))
+    result = compare_with_timm('vit', SMALL, timm_name, num_classes=10, image_hw=(192, 256),
+                               perturbation=.05, **options,
+                               timm_kwargs=dict(SMALL_TIMM, img_size=224, window_size=4,
+                                                global_attn_indexes=[1, 3]))
+    assert result['logit_rel_diff'] is None  # its head reads SAM's neck, which ViT leaves out
+    assert result['feature_rel_diff'] <= RELATIVE_TOLERANCE
+    assert result['pyramid_rel_diff'] <= RELATIVE_TOLERANCE

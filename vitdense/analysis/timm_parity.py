@@ -21,7 +21,10 @@ REFERENCE_MODELS: list[tuple[str, str, dict, Optional[str]]] = [
 def timm_readout(reference: torch.nn.Module) -> dict:
     """Our classification options for what a timm model's head reads: the class token
     (``global_pool='token'``) or the averaged patch tokens, normalised before pooling or
-    after (``fc_norm``); None for a head we do not build (SigLIP's attention pooling)."""
+    after (``fc_norm``); None for a head we do not build (SigLIP's attention pooling, SAM's
+    neck)."""
+    if getattr(reference, 'neck', None) is not None:  # SAM's head pools its neck's maps
+        return None
     pool = getattr(reference, 'global_pool', 'token')
     if pool == 'token':
         return dict(out_type='cls_token')
@@ -76,8 +79,12 @@ def compare_with_timm(family: str, arch, timm_name: Optional[str], num_classes: 
             num_classes
         return result
     options = dict(dynamic_img_size=True) if image_hw and family == 'vit' else {}
-    reference = timm.create_model(timm_name, pretrained=False, num_classes=num_classes,
-                                  **{**options, **(timm_kwargs or {})}).eval()
+    try:
+        reference = timm.create_model(timm_name, pretrained=False, num_classes=num_classes,
+                                      **{**options, **(timm_kwargs or {})}).eval()
+    except TypeError:  # a model taking any size without the option (SAM's)
+        reference = timm.create_model(timm_name, pretrained=False, num_classes=num_classes,
+                                      **(timm_kwargs or {})).eval()
     result['params_timm'] = count_parameters(reference)
     state_dict = perturbed(reference.state_dict(), perturbation, seed) if perturbation else \
         reference.state_dict()

@@ -121,6 +121,13 @@ BEIT = dict(pos_embed='none', use_rel_pos_bias=True, layer_scale=1e-5)
 CLIP = dict(pre_norm=True, norm_eps=1e-5)
 
 
+def sam_options(depth: int, global_blocks: tuple[int, ...]) -> dict:
+    """SAM's image encoder (Kirillov et al. 2023) in ViTDet's layout: no class token, 14 x 14
+    windows in all blocks but ``global_blocks``, relative positions, 1024-px input."""
+    return dict(img_size=1024, class_token=False, window_size=14, use_rel_pos=True,
+                window_block_indexes=tuple(i for i in range(depth) if i not in global_blocks))
+
+
 def convert_detectron2_vitdet(state_dict: dict) -> dict:
     """The ViT backbone and simple feature pyramid of a detectron2 ViTDet state dict in our
     layout (``backbone.*``, ``neck.*``); other tensors (its RPN and RoI heads) are left out."""
@@ -227,6 +234,8 @@ class ViT(ColumnarBackbone):
          'vit_large_patch14_clip_quickgelu_224'),
         ('base', dict(BEIT, layer_scale=.1), 'beit_base_patch16_224'),
         ('large', BEIT, 'beit_large_patch16_224'),
+        ('base', sam_options(12, (2, 5, 8, 11)), 'samvit_base_patch16'),
+        ('large', sam_options(24, (5, 11, 17, 23)), 'samvit_large_patch16'),
         ('base', dict(class_token=False), 'vit_base_patch16_siglip_224'),
         ('base', dict(class_token=False, reg_tokens=4, no_embed_class=True, img_size=256),
          'vit_base_patch16_reg4_gap_256'),
