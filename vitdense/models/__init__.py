@@ -1,7 +1,9 @@
 """vitdense models: the four columnar backbone families, their shared layers and the
-simple feature pyramid neck."""
+simple feature pyramid neck,
+ViT-Adapter's layout around any family."""
 from .backbones import CaiT, ColumnarBackbone, ConViT, ViT, XCiT, backbone_families
+from .backbones.adapter import ColumnarAdapter
 from .necks import SimpleFeaturePyramid
 
 __all__ = ['ColumnarBackbone', 'ViT', 'CaiT', 'XCiT', 'ConViT', 'backbone_families',
-           'SimpleFeaturePyramid']
+           'SimpleFeaturePyramid', 'ColumnarAdapter']
