@@ -2,13 +2,16 @@
 
 For one process (``tools/train.py``) and for 2 nodes x 2 processes on loopback
 (``tools/dist_train.sh`` with NNODES=2, NODE_RANK=0|1, MASTER_ADDR=127.0.0.1, gloo on CPU),
-on the demo classifier (3 epochs, deterministic CPU kernels):
+on the demo classifier (3 epochs, deterministic CPU kernels, the config's own loaders: a
+persistent worker each):
 
 1. an uninterrupted reference run;
-2. the same run, sent SIGTERM once process 0 logs the first iteration of epoch 2 (to the one
-   process, or to node 0's launcher only: node 1 learns of it through the processes'
-   agreement at the iteration's end): the seconds from the signal until every process has
-   exited, their exit statuses, and the checkpoint ``last_checkpoint`` names;
+2. the same run, sent SIGTERM once process 0 logs the first iteration of epoch 2, to the
+   whole process group of node 0's launcher (``os.killpg``: the launcher, its training
+   processes and their loader workers, as SLURM signals every process of a job step; node 1
+   learns of it through the processes' agreement at the iteration's end): the seconds from
+   the signal until every process has exited (their output pipe is closed), their exit
+   statuses, and the checkpoint ``last_checkpoint`` names;
 3. ``--resume`` to the end: the largest absolute difference between its final weights and
    the reference's (0 means bit for bit).
 
@@ -41,9 +44,8 @@ EXTRA_OPTIONS: list[str] = []  # --cfg-options given on the command line, after 
 
 
 def _options(data_root: Path) -> list[str]:
-    loaders = [f'{split}_dataloader.{key}' for split in ('train', 'val', 'test')
-               for key in (f'dataset.data_root={data_root}', 'num_workers=0',
-                           'persistent_workers=False')]
+    loaders = [f'{split}_dataloader.dataset.data_root={data_root}'
+               for split in ('train', 'val', 'test')]
     return ['--cfg-options', *loaders, 'train_dataloader.batch_size=4',
             'val_dataloader.batch_size=5', 'train_cfg.max_epochs=3', 'train_cfg.val_interval=3',
             'default_hooks.checkpoint.interval=3', 'default_hooks.logger.interval=1',
@@ -70,7 +72,7 @@ def _run(layout: str, work: Path, data_root: Path, resume: bool = False,
     for line in launchers[0].stdout:
         log.append(line)
         if preempt and signalled is None and MID_EPOCH.search(line):
-            launchers[0].send_signal(signal.SIGTERM)
+            os.killpg(launchers[0].pid, signal.SIGTERM)
             signalled = time.monotonic()
     statuses = [launcher.wait() for launcher in launchers]
     result = dict(statuses=statuses, log_tail=''.join(log)[-2000:])

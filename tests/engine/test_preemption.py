@@ -7,6 +7,9 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +18,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
+from torch.utils.data import DataLoader
 
+from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_imagenet
 from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, PreemptionHook,
                              find_resumable_checkpoint)
 from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.preemption import shield_loader_workers
 
-from common import REPO_ROOT
+from common import CHECKOUT_ENV, REPO_ROOT
 from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
 RUN_IDS = itertools.count()
@@ -149,18 +155,23 @@ DEMO_CLASSIFIER = REPO_ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64
 
 
 def demo_classifier_run(work_dir: Path, data_root: Path, signal_after: int | None = None,
-                        resume: bool = False) -> Runner:
-    """The demo classifier (random-resized crop, flip, RandAugment, random erasing in 2
-    loader workers; Mixup / CutMix), 1 epoch of 3 batches of 4, no validation; AdamW (the
-    recipe's LAMB steps slowly on CPU)."""
-    options = {'train_dataloader.batch_size': 4, 'train_dataloader.num_workers': 2,
-               'train_dataloader.persistent_workers': False, 'train_cfg.max_epochs': 1,
-               'train_cfg.val_interval': 10, 'default_hooks.checkpoint.interval': 10,
+                        resume: bool | Path = False, workers: int = 2, persistent: bool = False,
+                        epochs: int = 1) -> Runner:
+    """The demo classifier (random-resized crop, flip, RandAugment, random erasing in
+    ``workers`` loader workers; Mixup / CutMix), ``epochs`` epochs of 3 batches of 4 (a
+    checkpoint at each epoch's end), no validation; AdamW (the recipe's LAMB steps slowly on
+    CPU). ``resume``: the newest checkpoint of the work dir, or that file."""
+    options = {'train_dataloader.batch_size': 4, 'train_dataloader.num_workers': workers,
+               'train_dataloader.persistent_workers': persistent,
+               'train_cfg.max_epochs': epochs, 'train_cfg.val_interval': 10,
+               'default_hooks.checkpoint.interval': 1,
+               'default_hooks.checkpoint.max_keep_ckpts': -1,
                'optim_wrapper.optimizer.type': 'AdamW', 'randomness.seed': 0,
                'randomness.deterministic': True}
     cfg, _ = load_config(str(DEMO_CLASSIFIER), options, 'none', str(work_dir))
     point_at_data_root(cfg, data_root)
-    cfg.update(resume=resume, experiment_name=f'demo{next(RUN_IDS)}',
+    cfg.update(resume=bool(resume), load_from=str(resume) if isinstance(resume, Path) else None,
+               experiment_name=f'demo{next(RUN_IDS)}',
                custom_hooks=[dict(type='vitdense.ExactResumeHook'),
                              dict(type='vitdense.PreemptionHook', requeue=False)])
     runner = Runner.from_cfg(cfg)
@@ -195,9 +206,60 @@ def test_demo_classifier_with_loader_workers_resumes_mid_epoch_exactly(tmp_path)
     assert stopped.preempted is not None and stopped.preempted.iteration == 1
     resumed = demo_classifier_run(tmp_path / 'work', data_root, resume=True)
     assert resumed.iter == full.iter == 3
-    theirs = full.model.state_dict()
-    assert max(float((value - theirs[key]).abs().max())
-               for key, value in resumed.model.state_dict().items()) == 0
+    assert _max_difference(resumed, full) == 0
+
+
+def _max_difference(a: Runner, b: Runner) -> float:
+    theirs = b.model.state_dict()
+    return max(float((value - theirs[key]).abs().max())
+               for key, value in a.model.state_dict().items())
+
+
+def test_demo_classifier_resumes_an_epoch_checkpoint_with_persistent_workers(tmp_path):
+    # The persistent workers' iterator is built once in the uninterrupted run and afresh in
+    # the resumed one: its seed comes from the loader's own generator, so the resumed run
+    # draws what the uninterrupted one drew.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    full = demo_classifier_run(tmp_path / 'full', data_root, persistent=True, epochs=2)
+    resumed = demo_classifier_run(tmp_path / 'work', data_root, persistent=True, epochs=2,
+                                  resume=tmp_path / 'full' / 'epoch_1.pth')
+    assert resumed.iter == full.iter == 6
+    assert _max_difference(resumed, full) == 0
+
+
+def test_demo_classifier_resumed_with_other_num_workers_repeats_the_run(tmp_path):
+    # Stopped with 2 persistent workers, resumed with none: each batch is loaded from its
+    # own seed in a worker or in the training process alike, so the augmentations and the
+    # training stream are those of the uninterrupted run.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    full = demo_classifier_run(tmp_path / 'full', data_root, persistent=True, epochs=2)
+    stopped = demo_classifier_run(tmp_path / 'work', data_root, signal_after=4,
+                                  persistent=True, epochs=2)
+    assert stopped.preempted is not None and stopped.preempted.iteration == 4
+    resumed = demo_classifier_run(tmp_path / 'work', data_root, resume=True, workers=0,
+                                  epochs=2)
+    assert _max_difference(resumed, full) == 0
+
+
+def test_shielded_loader_workers_take_stop_signals_from_their_trainer_only():
+    # SIGTERM and SIGUSR1 from another process (a launcher) leave the workers loading; the
+    # trainer's own SIGTERM (torch's way to end a worker) ends one.
+    loader = DataLoader(range(8), batch_size=2, num_workers=2, persistent_workers=True)
+    assert shield_loader_workers(loader, [signal.SIGUSR1])
+    assert not shield_loader_workers(loader, [signal.SIGUSR1])  # once
+    batches = iter(loader)
+    assert next(batches).tolist() == [0, 1]
+    for worker in batches._workers:
+        for name in ('TERM', 'USR1'):
+            subprocess.run(['kill', f'-{name}', str(worker.pid)], check=True)
+    time.sleep(1)
+    assert [batch.tolist() for batch in batches] == [[2, 3], [4, 5], [6, 7]]
+    assert all(worker.is_alive() for worker in batches._workers)
+    worker = batches._workers[0]
+    worker.terminate()
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+    batches._shutdown_workers()
 
 
 def test_unknown_or_uncatchable_signal_is_refused():
@@ -244,3 +306,72 @@ def test_two_processes_stop_together_and_resume_exactly(tmp_path):
             assert torch.equal(loss, full[rank]['losses'][i]), f'rank {rank}, iteration {i}'
     for key, value in full[0]['weights'].items():
         assert torch.equal(value, resumed[0]['weights'][key]), key
+
+
+PER_EPOCH = 3  # 10 demo images in batches of 4
+#: moment of the launcher's signal -> the iterations the stop checkpoint holds
+STOPPED_AFTER = dict(training=PER_EPOCH + 1, last_of_epoch=PER_EPOCH, saving=PER_EPOCH,
+                     validation=PER_EPOCH)
+
+
+def _demo_leaf(path: Path, data_root: Path, moment: str | None = None) -> Path:
+    """The demo classifier with its own loader settings (persistent workers), on the 10-image
+    demo set for 2 epochs, validated and saved every epoch; with ``moment``, its process
+    group gets SIGTERM then (``launcher_signals.LauncherSignalHook``)."""
+    loader = f"dict(dataset=dict(data_root='{data_root}')"
+    signal_hook = ('' if moment is None else
+                   "custom_imports = dict(imports=['vitdense', 'vitdense.cls', "
+                   "'launcher_signals'], allow_failed_imports=False)\n"
+                   f"custom_hooks = [dict(type='LauncherSignalHook', moment='{moment}', "
+                   f"iterations_per_epoch={PER_EPOCH})]\n")
+    path.write_text(f"_base_ = ['{DEMO_CLASSIFIER}']\n"
+                    f"train_dataloader = {loader}, batch_size=4)\n"
+                    f"val_dataloader = {loader}, batch_size=5)\n"
+                    f"test_dataloader = val_dataloader\n"
+                    "train_cfg = dict(max_epochs=2, val_interval=1)\n"
+                    "default_hooks = dict(checkpoint=dict(interval=1), logger=dict(interval=1))\n"
+                    "randomness = dict(seed=0, deterministic=True)\n" + signal_hook)
+    return path
+
+
+def _train(config: Path, work_dir: Path, *extra: str) -> tuple[int, str]:
+    """``tools/train.py`` in a process group of its own (as a launcher starts it); its exit
+    status and output, once every process of the group (loader workers too) is gone."""
+    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1',
+           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
+    done = subprocess.run([sys.executable, 'tools/train.py', str(config), '--work-dir',
+                           str(work_dir), '--skip-data-check', *extra], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, start_new_session=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope='module')
+def demo_reference(tmp_path_factory) -> tuple[Path, dict]:
+    """The demo set and the uninterrupted run's final weights."""
+    root = tmp_path_factory.mktemp('demo_reference')
+    data_root = make_demo_imagenet(root / 'in10', num_train=1, num_val=1, size=72)
+    status, log = _train(_demo_leaf(root / 'leaf.py', data_root), root / 'work')
+    assert status == 0, log[-3000:]
+    return data_root, safe_load(str(root / 'work' / 'epoch_2.pth'))['state_dict']
+
+
+@pytest.mark.parametrize('moment', list(STOPPED_AFTER))
+def test_launcher_signal_to_the_process_group_stops_and_resume_is_exact(tmp_path, moment,
+                                                                        demo_reference):
+    # SIGTERM to every process of the trainer's group, its persistent loader workers
+    # included, in training, at an epoch's last iteration, during a save, in validation:
+    # exit 75 with the checkpoint of where the run was, no process left, and --resume ends
+    # bit for bit where the uninterrupted run ended.
+    data_root, reference = demo_reference
+    work = tmp_path / 'work'
+    status, log = _train(_demo_leaf(tmp_path / 'signalled.py', data_root, moment), work)
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
+    assert 'killed by signal' not in log
+    stop = work / f'iter_{STOPPED_AFTER[moment]}.pth'
+    assert (work / 'last_checkpoint').read_text() == str(stop)
+    assert safe_load(str(stop))['meta']['iter'] == STOPPED_AFTER[moment]
+
+    status, log = _train(_demo_leaf(tmp_path / 'leaf.py', data_root), work, '--resume')
+    assert status == 0, log[-3000:]
+    resumed = safe_load(str(work / 'epoch_2.pth'))['state_dict']
+    assert max(float((resumed[key] - value).abs().max()) for key, value in reference.items()) == 0

@@ -20,11 +20,11 @@ from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
-from vitdense.engine.resume import remove_interrupted_saves
+from vitdense.engine.resume import remove_interrupted_saves, seed_batches
 
 from common import IterationClock, RegressToOne
 
@@ -320,3 +320,46 @@ def test_resume_loads_no_trained_batch(tmp_path, full_run, monkeypatch):
     # loading the 6 trained batches again would add 12
     assert len(loaded) == 3 * 2 + 2 * 6
     assert_same_run(full_run, resumed, first_resumed=7)
+
+
+class DrawnSamples(Dataset):
+    """Four samples, each a number drawn from torch's, numpy's and python's generators."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([torch.rand(()).item(), np.random.rand(), random.random()])
+
+
+def _drawn(rank: int, workers: int = 0, passes: int = 2) -> list[list[torch.Tensor]]:
+    """The batches of ``passes`` passes over samples 0 and 1, twice per pass, loaded from
+    their seed keys (run seed 0, ``rank``)."""
+    loader = DataLoader(DrawnSamples(), batch_sampler=[[0, 1], [0, 1]], num_workers=workers)
+    seed_batches(loader, seed=0, rank=rank)
+    return [list(loader) for _ in range(passes)]
+
+
+def test_each_part_of_a_batch_seed_key_changes_its_draws():
+    # The same samples at two places of a pass, in two passes, on two ranks: every part of
+    # the seed key (rank, pass, place in the pass) gives the batch other draws.
+    rank0, rank1 = _drawn(rank=0), _drawn(rank=1)
+    first, second = rank0
+    assert not torch.equal(first[0], first[1])  # place in the pass
+    assert not torch.equal(first[0], second[0])  # pass
+    assert not torch.equal(first[0], rank1[0][0])  # rank
+    again = _drawn(rank=0)
+    assert all(torch.equal(a, b) for pass_a, pass_b in zip(rank0, again)
+               for a, b in zip(pass_a, pass_b))
+
+
+def test_loading_draws_the_same_with_or_without_workers_and_leaves_the_stream():
+    # Loaded in the training process or in 2 workers, a batch's draws are those of its
+    # key; loading in the training process draws nothing from its generators.
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    in_process = _drawn(rank=0)
+    assert torch.equal(torch.get_rng_state(), before)
+    in_workers = _drawn(rank=0, workers=2)
+    assert all(torch.equal(a, b) for pass_a, pass_b in zip(in_process, in_workers)
+               for a, b in zip(pass_a, pass_b))

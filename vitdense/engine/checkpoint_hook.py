@@ -25,7 +25,7 @@ import os.path as osp
 from pathlib import Path
 from typing import Any
 
-from mmengine.dist import is_main_process
+from mmengine.dist import barrier, get_world_size, is_main_process
 from mmengine.fileio import LocalBackend, get_file_backend
 from mmengine.hooks import CheckpointHook
 from mmengine.runner.checkpoint import CheckpointLoader
@@ -147,7 +147,8 @@ def save_resumable(runner: Any, step: int) -> Path:
 
     Saved as an iteration checkpoint whatever the loop (``meta`` holds the current epoch and
     ``step``), so a save in the middle of an epoch resumes in that epoch. Every process calls
-    it (the runner gathers what it saves); process 0 writes.
+    it (the runner gathers what it saves); process 0 writes, and no process returns (and
+    logs the path) before the file is written.
     """
     name = f'iter_{step}.pth'
     path = osp.join(runner.work_dir, name)  # joined as the hook joins its own paths
@@ -159,4 +160,6 @@ def save_resumable(runner: Any, step: int) -> Path:
         atomic_write(Path(runner.work_dir, 'last_checkpoint'), path)
     if hook:
         hook.remove_checkpoints(runner, beyond)
+    if get_world_size() > 1:
+        barrier()
     return Path(path)

@@ -7,9 +7,17 @@ warning before the time limit; Kubernetes sends SIGTERM. Python's default for bo
 die on the spot, losing every iteration since the last interval checkpoint (16k iterations
 of the UperNet recipe). mmengine has no hook for this, hence :class:`PreemptionHook`.
 
-The signal only sets a flag. At the end of the iteration in progress every process takes
-part in one all-reduce of the flag, so all of them stop after the same iteration even when
-the signal reached one of them only; all save through the atomic writer
+Launchers send the signal to more than the trainer: torchrun's agent to each worker's whole
+process group (``os.killpg``), SLURM to every process of the job step. torch's loader
+workers die on a SIGTERM that does not come from their parent (and the trainer then fails
+with "DataLoader worker ... is killed by signal"), so the hook has every loader's workers
+ignore the stop signals that come from anyone but the trainer (:func:`shield_loader_workers`);
+the trainer ends them when it exits, and they exit by themselves when it is gone.
+
+The signal only sets a flag. At the end of the iteration in progress (or of the validation
+iteration in progress) every process takes part in one all-reduce of the flag, so all of
+them stop after the same iteration even when the signal reached one of them only; all save
+through the atomic writer
 (:func:`~vitdense.engine.checkpoint_hook.save_resumable`, random state and sampler position
 included via :class:`~vitdense.engine.resume.ExactResumeHook`) and :class:`Preempted` is
 raised. ``tools/train.py`` catches it and exits with :data:`PREEMPTED_EXIT_CODE`; under
@@ -32,8 +40,11 @@ import torch
 from mmengine.dist import all_reduce, get_rank, get_world_size, is_main_process
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
+from mmengine.runner import IterBasedTrainLoop
+from torch.utils.data import DataLoader
 
 from vitdense.engine.checkpoint_hook import save_resumable
+from vitdense.engine.resume import restart_loop_iterator
 from vitdense.registry import HOOKS
 
 #: exit status of a training process stopped by a preemption signal after its checkpoint
@@ -62,6 +73,61 @@ def slurm_job_to_requeue() -> str | None:
     return os.environ.get('SLURM_JOB_ID')
 
 
+class _ShieldedWorker:
+    """A loader's ``worker_init_fn`` that first has the worker ignore ``signals`` unless its
+    parent (the trainer) sends them: the worker blocks them, and a thread of its own takes
+    each one (``sigwaitinfo``, which names the sender); the parent's SIGTERM (torch's way of
+    ending a worker that did not stop) ends the worker as torch's own handler would.
+
+    Picklable, so loaders that start workers with ``spawn`` or ``forkserver`` get it too.
+    """
+
+    def __init__(self, init_fn: Any, signals: Sequence[int]) -> None:
+        self.init_fn, self.signals = init_fn, sorted({signal.SIGTERM, *signals})
+
+    def __call__(self, worker_id: int) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        threading.Thread(target=self._take_signals, args=(os.getppid(),), daemon=True,
+                         name='stop-signals').start()
+        if self.init_fn is not None:
+            self.init_fn(worker_id)
+
+    def _take_signals(self, parent: int) -> None:
+        while True:
+            info = signal.sigwaitinfo(self.signals)
+            if info.si_pid == parent and info.si_signo == signal.SIGTERM:
+                os._exit(0)
+
+
+def shield_loader_workers(loader: DataLoader, signals: Sequence[int]) -> bool:
+    """Have ``loader``'s workers ignore ``signals`` (and SIGTERM) from any process but the
+    trainer (:class:`_ShieldedWorker`); whether anything changed (False for a loader without
+    workers, or one shielded before). Workers that a persistent loader started before are
+    let go, so that the next pass starts shielded ones."""
+    if loader.num_workers == 0 or isinstance(loader.worker_init_fn, _ShieldedWorker):
+        return False
+    loader.worker_init_fn = _ShieldedWorker(loader.worker_init_fn, signals)
+    loader._iterator = None
+    return True
+
+
+def stop_loader_workers(runner: Any) -> None:
+    """End the worker processes of the runner's loaders now.
+
+    Left to interpreter exit, torch skips its own shutdown of persistent workers (its exit
+    flag is set by then) and leaves them to multiprocessing's exit handler; ended here, they
+    are gone before the trainer's exit status reaches the launcher.
+    """
+    for name in ('_train_loop', '_val_loop', '_test_loop'):
+        loop = getattr(runner, name, None)
+        loader = getattr(loop, 'dataloader', None)
+        iterators = [getattr(loader, '_iterator', None),
+                     getattr(getattr(loop, 'dataloader_iterator', None), '_iterator', None)]
+        for iterator in iterators:
+            if hasattr(iterator, '_shutdown_workers'):
+                iterator._shutdown_workers()
+
+
 @HOOKS.register_module()
 class PreemptionHook(Hook):
     """On any of ``signals``: save a checkpoint of the iteration in progress, then stop.
@@ -71,10 +137,12 @@ class PreemptionHook(Hook):
         requeue: under SLURM (``SLURM_JOB_ID`` set, ``scontrol`` on the PATH), have process
             0 requeue the job once the checkpoint is saved (the job needs ``--requeue``).
 
-    The handlers are installed when the hook is built (with the Runner, before its data
-    loaders start their worker processes), so that forked workers inherit them and survive
-    a signal sent to the whole process group, as SLURM sends it; they are put back when
-    training ends or stops.
+    The handlers are installed when the hook is built and put back when the run ends or
+    stops (``after_run``), leaving the process as it was. The training, validation and test
+    loaders' workers are shielded before they start (:func:`shield_loader_workers`); an
+    iteration loop's loader, whose workers start with the loop, before the hooks run, is
+    restarted once. A signal during validation stops at the end of that validation
+    iteration with a checkpoint of the training iteration it follows.
     """
 
     priority = 'LOWEST'  # after every other hook has finished the iteration (checkpoint, logs)
@@ -91,6 +159,7 @@ class PreemptionHook(Hook):
         self.requeue = requeue
         self.received: signal.Signals | None = None
         self.previous: dict[signal.Signals, Any] = {}
+        self.training = False
         self._install()
 
     def _install(self) -> None:
@@ -121,19 +190,46 @@ class PreemptionHook(Hook):
             all_reduce(flag, op='max')
         return bool(flag.item())
 
+    def before_train(self, runner) -> None:
+        self.training = True
+        loop = runner.train_loop
+        if shield_loader_workers(loop.dataloader, self.signals) and isinstance(
+                loop, IterBasedTrainLoop):
+            restart_loop_iterator(loop)  # its workers started with the loop
+
+    def before_val(self, runner) -> None:
+        shield_loader_workers(runner.val_loop.dataloader, self.signals)
+
+    def before_test(self, runner) -> None:
+        shield_loader_workers(runner.test_loop.dataloader, self.signals)
+
     def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None,
                          outputs: Any = None) -> None:
-        if not self._agreed():
-            return
-        step = runner.iter + 1
+        if self._agreed():
+            self._stop(runner, runner.iter + 1)
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch: Any = None,
+                       outputs: Any = None) -> None:
+        """A signal during validation between training epochs (or iterations) stops there:
+        the checkpoint is of the training iteration validated (``runner.iter``)."""
+        if self.training and self._agreed():
+            self._stop(runner, runner.iter)
+
+    def _stop(self, runner, step: int) -> None:
+        """Save the checkpoint of ``step`` finished iterations, then raise ``Preempted``."""
         path = save_resumable(runner, step)
         how = self.received.name if self.received is not None else 'another process\'s signal'
-        print_log(f'rank {get_rank()}: stopping after iteration {step} on {how}; saved '
-                  f'{path}', logger='current', level=logging.WARNING)
+        print_log(f'rank {get_rank()}: stopping after iteration {step} on {how}; process 0 '
+                  f'saved {path}', logger='current', level=logging.WARNING)
         self._uninstall()
-        raise Preempted(path, step, self._requeue())
+        requeued = self._requeue()
+        stop_loader_workers(runner)
+        raise Preempted(path, step, requeued)
 
     def after_train(self, runner) -> None:
+        self.training = False
+
+    def after_run(self, runner) -> None:
         self._uninstall()
 
     def _requeue(self) -> bool:

@@ -7,8 +7,11 @@ a few iterations on the demo configs). :class:`ExactResumeHook` stores the state
 python's, numpy's and torch's generators in every checkpoint and puts it back at the moment
 the uninterrupted run would draw the next training batch (the batches already trained are
 passed over without loading them), so with deterministic kernels a resumed run repeats the
-uninterrupted one bit for bit. Loader workers, whose random state no checkpoint can hold,
-load each batch from a seed of its own (:class:`_SeededBatches`).
+uninterrupted one bit for bit. The training loader draws nothing from those generators: each
+batch is loaded from a seed of its own (:class:`_SeededBatches`), in a worker or in the
+training process alike, and its iterators' seeds come from a generator of the loader's own.
+So the run is the same whatever the loader's ``num_workers`` and ``persistent_workers``,
+and a run resumed with other ones repeats it too.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.dataset import InfiniteSampler
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
                                     safe_load, to_plain)
@@ -152,34 +155,53 @@ class _SeededBatches:
         return getattr(self.batch_sampler, name)
 
 
+def batch_seed(key: tuple[int, ...]) -> int:
+    """The seed a batch is loaded from: every element of its key changes it."""
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
+
+
 class _SeededFetch:
     """A dataset's ``__getitems__`` (what torch's loader calls with a batch's indices):
     seeds python's, numpy's and torch's generators from the batch's seed key, then loads
-    the samples (with the dataset's own ``__getitems__`` if it has one)."""
+    the samples (with the dataset's own ``__getitems__`` if it has one). In the training
+    process itself (a loader without workers) the generators are put back afterwards, so
+    loading draws nothing from the training stream, as loading in a worker does not."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset, self.fetch = dataset, getattr(dataset, '__getitems__', None)
 
     def __call__(self, indices: list) -> list:
         key = getattr(indices, 'seed_key', None)
-        if key is not None:
-            seed = int(np.random.SeedSequence(key).generate_state(1)[0])
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)
+        if key is None:
+            return self._load(indices)
+        training_stream = rng_state() if get_worker_info() is None else None
+        seed = batch_seed(key)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            return self._load(indices)
+        finally:
+            if training_stream is not None:
+                set_rng_state(training_stream)
+
+    def _load(self, indices: list) -> list:
         return self.fetch(indices) if self.fetch else [self.dataset[i] for i in indices]
 
 
-def seed_worker_batches(loader: DataLoader, seed: int, rank: int) -> _SeededBatches | None:
-    """Have ``loader``'s workers load each batch from a seed of its own
-    (:class:`_SeededBatches`); None, and nothing changed, for a loader without workers (it
-    draws from the training process's generators, which checkpoints hold) or without a
-    batch sampler."""
-    if loader.num_workers == 0 or loader.batch_sampler is None:
+def seed_batches(loader: DataLoader, seed: int, rank: int) -> _SeededBatches | None:
+    """Have ``loader`` load each batch from a seed of its own (:class:`_SeededBatches`),
+    with or without workers, and draw its iterators' seeds from a generator of its own
+    (seeded from ``seed`` and ``rank``), not from the training process's torch generator:
+    a loader with persistent workers draws that seed once, one without at every pass, and
+    a resumed run's fresh workers once more. None, and nothing changed, for a loader
+    without a batch sampler."""
+    if loader.batch_sampler is None:
         return None
     loader.dataset.__getitems__ = _SeededFetch(loader.dataset)
     seeded = _SeededBatches(loader.batch_sampler, seed, rank)
     object.__setattr__(loader, 'batch_sampler', seeded)  # past torch's guard, as below
+    loader.generator = torch.Generator().manual_seed(batch_seed((seed, rank)))
     loader._iterator = None  # persistent workers started before hold the dataset as it was
     return seeded
 
@@ -220,7 +242,7 @@ class _IndicesFrom:
         self.run_iter(idx + self.skip, data_batch)
 
 
-def _restart_loop_iterator(loop: IterBasedTrainLoop) -> None:
+def restart_loop_iterator(loop: IterBasedTrainLoop) -> None:
     """Give the loop a new iterator over its loader, from the start of its sampler.
 
     The loop builds its first iterator before any hook runs. mmengine's ``InfiniteSampler``
@@ -247,7 +269,9 @@ class ExactResumeHook(Hook):
     hold generators of their own that no checkpoint can hold, and a resumed pass hands its
     batches to other workers than the uninterrupted one did: each batch is therefore loaded
     from a seed of its own (run seed, rank, pass, place in the pass; :class:`_SeededBatches`),
-    so its augmentations are the same in the resumed run, mid-pass included.
+    so its augmentations are the same in the resumed run, mid-pass included; a loader
+    without workers does the same in the training process, so ``num_workers`` may change
+    between the stop and the resume (:func:`seed_batches`).
 
     Evaluation between training iterations draws from the same generators (e.g. the data
     loader's base seed), so validation and testing run on a copy of the state and leave the
@@ -269,20 +293,20 @@ class ExactResumeHook(Hook):
     def before_train(self, runner) -> None:
         """Seed the training loader's workers per batch; in a multi-process run, have every
         checkpoint save gather the random state of every process."""
-        self.seeded = seed_worker_batches(runner.train_loop.dataloader, runner.seed, get_rank())
+        self.seeded = seed_batches(runner.train_loop.dataloader, runner.seed, get_rank())
         if get_world_size() == 1:
             return
         save = runner.save_checkpoint
 
         def save_with_every_rank_state(*args: Any, **kwargs: Any) -> None:
-            self.every_rank = all_gather_object(rng_state())  # every process calls save
+            self.every_rank = all_gather_object(self.training_stream())  # every process saves
             save(*args, **kwargs)
         runner.save_checkpoint = save_with_every_rank_state
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """The random state as plain data (numpy's key array as a tensor), whichever of this
         hook and ``SafeCheckpointHook`` runs first."""
-        checkpoint[RNG_KEY] = to_plain(rng_state())
+        checkpoint[RNG_KEY] = to_plain(self.training_stream())
         if self.every_rank is not None:
             checkpoint[PER_RANK_KEY] = to_plain(self.every_rank)
 
@@ -328,7 +352,7 @@ class ExactResumeHook(Hook):
         is then answered by :class:`_AlreadyAdvanced`."""
         if loop.iter == 0:
             if self.seeded is not None:  # the loop's first iterator predates the seeding
-                _restart_loop_iterator(loop)
+                restart_loop_iterator(loop)
             return
         if not loop.stop_training:  # a run that trains no further needs no batches
             loader, skip, epochs = loop.dataloader, loop.iter, 0
@@ -343,7 +367,7 @@ class ExactResumeHook(Hook):
                       f'{loop.iter} batches already trained without loading them',
                       logger='current')
             self._resume_pass(loader, skip)
-            _restart_loop_iterator(loop)
+            restart_loop_iterator(loop)
         loop.dataloader_iterator = _AlreadyAdvanced(loop.dataloader_iterator, loop.iter)
 
     def _resume_pass(self, loader: DataLoader, skip: int) -> None:
@@ -359,6 +383,11 @@ class ExactResumeHook(Hook):
         if self.pending is not None:
             set_rng_state(self.pending)
             self.pending = None
+
+    def training_stream(self) -> dict:
+        """The state of the training stream: the one kept aside while evaluating (a save
+        during validation, on a stop signal), else the generators' own."""
+        return self.outside_eval if self.outside_eval is not None else rng_state()
 
     def _keep_training_stream(self) -> None:
         self.outside_eval = rng_state()
