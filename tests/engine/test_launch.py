@@ -82,6 +82,18 @@ def test_resume_from_a_named_file_must_load(tmp_path):
     assert cfg.resume and cfg.load_from == str(tmp_path / 'good.pth')
 
 
+def test_a_group_torchrun_restarted_resumes_from_the_last_checkpoint(tmp_path, monkeypatch):
+    # torchrun --max-restarts: the restarted group runs the same command line, without
+    # --resume; it continues from the work dir's checkpoint instead of starting over it.
+    torch.save({'state_dict': {}, 'meta': {'iter': 3}}, tmp_path / 'iter_3.pth')
+    cfg, _ = load_config(CONFIG, None, 'none', str(tmp_path))
+    apply_resume(cfg, None)
+    assert cfg.get('load_from') is None  # the first start: as the command line says
+    monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')
+    apply_resume(cfg, None)
+    assert cfg.resume and cfg.load_from == str(tmp_path / 'iter_3.pth')
+
+
 def test_safety_hooks_added_once(tmp_path):
     cfg, _ = load_config(CONFIG, None, 'none', str(tmp_path))
     add_safety_hooks(cfg, max_nonfinite=2)

@@ -365,7 +365,17 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
     and load. With ``'auto'`` and nothing to resume, the run says so loudly and starts from
     iteration 0, so one command line both starts and continues a run. Every process prints
     what it resumes from (mmengine's logger shows process 0 only).
+
+    A group that torchrun restarted (``--max-restarts``; ``TORCHELASTIC_RESTART_COUNT`` > 0)
+    resumes as with ``'auto'``: it continues from the work dir's last checkpoint instead of
+    training from iteration 0 over the checkpoints of the group before it.
     """
+    restarts = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)
+    if resume is None and restarts > 0:
+        print_log(f'torchrun restarted this group ({restarts} restart(s)): resuming from the '
+                  'work dir\'s last checkpoint, as with --resume', logger='current',
+                  level=logging.WARNING)
+        resume = 'auto'
     if resume is None:
         return
     choice: list = [_choose_checkpoint(cfg.work_dir, resume) if get_rank() == 0 else None]
