@@ -1,0 +1,24 @@
+# ViT-Adapter's layout (Chen et al., ICLR 2023, §3 and §4.1) as a variable the dense adapter
+# recipes take: the spatial prior (64-wide stem), four interactions of equal depth, 4 points
+# and 6 heads of deformable attention per level, CFFN at a quarter width, value width equal to
+# the trunk's, two extra extractors, the trunk's last map added to every level, SyncBN. Leaves
+# give the family's trunk (`backbone`, with pyramid=False) and, for wider trunks, the heads.
+vit_adapter = dict(
+    type='vitdense.ColumnarAdapter',
+    conv_inplane=64,
+    n_points=4,
+    deform_num_heads=6,
+    init_values=0.,
+    with_cffn=True,
+    cffn_ratio=0.25,
+    deform_ratio=1.0,
+    add_vit_feature=True,
+    use_extra_extractor=True,
+    with_cp=False,
+    norm_cfg=dict(type='SyncBN'))
+#: the official DeiT trunk: no class token, plain bicubic position resampling, LayerScale of
+#: ones (the released checkpoints carry it, `gamma1` / `gamma2`)
+deit_trunk = dict(type='vitdense.ViT', patch_size=16, pyramid=False, dense_class_token=False,
+                  pos_antialias=False, layer_scale=1.0)
+#: the paper's detection trunk: 14×14 windows, global attention in every third block
+deit_windows = dict(window_size=14, window_block_indexes=(0, 1, 3, 4, 6, 7, 9, 10))
