@@ -89,3 +89,12 @@ def test_demo_probe_training_leaves_the_backbone_bit_identical(family, tmp_path)
     backbone_params = {id(p) for p in runner.model.backbone.parameters()}
     assert not any(id(p) in backbone_params for p in optimizer.state)
     assert optimizer.state
+
+
+def test_frozen_backbone_mask_rcnn_trains_the_pyramid_only(tmp_path):
+    cfg = _load(CONFIGS / 'xcit' / 'mask-rcnn_xcit-s12-p16-frozen_fpn_3x_coco.py', tmp_path)
+    backbone = build_model(cfg, 'count').backbone.train()
+    trainable = {name.split('.')[0] for name, p in backbone.named_parameters() if p.requires_grad}
+    assert trainable == {'pyramid'}
+    assert not any(block.training for block in backbone.blocks)
+    assert backbone.pyramid.training

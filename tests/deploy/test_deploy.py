@@ -4,12 +4,13 @@ weights), in onnxruntime and as torch.export programs; the tensor graphs equal m
 mmdet's own inference."""
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
 import torch
 from common import CONFIGS, TINY_ARCH, TINY_BACKBONES, require_onnx
-from mmengine.config import Config
+from mmengine.config import Config, ConfigDict
 
 from vitdense.deploy import (ExportedModel, MaskRCNNGraph, SegmentorGraph, deployable,
                              export_module, max_abs_differences)
@@ -140,6 +141,44 @@ def test_segmentor_onnx_labels_match_at_any_size(segmentor, tmp_path):
         assert (got_labels == labels).double().mean() >= 0.999
 
 
+@pytest.fixture(scope='module')
+def sliding_segmentor(segmentor):
+    sliding = copy.deepcopy(segmentor)
+    sliding.test_cfg = ConfigDict(mode='slide', crop_size=(64, 64), stride=(48, 48))
+    return sliding
+
+
+def test_slide_graph_equals_mmseg_slide_inference(sliding_segmentor):
+    """Overlapping windows (stride 48 < crop 64) and a last window flush with the edge."""
+    graph, _ = deployable(sliding_segmentor)
+    image = _image(100, 141)
+    data = sliding_segmentor.data_preprocessor(dict(inputs=list(image)), False)
+    metas = [dict(img_shape=(100, 141), ori_shape=(100, 141), pad_shape=(100, 141),
+                  padding_size=[0] * 4)]
+    with torch.no_grad():
+        expected = sliding_segmentor.inference(data['inputs'], metas)
+        logits, labels = graph(image)
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert torch.equal(labels, expected.argmax(1))
+
+
+def test_slide_segmentor_runs_in_onnxruntime_at_its_size(sliding_segmentor, tmp_path):
+    require_onnx()
+    graph, _ = deployable(sliding_segmentor)
+    image = _image(100, 141)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        exported = ExportedModel(export_module(graph, image, tmp_path / 'slide.onnx',
+                                               dynamic=False))
+        with pytest.raises(Exception, match='fixed size'):
+            export_module(graph, image, tmp_path / 'dynamic.onnx', dynamic=True)
+    with torch.no_grad():
+        logits, labels = graph(image)
+    got_logits, got_labels = exported(image)
+    assert max_abs_differences([logits], [got_logits])[0] < TOLERANCE
+    assert (got_labels == labels).double().mean() >= 0.999
+
+
 def _mmdet_predict(detector, image: torch.Tensor):
     from mmdet.structures import DetDataSample
     size = tuple(image.shape[2:])
@@ -187,10 +226,10 @@ def test_deployable_names_what_it_cannot_export(segmentor):
     cls_backbone = MODELS.build(dict(TINY_BACKBONES['vit'], out_type='cls_token'))
     with pytest.raises(ValueError, match="out_type='featmap'"):
         deployable(cls_backbone)
-    sliding = torch.nn.Module()
-    sliding.test_cfg = dict(mode='slide')
-    with pytest.raises(ValueError, match='whole images'):
-        SegmentorGraph(sliding)
+    unknown = torch.nn.Module()
+    unknown.test_cfg = dict(mode='tiles')
+    with pytest.raises(ValueError, match="'tiles'.*'whole' images or 'slide' windows"):
+        SegmentorGraph(unknown)
 
 
 def test_export_refuses_to_overwrite(tmp_path):

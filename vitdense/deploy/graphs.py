@@ -6,8 +6,8 @@ same layers in the same order on one image tensor, with every branch on a data-d
 size replaced by a tensor operation that gives the same result:
 
 - :class:`SegmentorGraph`: an mmseg encoder-decoder (UperNet, Semantic FPN) in whole-image
-  mode: the image as loaded (B, 3, H, W, 0-255, the loader's channel order) in, the logits
-  resized to the image and the per-pixel labels out;
+  or sliding-window mode: the image as loaded (B, 3, H, W, 0-255, the loader's channel order)
+  in, the logits resized to the image and the per-pixel labels out;
 - :class:`MaskRCNNGraph`: an mmdet two-stage detector with a mask head, one image in, the
   boxes, scores, labels and binary masks (at the image size) out, with RPN proposals,
   class-wise NMS and RoIAlign on torchvision's kernels, which have standard ONNX operators
@@ -104,8 +104,11 @@ def _exportable(module: nn.Module) -> nn.Module | None:
 
 
 class SegmentorGraph(nn.Module):
-    """An mmseg ``EncoderDecoder`` on whole images: ``(logits, labels)`` for images of any
-    size, the logits bilinearly resized to the input as ``decode_head.predict`` does.
+    """An mmseg ``EncoderDecoder`` as its ``test_cfg.mode`` runs it: ``(logits, labels)``,
+    the logits bilinearly resized to the input as ``decode_head.predict`` does. Whole images
+    of any size; or sliding windows (``mode='slide'``), as mmseg's ``slide_inference``
+    places and averages them: the windows follow from the image size, so such a graph holds
+    the windows of the size it was exported at (exporting with dynamic sizes is refused).
 
     Works on a copy of the segmentor whose layers that would fix the traced size into the
     graph are replaced: ``nn.AdaptiveAvgPool2d`` (UperNet's pyramid pooling) by
@@ -114,10 +117,13 @@ class SegmentorGraph(nn.Module):
 
     def __init__(self, segmentor: nn.Module) -> None:
         super().__init__()
-        mode = (segmentor.test_cfg or {}).get('mode', 'whole')
-        if mode != 'whole':
-            raise ValueError(f"the exported segmentor runs whole images; the config's "
-                             f"test_cfg.mode is {mode!r} (set it to 'whole')")
+        test_cfg = segmentor.test_cfg or {}
+        self.mode = test_cfg.get('mode', 'whole')
+        if self.mode not in ('whole', 'slide'):
+            raise ValueError(f"test_cfg.mode {self.mode!r}: the exported segmentor runs "
+                             f"'whole' images or 'slide' windows")
+        if self.mode == 'slide':
+            self.crop_size, self.stride = tuple(test_cfg['crop_size']), tuple(test_cfg['stride'])
         self.normalize = Normalize(segmentor.data_preprocessor)
         self.segmentor = copy.deepcopy(segmentor)
         swaps = [(name, _exportable(module)) for name, module in self.segmentor.named_modules()]
@@ -127,11 +133,41 @@ class SegmentorGraph(nn.Module):
                 setattr(self.segmentor.get_submodule(parent), child, stand_in)
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.segmentor.extract_feat(self.normalize(image))
-        logits = self.segmentor.decode_head.forward(features)
-        logits = F.interpolate(logits, size=image.shape[2:], mode='bilinear',
-                               align_corners=self.segmentor.decode_head.align_corners)
+        inputs = self.normalize(image)
+        logits = self._slide(inputs) if self.mode == 'slide' else self._whole(inputs)
         return logits, logits.argmax(dim=1)
+
+    def _whole(self, inputs: torch.Tensor) -> torch.Tensor:
+        logits = self.segmentor.decode_head.forward(self.segmentor.extract_feat(inputs))
+        return F.interpolate(logits, size=inputs.shape[2:], mode='bilinear',
+                             align_corners=self.segmentor.decode_head.align_corners)
+
+    def _slide(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Windows of ``crop_size`` every ``stride`` (the last flush with the far edge), each
+        segmented whole, their logits summed in place and divided by the windows covering
+        each pixel."""
+        height, width = inputs.shape[2:]
+        if not (isinstance(height, int) and isinstance(width, int)):
+            raise ValueError("sliding windows follow from the image size: export a "
+                             "test_cfg.mode='slide' segmentor at a fixed size (no dynamic "
+                             "height / width)")
+        logits, count = 0, torch.zeros(1, 1, height, width)
+        for top, left in _window_corners((height, width), self.crop_size, self.stride):
+            bottom, right = (min(top + self.crop_size[0], height),
+                             min(left + self.crop_size[1], width))
+            window = self._whole(inputs[:, :, top:bottom, left:right])
+            logits = logits + F.pad(window, (left, width - right, top, height - bottom))
+            count[:, :, top:bottom, left:right] += 1
+        return logits / count.to(inputs)
+
+
+def _window_corners(size: tuple[int, int], crop: tuple[int, int],
+                    stride: tuple[int, int]) -> list[tuple[int, int]]:
+    """Top-left corners of mmseg's sliding windows over an image of ``size``."""
+    rows, cols = (max(s - c + t - 1, 0) // t + 1 for s, c, t in zip(size, crop, stride))
+    return [(max(min(r * stride[0] + crop[0], size[0]) - crop[0], 0),
+             max(min(c * stride[1] + crop[1], size[1]) - crop[1], 0))
+            for r in range(rows) for c in range(cols)]
 
 
 def _pad_to_multiple(image: torch.Tensor, divisor: int) -> torch.Tensor:
