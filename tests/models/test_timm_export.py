@@ -6,7 +6,7 @@ import torch
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 from vitdense.models.backbones.timm_export import (split_checkpoint, timm_arguments,
-                                                   timm_model_name, to_timm)
+                                                   timm_model_of, to_timm)
 
 from common import TINY_ARCH, TINY_CONVIT_ARCH
 
@@ -242,11 +242,11 @@ def test_the_call_is_written_from_the_checkpoints_own_config(tmp_path):
     assert timm_arguments(model)['fc_norm'] is False
 
 
-def test_timm_model_names_come_from_the_family_table():
-    assert timm_model_name(CaiT, 'xxs24') == 'cait_xxs24_224'
-    assert timm_model_name(XCiT, 'small_12', patch_size=8) == 'xcit_small_12_p8_224'
-    with pytest.raises(ValueError, match=r"ConViT\(arch='tiny_plus', \{\}\) is no timm model"):
-        timm_model_name(ConViT, 'tiny_plus')
+def test_the_timm_model_is_the_family_tables_entry_with_the_backbones_block_options():
+    with torch.device('meta'):
+        assert timm_model_of(CaiT('xxs24')) == 'cait_xxs24_224'
+        assert timm_model_of(ViT('small', depth=18, num_parallel=2)) == \
+            'vit_small_patch16_18x2_224'
 
 
 def test_a_plain_state_dict_is_the_backbone():

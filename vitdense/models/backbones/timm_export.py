@@ -141,21 +141,6 @@ def split_checkpoint(checkpoint: dict) -> tuple[dict, dict]:
     return backbone, head
 
 
-def timm_model_name(family: type[ColumnarBackbone], arch: str, **options) -> str:
-    """The timm model of ``family``'s ``timm_models`` table built as ``family(arch,
-    **options)`` (options at the constructor's defaults may be left out)."""
-    defaults = dict(patch_size=16, img_size=224)
-    wanted = {**defaults, **options}
-    for name, table_options, timm_name in family.timm_models:
-        if name == arch and {**defaults, **table_options} == wanted and timm_name:
-            return timm_name
-    known = ', '.join(f'{name} {opts or ""}'.strip() for name, opts, timm_name
-                      in family.timm_models if timm_name)
-    raise ValueError(f'{family.__name__}(arch={arch!r}, {options}) is no timm model: name one '
-                     f'(--timm-model, with --timm-kwargs for a custom arch); timm models of '
-                     f'the family: {known}')
-
-
 def _setting(model: ColumnarBackbone, name: str) -> Any:
     return model.arch[name] if name in model.arch else getattr(model, name, None)
 
