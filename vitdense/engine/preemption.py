@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader
 
 from vitdense.engine.checkpoint_hook import save_resumable
 from vitdense.engine.resume import restart_loop_iterator
+from vitdense.internals import drop_loader_workers
 from vitdense.registry import HOOKS
 
 #: exit status of a training process stopped by a preemption signal after its checkpoint
@@ -107,7 +108,7 @@ def shield_loader_workers(loader: DataLoader, signals: Sequence[int]) -> bool:
     if loader.num_workers == 0 or isinstance(loader.worker_init_fn, _ShieldedWorker):
         return False
     loader.worker_init_fn = _ShieldedWorker(loader.worker_init_fn, signals)
-    loader._iterator = None
+    drop_loader_workers(loader)
     return True
 
 

@@ -35,6 +35,8 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
                                     safe_load, to_plain)
+from vitdense.internals import (drop_loader_workers, indices_of_rank, new_loop_iterator,
+                                replace_batch_sampler)
 from vitdense.registry import HOOKS
 
 RNG_KEY = 'rng_state'
@@ -200,9 +202,9 @@ def seed_batches(loader: DataLoader, seed: int, rank: int) -> _SeededBatches | N
         return None
     loader.dataset.__getitems__ = _SeededFetch(loader.dataset)
     seeded = _SeededBatches(loader.batch_sampler, seed, rank)
-    object.__setattr__(loader, 'batch_sampler', seeded)  # past torch's guard, as below
+    replace_batch_sampler(loader, seeded)  # past torch's guard, as below
     loader.generator = torch.Generator().manual_seed(batch_seed((seed, rank)))
-    loader._iterator = None  # persistent workers started before hold the dataset as it was
+    drop_loader_workers(loader)  # persistent workers started before hold the dataset as it was
     return seeded
 
 
@@ -221,8 +223,7 @@ def resume_loader(loader: DataLoader, skip: int, before_first_batch: Callable[[]
     if loader.batch_sampler is None:
         raise ValueError('resuming mid-epoch needs a loader that batches its samples '
                          '(batch_size or batch_sampler); this one has batch_size=None')
-    object.__setattr__(loader, 'batch_sampler',
-                       _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
+    replace_batch_sampler(loader, _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
 
 
 class _IndicesFrom:
@@ -251,8 +252,8 @@ def restart_loop_iterator(loop: IterBasedTrainLoop) -> None:
     """
     sampler = loop.dataloader.sampler
     if isinstance(sampler, InfiniteSampler):
-        sampler.indices = sampler._indices_of_rank()
-    loop.dataloader_iterator._iterator = iter(loop.dataloader)
+        sampler.indices = indices_of_rank(sampler)
+    new_loop_iterator(loop)
 
 
 @HOOKS.register_module()
