@@ -26,10 +26,11 @@ switches mmcv's op modules between the two extensions.
 
     python -m benchmarks.benchmark_mmcv_ops --pure-torch --out benchmarks/results/mmcv_pure_torch.json
 
-5. Without a compiled mmcv (``--against REV``): soft-NMS of 8,000 boxes and PSAMask at
-   PSANet's ADE20K and Cityscapes shapes (forward, and forward + backward), served by this
-   tree and by git revision ``REV`` of ``vitdense/compat/mmcv_ext.py``, each in a process of
-   its own: median time, peak memory and the peak over PSAMask's output size.
+5. Without a compiled mmcv (``--against REV``): soft-NMS of 8,000 boxes, multi-scale
+   deformable attention as in 4, and PSAMask at PSANet's ADE20K and Cityscapes shapes
+   (forward, and forward + backward), served by this tree and by git revision ``REV`` of
+   ``vitdense/compat/mmcv_ext.py``, each in a process of its own: median time, peak memory
+   and the peak over PSAMask's output size.
 
     python -m benchmarks.benchmark_mmcv_ops --against REV --device cpu --out against.json
 """
@@ -431,6 +432,20 @@ def _psamask_step(case: dict, backward: bool) -> torch.Tensor:
     return out
 
 
+def _deform_attn_inputs(device: str) -> dict:
+    """:func:`_deform_attn_case` as one dict."""
+    (value, locations, weights), extra = _deform_attn_case(device)
+    return dict(value=value, locations=locations, weights=weights, **extra)
+
+
+def _deform_attn_step(case: dict) -> torch.Tensor:
+    from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
+    out = MultiScaleDeformableAttnFunction.apply(case['value'], case['shapes'], case['starts'],
+                                                 case['locations'], case['weights'], 64)
+    out.backward(torch.ones_like(out))
+    return out
+
+
 def _revision_cases() -> dict[str, dict]:
     """case -> (inputs builder, step, the output's size in bytes or None)."""
     import mmcv.ops
@@ -441,7 +456,9 @@ def _revision_cases() -> dict[str, dict]:
     cases = {'soft_nms linear, 8,000 boxes': dict(
         inputs=_soft_nms_case, output_bytes=None,
         step=lambda c: mmcv.ops.soft_nms(c['boxes'], c['scores'], 0.3, sigma=0.5,
-                                         min_score=1e-3, method='linear')[1])}
+                                         min_score=1e-3, method='linear')[1]),
+             'ms_deform_attn fwd+bwd (DINO encoder, 512x512)': dict(
+                 inputs=_deform_attn_inputs, output_bytes=None, step=_deform_attn_step)}
     for name, (batch, feature_hw, mask_hw) in psamask_shapes.items():
         output_bytes = 4 * batch * (feature_hw[0] * feature_hw[1]) ** 2
         for backward in (False, True):
@@ -518,8 +535,8 @@ def main() -> None:
     parser.add_argument('--measure-one', nargs=2, metavar=('CASE', 'PATH'),
                         help=argparse.SUPPRESS)  # one path of 4, in a process of its own
     parser.add_argument('--against', metavar='REV',
-                        help='only 5: soft-NMS and PSAMask served by this tree and by git '
-                             'revision REV')
+                        help='only 5: soft-NMS, deformable attention and PSAMask served by '
+                             'this tree and by git revision REV')
     parser.add_argument('--measure-revision-one', nargs=2, metavar=('CASE', 'PATH'),
                         help=argparse.SUPPRESS)  # one path of 5, in a process of its own
     args = parser.parse_args()

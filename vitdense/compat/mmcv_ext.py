@@ -456,7 +456,8 @@ def _deform_attn_level(values: Tensor, keys: int, shape_hw: Tensor, start: Tenso
             on_map = (row >= 0) & (row <= height - 1) & (col >= 0) & (col <= width - 1)
             key = torch.where(on_map, start + row.long() * cols + col.long(), 0)
             corner = attention * weight_y * weight_x * on_map
-            share = share + torch.einsum('bhqp,bhqpd->bhqd', corner, values[first + key])
+            read = values.index_select(0, (first + key).flatten()).view(*key.shape, -1)
+            share = share + torch.einsum('bhqp,bhqpd->bhqd', corner, read)
     return share
 
 
