@@ -438,7 +438,7 @@ def _deform_attn_level(values: Tensor, keys: int, shape_hw: Tensor, start: Tenso
     level's.  The level's place (``shape_hw``, ``start``) stays on the device: nothing here
     waits for the device.
     """
-    batch, _, heads, points = weights.shape
+    batch, _, heads, _ = weights.shape
     rows, cols = shape_hw.unbind()
     height, width = rows.to(locations.dtype), cols.to(locations.dtype)
     loc = locations.permute(0, 2, 1, 3, 4)                        # (B, heads, Q, P, 2)
