@@ -11,10 +11,15 @@ run and one thread, interleaved rounds:
   ``ClsDataPreprocessor`` (normalisation, Mixup / CutMix);
 * the loader cores one GPU needs with each pipeline at each family's estimated GPU rate.
 
+``coco``: the COCO training pipelines (the Mask R-CNN 3x recipe's DETR augmentation, ViTDet's
+large-scale jitter at 1024) on generated 640² images with 1-4 masked objects, as images per
+core-second, and the GPU rate above which each needs more than 4 loader cores per GPU.
+
 ``accuracy``: a demo config trained as shipped (its epochs, loader in the process) with the
 split pipeline and with the all-CPU pipeline, each for several seeds; top-1 at the end.
 
     python -m benchmarks.benchmark_data_pipeline speed [--images 120] [--batch 64]
+    python -m benchmarks.benchmark_data_pipeline coco [--images 40]
     python -m benchmarks.benchmark_data_pipeline accuracy [--family xcit] [--seeds 0 1 2]
 """
 from __future__ import annotations
@@ -164,6 +169,43 @@ def report(result: dict) -> None:
     print(json.dumps(result))
 
 
+COCO_PIPELINES = {
+    'Mask R-CNN 3x (DETR augmentation)': 'configs/_base_/datasets/coco_instance_detr-aug.py',
+    'ViTDet LSJ 1024': 'configs/_base_/datasets/coco_instance_lsj-1024.py'}
+CORES_PER_GPU_LIMIT = 4
+
+
+def coco(args: argparse.Namespace) -> dict:
+    """Images per core-second of each COCO training pipeline, run as a loader worker runs it."""
+    from mmdet.registry import DATASETS
+    from mmengine.registry import init_default_scope as set_scope
+
+    from vitdense.demo_data import make_demo_coco
+    set_scope('mmdet')
+    np.random.seed(0)
+    data_root = make_demo_coco(Path(args.work_dir) / 'coco', num_train=args.images, num_val=1,
+                               size=640)
+    demo = Config.fromfile(ROOT / 'configs/_base_/datasets/demo_coco.py').train_dataloader
+    rates = {}
+    for name, path in COCO_PIPELINES.items():
+        dataset = DATASETS.build(dict(
+            demo.dataset, data_root=str(data_root),
+            pipeline=Config.fromfile(ROOT / path).train_dataloader.dataset.pipeline))
+        dataset.full_init()  # annotations parsed once, before the clock
+        dataset[0]
+        seconds = cpu_seconds(lambda: [dataset[i] for i in range(len(dataset))])
+        rates[name] = len(dataset) / seconds
+    print(f'\n{args.images} generated 640x640 COCO-layout images, one thread')
+    print(f'| training pipeline | images per core-second | GPU images/s that need more than '
+          f'{CORES_PER_GPU_LIMIT} cores |')
+    print('|---|---|---|')
+    for name, rate in rates.items():
+        print(f'| {name} | {rate:.0f} | {CORES_PER_GPU_LIMIT * rate:.0f} |')
+    result = dict(images=args.images, images_per_core_s=rates)
+    print(json.dumps(result))
+    return result
+
+
 def train_demo(family: str, pipeline: str, seed: int, args: argparse.Namespace) -> float:
     """Top-1 of one demo training as shipped (its schedule), with the split or all-CPU data."""
     cfg = Config.fromfile(ROOT / DEMO_CONFIGS[family])
@@ -208,13 +250,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p_speed.add_argument('--images', type=int, default=120)
     p_speed.add_argument('--batch', type=int, default=64)
     p_speed.add_argument('--rounds', type=int, default=3)
+    p_coco = sub.add_parser('coco', help='COCO pipelines, images per core-second')
+    p_coco.add_argument('--images', type=int, default=40)
     p_acc = sub.add_parser('accuracy', help='demo accuracy, split vs all-CPU pipeline')
     p_acc.add_argument('--family', default='xcit', choices=list(DEMO_CONFIGS))
     p_acc.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     p_acc.add_argument('--pipelines', nargs='+', default=['split', 'all-CPU'],
                        choices=['split', 'all-CPU'])
     p_acc.add_argument('--data-root', default=str(ROOT / 'data' / 'demo_in10'))
-    for p in (p_speed, p_acc):
+    for p in (p_speed, p_coco, p_acc):
         p.add_argument('--work-dir', default=str(ROOT / 'work_dirs' / 'benchmark_data_pipeline'))
     return parser.parse_args(argv)
 
@@ -223,10 +267,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     init_default_scope('mmpretrain')
-    if args.command == 'speed':
-        speed(args)
-    else:
-        accuracy(args)
+    {'speed': speed, 'coco': coco, 'accuracy': accuracy}[args.command](args)
 
 
 if __name__ == '__main__':

@@ -31,3 +31,10 @@ def test_speed_measures_every_pipeline(tmp_path, capsys):
     assert all(rate > 0 for rate in result['worker_images_per_core_s'].values())
     assert result['device_s_per_batch']['split'] > 0
     assert '| ViT-S/16 (5000) |' in capsys.readouterr().out
+
+
+def test_coco_measures_both_training_pipelines(tmp_path, capsys):
+    result = tool.coco(tool.parse_args(['coco', '--images', '2', '--work-dir', str(tmp_path)]))
+    assert set(result['images_per_core_s']) == set(tool.COCO_PIPELINES)
+    assert all(rate > 0 for rate in result['images_per_core_s'].values())
+    assert '| ViTDet LSJ 1024 |' in capsys.readouterr().out
