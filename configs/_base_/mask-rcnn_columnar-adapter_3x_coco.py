@@ -1,5 +1,5 @@
 # Recipe: Mask R-CNN + FPN on a columnar backbone in ViT-Adapter's layout, COCO 3x with
-# multi-scale training (Chen et al., ICLR 2023, §4.2, Table 1; the official
+# multi-scale training (Chen et al., ICLR 2023, Table 1; the official
 # mask_rcnn_deit_adapter_*_fpn_3x_coco.py): DETR's augmentation ending in a random crop of at
 # most 1024×1024, AdamW lr 1e-4, weight decay 0.05 at batch 16, no layer-wise decay, level
 # embeddings, position tables, norms and biases without weight decay, float32 (the official

@@ -1,5 +1,5 @@
 # Recipe: UperNet on a columnar backbone in ViT-Adapter's layout, ADE20k 160k iterations at
-# 512×512 (Chen et al., ICLR 2023, §4.3, Table 4; the official
+# 512×512 (Chen et al., ICLR 2023, ADE20K results; the official
 # upernet_deit_adapter_*_512_160k_ade20k.py): AdamW lr 6e-5 (12e-5 for the tiny trunk),
 # weight decay 0.01 at batch 16, layer-wise lr decay 0.95 over the trunk's blocks (the adapter
 # at the full rate), one-dimensional parameters without weight decay, 1500-iteration warmup

@@ -1,7 +1,7 @@
-# Mask R-CNN + FPN, COCO 3x + multi-scale training, CaiT-S24 (official IN-1k weights) in ViT-
-# Adapter's layout with the paper's ViT-Adapter-S settings (Chen et al., ICLR 2023, Table 1): 6
-# heads of deformable attention, stochastic depth 0.2, global attention; interactions after blocks
-# 5, 11, 17, 23 (four groups of six).
+# Mask R-CNN + FPN, COCO 3x + multi-scale training, CaiT-S24 (official IN-1k weights) in
+# ViT-Adapter's layout with the paper's ViT-Adapter-S settings (Chen et al., ICLR 2023, Table 1):
+# 6 heads of deformable attention, stochastic depth 0.2, global attention; interactions after
+# blocks 5, 11, 17, 23 (four groups of six).
 _base_ = '../_base_/mask-rcnn_columnar-adapter_3x_coco.py'
 model = dict(
     backbone=dict(

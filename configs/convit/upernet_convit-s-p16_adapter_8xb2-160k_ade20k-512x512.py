@@ -1,5 +1,5 @@
 # UperNet, ADE20k 160k at 512×512, ConViT-S (official IN-1k weights) in ViT-Adapter's layout with
-# the paper's ViT-Adapter-S settings (Chen et al., ICLR 2023, Table 4): 6 heads of deformable
+# the paper's ViT-Adapter-S settings (Chen et al., ICLR 2023, ADE20K results): 6 heads of deformable
 # attention, stochastic depth 0.2, layer-wise lr decay 0.95; the class token joins the trunk after
 # its ten GPSA blocks, the injectors and extractors see the patch tokens alone.
 _base_ = '../_base_/upernet_columnar-adapter_160k_ade20k.py'

@@ -1,5 +1,5 @@
 # UperNet, ADE20k 160k at 512×512, ViT-Adapter-T in ViT-Adapter's layout (DeiT IN-1k weights;
-# Chen et al., ICLR 2023, Table 4): global attention, 6 heads of deformable attention,
+# Chen et al., ICLR 2023, ADE20K results): global attention, 6 heads of deformable attention,
 # stochastic depth 0.1, layer-wise lr decay 0.95.
 _base_ = '../_base_/upernet_columnar-adapter_160k_ade20k.py'
 model = dict(
