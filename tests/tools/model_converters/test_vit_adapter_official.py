@@ -7,7 +7,7 @@ deformable attention served by ``vitdense.compat``), built at a tiny size (48 wi
 one per interaction, a 2 × 2 position table resampled to the 4 × 4 grid, injectors at 0.5) in
 float64 and eval mode, with the weights of :func:`seeded_state_dict` in the official layout. It
 holds the official key layout, the four output maps for :func:`fixture_input` and the gradients
-of a fixed weighting of them by the input and the level embedding (float32, 118 KB).
+of a fixed weighting of them by the input and the level embedding (float32, 135 KB).
 """
 from pathlib import Path
 
