@@ -4,5 +4,7 @@ model = dict(
     backbone=dict(
         _delete_=True, type='vitdense.ConViT', arch='small', patch_size=16, pyramid=False,
         out_indices=(-1,), norm_cfg=dict(type='SyncBN'),
-        init_cfg=dict(type='Pretrained', checkpoint='https://dl.fbaipublicfiles.com/convit/convit_small.pth')),
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='https://dl.fbaipublicfiles.com/convit/convit_small.pth')),
     decode_head=dict(in_channels=[432]))

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mmengine.config import ConfigDict
 from mmengine.dataset import pseudo_collate
 from mmengine.model import BaseModule
-from mmengine.registry import DATASETS, MODELS, DefaultScope
+from mmengine.registry import DATASETS, MODELS, TRANSFORMS, DefaultScope
 from mmengine.structures import InstanceData
 from torch import nn
 
@@ -50,6 +51,8 @@ def test_every_dense_recipe_has_multi_scale_flip_tta(name, views, tmp_path):
     scales, flips = augment.transforms[:2]
     assert len(scales) * len(flips) == views
     assert sorted(flip.prob for flip in flips) == [0.0, 1.0]
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        assert len(TRANSFORMS.build(augment).subroutines) == views
 
 
 def test_ade20k_tta_scales_the_single_scale(tmp_path):
@@ -201,7 +204,6 @@ def _logits(segmentor, image: torch.Tensor, test_cfg: dict) -> torch.Tensor:
 
 
 def test_slide_with_the_crop_the_image_size_is_whole_image_inference(demo_segmentor):
-    from mmengine.config import ConfigDict
     image = torch.randn(2, 3, 128, 128)
     whole = _logits(demo_segmentor, image, ConfigDict(mode='whole'))
     slide = _logits(demo_segmentor, image, ConfigDict(mode='slide', crop_size=(128, 128),
@@ -212,7 +214,6 @@ def test_slide_with_the_crop_the_image_size_is_whole_image_inference(demo_segmen
 def test_slide_over_exact_tiles_is_whole_image_inference_of_each_tile(demo_segmentor):
     """64² windows at stride 64 tile a 128×192 image: each window's logits are the whole-image
     logits of that tile, written in place."""
-    from mmengine.config import ConfigDict
     image = torch.randn(1, 3, 128, 192)
     slide = _logits(demo_segmentor, image, ConfigDict(mode='slide', crop_size=(64, 64),
                                                       stride=(64, 64)))
