@@ -136,7 +136,7 @@ _RANDAUG_OPS: dict = {
     'Equalize': (None, lambda x, v, t: ops.equalize(x)),
     'Invert': (None, lambda x, v, t: ops.invert(x)),
     'Rotate': ('angle', _warp_op(lambda t, v, h, w: ops.rotation_matrix(v, h, w))),
-    'Posterize': ('bits', lambda x, v, t: ops.posterize(x, v.ceil())),
+    'Posterize': ('bits', lambda x, v, t: ops.posterize(x, v.ceil().to(x.device))),
     'Solarize': ('thr', lambda x, v, t: ops.solarize(x, v.to(x.device))),
     'SolarizeAdd': ('magnitude', lambda x, v, t: ops.solarize_add(x, v.to(x.device), t.thr)),
     'ColorTransform': ('magnitude', lambda x, v, t: ops.color(x, 1 + v.to(x.device))),
