@@ -79,6 +79,10 @@ XCIT_FPN = {('t12', 16): 38.1, ('t12', 8): 39.9, ('s12', 16): 43.9, ('s12', 8): 
 XCIT_UPERNET = {('t12', 16): 41.5, ('t12', 8): 43.5, ('s12', 16): 45.9, ('s12', 8): 46.6,
                 ('s24', 16): 46.9, ('s24', 8): 48.1, ('m24', 16): 47.6, ('m24', 8): 48.4}
 
+# ViT-Adapter (Chen et al., ICLR 2023) on DeiT-T / S / B trunks, single-scale, as the official
+# README lists them: Mask R-CNN 3x + MS (Table 1) (box AP, mask AP), UperNet 160k mIoU
+VIT_ADAPTER = {'t': ((46.0, 41.0), 42.6), 's': ((48.2, 42.8), 46.2), 'b': ((49.6, 43.6), 48.8)}
+
 # ImageNet-1k top-1 of the paper for the recipe of each classification config, and the
 # table it comes from; official weights of that same recipe where they were released
 CLASSIFICATION = {
@@ -126,7 +130,9 @@ def task_of(name: str) -> str:
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
                          ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),
-                         ('fpn_', 'Semantic Segmentation')):
+                         ('fpn_', 'Semantic Segmentation'),
+                         ('linear-probe_', 'Semantic Segmentation'),
+                         ('ms-probe_', 'Semantic Segmentation')):
         if name.startswith(prefix):
             return task
     return 'Image Classification'
@@ -139,17 +145,29 @@ def training_data(name: str) -> str:
                                                                  .split('-')[0].split('.')[0]]
     if name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_')):
         return 'COCO'
-    if name.startswith(('upernet_', 'fpn_')):
+    if name.startswith(('upernet_', 'fpn_', 'linear-probe_', 'ms-probe_')):
         return 'ADE20K'
     return 'ImageNet-1k'
 
 
 def results_and_weights(family: str, name: str) -> tuple[list, str | None]:
-    """The paper's metric for this config (if it reports one) and official weights."""
+    """The paper's metric for this config (if it reports one) and official weights. Dense
+    metrics are single-scale, as XCiT reports them; mmseg's metafiles name them so (`mIoU`,
+    where a multi-scale + flip result is `mIoU(ms+flip)`)."""
     if name in CLASSIFICATION:
         top1, source, weights = CLASSIFICATION[name]
         return [dict(Task='Image Classification', Dataset='ImageNet-1k',
                      Metrics={'Top 1 Accuracy': top1}, Source=source)], weights
+    adapter = re.match(r'(mask-rcnn|upernet)_vit-([tsb])-p16_adapter_', name)
+    if family == 'vit' and adapter:
+        (box, mask), miou = VIT_ADAPTER[adapter.group(2)]
+        if adapter.group(1) == 'mask-rcnn':
+            return [dict(Task='Object Detection', Dataset='COCO', Metrics={'box AP': box},
+                         Source='ViT-Adapter, Table 1'),
+                    dict(Task='Instance Segmentation', Dataset='COCO',
+                         Metrics={'mask AP': mask}, Source='ViT-Adapter, Table 1')], None
+        return [dict(Task='Semantic Segmentation', Dataset='ADE20K', Metrics={'mIoU': miou},
+                     Source='ViT-Adapter, ADE20K UperNet results')], None
     match = re.match(r'(mask-rcnn|upernet|fpn)_xcit-(t12|s12|s24|m24)-p(16|8)_', name)
     # the paper's dense results are of the multi-layer pyramid, not of ViTDet's layout
     if family != 'xcit' or not match or '_vitdet_' in name:
@@ -174,9 +192,10 @@ def measure(config: Path) -> dict:
 
 
 def is_dense(config: Path) -> bool:
-    """A full dense config (Mask R-CNN, UperNet, Semantic FPN), not a demo."""
+    """A full dense config (Mask R-CNN, UperNet, Semantic FPN, probe), not a demo."""
     name = config.stem
-    return name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_', 'upernet_', 'fpn_')) and \
+    return name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_', 'upernet_', 'fpn_',
+                            'linear-probe_', 'ms-probe_')) and \
         '_demo' not in name
 
 
