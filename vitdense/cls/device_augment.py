@@ -1,7 +1,7 @@
 """Training augmentation split between the loader's workers and the device.
 
 A worker reads and decodes an image (``LoadImageTensor``, ~3x the images per core-second of
-the all-CPU DeiT pipeline; docs/recipes.md), or only reads it and leaves decoding to the GPU;
+the all-CPU DeiT pipeline; docs/benchmarks.md), or only reads it and leaves decoding to the GPU;
 ``DeviceAugmentPreprocessor`` then runs the rest of the recipe batched on the model's device:
 random-resized crop, flip, RandAugment, random erasing, normalisation and Mixup / CutMix.
 
