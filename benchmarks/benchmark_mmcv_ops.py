@@ -399,11 +399,12 @@ def load_revision(rev: str) -> ModuleType:
     import tempfile
     source = subprocess.run(['git', 'show', f'{rev}:vitdense/compat/mmcv_ext.py'], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp(prefix='mmcv_ext_')) / 'mmcv_ext_at_revision.py'
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location('mmcv_ext_at_revision', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory(prefix='mmcv_ext_') as folder:
+        path = Path(folder) / 'mmcv_ext_at_revision.py'
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location('mmcv_ext_at_revision', path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module
 
 
