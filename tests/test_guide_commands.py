@@ -246,10 +246,15 @@ LOADERS = [f'{split}_dataloader.{key}' for split in ('train', 'val', 'test')
 
 
 def _make_cait_checkpoint(path: Path, checkpoints: Checkpoints) -> None:
-    """A CaiT-XXS24 classifier's checkpoint as tools/train.py writes it (``state_dict``)."""
+    """A CaiT-XXS24 classifier's checkpoint as tools/train.py writes it: ``state_dict`` and
+    the config in ``meta['cfg']``."""
     from vitdense.models import CaiT
-    backbone = CaiT('xxs24', out_type='cls_token').state_dict()
-    torch.save({'state_dict': {f'backbone.{k}': v for k, v in backbone.items()}}, path)
+    from vitdense.models.backbones.timm_export import backbone_options
+    config = Config.fromfile(str(REPO_ROOT / 'configs/cait/cait-xxs24_8xb128_in1k.py'))
+    meta = {'cfg': config.pretty_text}
+    backbone = CaiT(**backbone_options({'meta': meta})).state_dict()
+    torch.save({'meta': meta, 'state_dict': {f'backbone.{k}': v for k, v in backbone.items()}},
+               path)
 
 
 def _make_xcit_backbone(path: Path, checkpoints: Checkpoints) -> None:
