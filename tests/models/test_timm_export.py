@@ -254,3 +254,56 @@ def test_a_plain_state_dict_is_the_backbone():
     assert list(backbone) == ['blocks.0.norm1.weight'] and head == {}
     with pytest.raises(ValueError, match='holds no state dict'):
         split_checkpoint({'state_dict': {}})
+
+
+# ViT's options of other sources that timm's VisionTransformer computes: the call written
+# from the backbone's options matches its forward
+EXPORTED_SOURCE_OPTIONS = {
+    'qk-norm': dict(qk_norm=True),
+    'quick-gelu': dict(act_layer='quick_gelu'),
+    'pre-norm': dict(pre_norm=True),  # CLIP: its patch bias moved into the position table
+    'no-class-token-registers': dict(class_token=False, reg_tokens=4),
+    'distillation-token': dict(reg_tokens=1),  # DeiT-distilled's, with its position row
+}
+# ... and those it has no counterpart for: refused, naming the option
+REFUSED_SOURCE_OPTIONS = {
+    'rope-eva02': (dict(rope='eva02'), "rope='eva02'"),
+    'rope-dinov3': (dict(rope='dinov3', pos_embed='none'), "rope='dinov3'"),
+    'swiglu': (dict(swiglu_mlp=True), 'swiglu_mlp=True'),
+    'rel-pos-bias': (dict(use_rel_pos_bias=True, pos_embed='none'), 'use_rel_pos_bias=True'),
+}
+
+
+@pytest.mark.parametrize('case', EXPORTED_SOURCE_OPTIONS)
+@pytest.mark.parametrize('dense', [False, True], ids=['classifier', 'dense'])
+def test_a_source_option_timm_computes_is_exported_with_the_same_forward(case, dense):
+    """The classifier's features (checked again here with the printed call) or the dense
+    blocks' maps equal timm's, ≤ 1e-5."""
+    options = EXPORTED_SOURCE_OPTIONS[case]
+    mode = dict(pyramid=False, out_indices=OUT_INDICES) if dense else dict(
+        out_type='cls_token' if options.get('class_token', True) else 'avg_featmap')
+    model = _small_embeddings_(_perturbed(ViT, {**options, **mode}))
+    export = to_timm(ViT, model.state_dict(), options=_options({**options, **mode}),
+                     fill_missing=dense)
+    assert export.difference <= 1e-5
+    if not dense:
+        import functools  # noqa: F401 (the call's norm_layer, if any)
+        theirs = eval(export.call)
+        theirs.load_state_dict(export.state_dict, strict=True)
+        assert _feature_difference(model, theirs.eval()) <= 1e-5
+
+
+@pytest.mark.parametrize('case', REFUSED_SOURCE_OPTIONS)
+def test_a_source_option_timm_lacks_is_refused_by_name(case):
+    options, named = REFUSED_SOURCE_OPTIONS[case]
+    model = _perturbed(ViT, options, out_type='avg_featmap')
+    with pytest.raises(ValueError, match=rf'ViT with {named} has no export to timm'):
+        to_timm(ViT, model.state_dict(), options=_options(options, out_type='avg_featmap'))
+
+
+def test_a_pre_norm_patch_bias_without_position_table_is_refused():
+    options = dict(pre_norm=True, pos_embed='none', out_type='avg_featmap')
+    model = _perturbed(ViT, options)
+    with pytest.raises(ValueError, match=r'has no patch bias \(pre_norm=True\) and the '
+                                         r'backbone no position table'):
+        to_timm(ViT, model.state_dict(), options=_options(options))

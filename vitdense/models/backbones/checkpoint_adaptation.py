@@ -8,7 +8,7 @@ what the model's mode does not build is dropped, before torch's own ``load_state
 """
 import math
 import re
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from mmengine.logging import MMLogger
@@ -139,6 +139,9 @@ class CheckpointAdaptation:
     #: the family's settings (arch keys, else model attributes) -> the keyword of its timm
     #: model's constructor, beside the shared ones (``timm_export.SHARED_TIMM_ARGUMENTS``)
     timm_arguments: dict[str, str] = {}
+    #: the family's options the timm model it exports to has no counterpart for -> the value
+    #: that model computes: an export of a backbone with another value is refused, naming it
+    timm_inexpressible: dict[str, Any] = {}
     #: whether the timm model's ``embed_dim`` is per head (timm's ConViT)
     timm_embed_dim_per_head = False
     #: keys of foreign checkpoints that have no counterpart here (classifier heads)

@@ -9,6 +9,11 @@ mmengine saves in ``meta['cfg']``, or options given). The backbone and timm's mo
 one input, and the export is refused when their features differ (:func:`check_same_features`):
 an option timm's call does not express never passes as an export that loads.
 
+Options timm's model has no counterpart for (the family's ``timm_inexpressible``: ViT's
+rotary positions, SwiGLU, relative position bias) are refused by name before any export is
+written. A patch bias, which timm's pre-norm models (CLIP) leave out, is moved into the patch
+rows of the position table, which adds to the same tokens.
+
 What timm's model has and the checkpoint may lack is decided here: a classifier's head is
 written as timm's ``head`` (else the model is timm's ``num_classes=0``, headless); a dense
 model's classification stage (final norm, class-attention blocks, CaiT's and XCiT's class
@@ -30,8 +35,11 @@ from .checkpoint_adaptation import NOT_IN_TIMM, SHARED_CHECKPOINT_RULES, rename_
 
 #: mmpretrain's linear classifier head (``LinearClsHead``) -> timm's ``head``
 HEAD_PREFIX = 'head.fc.'
-#: the classification stage (our names), which a dense model does not build
-CLASSIFICATION_STAGE = r'^(norm\.|cls_token$|cls_blocks\.)'
+#: the class token (our name), part of the classification stage beside the family's
+#: ``classification_keys``, which a dense model does not build
+CLASS_TOKEN = r'^cls_token$'
+#: the patch projection's bias, which timm's pre-norm models (CLIP) leave out
+PATCH_BIAS = 'patch_embed.proj.bias'
 #: settings every family has (arch keys, else model attributes) -> timm's keywords
 SHARED_TIMM_ARGUMENTS = dict(embed_dims='embed_dim', num_layers='depth',
                              num_heads='num_heads', mlp_ratio='mlp_ratio', qkv_bias='qkv_bias',
@@ -145,6 +153,35 @@ def _setting(model: ColumnarBackbone, name: str) -> Any:
     return model.arch[name] if name in model.arch else getattr(model, name, None)
 
 
+def check_expressible(model: ColumnarBackbone) -> None:
+    """Raises ValueError naming the options of ``model`` that the family's timm model has
+    no counterpart for (``timm_inexpressible``), before any export is written."""
+    differing = {name: _setting(model, name) for name, value in
+                 model.timm_inexpressible.items() if _setting(model, name) != value}
+    if differing:
+        written = ', '.join(f'{name}={value!r}' for name, value in differing.items())
+        computed = ', '.join(f'{name}={model.timm_inexpressible[name]!r}' for name in differing)
+        raise ValueError(f'{type(model).__name__} with {written} has no export to timm: the '
+                         f'timm model of its export has no such option (it computes '
+                         f'{computed})')
+
+
+def fold_patch_bias(exported: dict, model: ColumnarBackbone, call: str) -> None:
+    """For a timm model without patch bias (``pre_norm``: CLIP), the bias of ``exported``
+    moved into the patch rows of its position table: both are added to every patch token
+    before any other operation, so the tokens are the same. Raises ValueError when the table
+    is absent and the bias is not zero."""
+    bias = exported.pop(PATCH_BIAS)
+    if 'pos_embed' in exported:
+        table = exported['pos_embed'].clone()
+        patches = model.pretrain_grid[0] * model.pretrain_grid[1]
+        table[:, -patches:] += bias
+        exported['pos_embed'] = table
+    elif bias.any():
+        raise ValueError(f'{call} has no patch bias (pre_norm=True) and the backbone no '
+                         f'position table to take it: the export would drop a trained bias')
+
+
 def timm_model_of(model: ColumnarBackbone) -> str:
     """The timm model of the family's ``timm_models`` table whose block options (all but
     the sizes, which :func:`timm_arguments` sets) are most of ``model``'s."""
@@ -197,6 +234,7 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
     except RuntimeError as error:
         raise ValueError(f'{family.__name__}({options}) is not the checkpoint\'s backbone: '
                          f'{str(error).splitlines()[0]}') from None
+    check_expressible(model)
     timm_model = timm_model or timm_model_of(model)
     arguments = {**timm_arguments(model), **(timm_kwargs or {})}
     exported = {**family.export_to_timm(backbone), **head}
@@ -205,6 +243,8 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
     theirs = timm.create_model(timm_model, pretrained=False, num_classes=num_classes,
                                **arguments)
     expected = theirs.state_dict()
+    if PATCH_BIAS in exported and PATCH_BIAS not in expected:
+        fold_patch_bias(exported, model, call)
     unexpected = [key for key in exported if key not in expected]
     missing = [key for key in expected if key not in exported]
     if unexpected:
@@ -213,7 +253,8 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
             f'({", ".join(unexpected[:6])}): the backbone uses an option timm lacks (window '
             f'attention, relative positions, the hMLP stem) or is of another timm model '
             f'(name it)')
-    trunk = [key for key in missing if not re.match(CLASSIFICATION_STAGE, rename_key(
+    classification_stage = f'{CLASS_TOKEN}|{family.classification_keys}'
+    trunk = [key for key in missing if not re.match(classification_stage, rename_key(
         key, SHARED_CHECKPOINT_RULES + family.checkpoint_rules))]
     if trunk:
         raise ValueError(

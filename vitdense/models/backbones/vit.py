@@ -207,6 +207,9 @@ class ViT(ColumnarBackbone):
                           reg_tokens='reg_tokens', class_token='class_token',
                           qk_norm='qk_norm', act_layer='act_layer', pre_norm='pre_norm',
                           fc_norm_after_pooling='fc_norm')
+    #: timm's VisionTransformer has no rotary positions, SwiGLU or relative position bias
+    #: (its Eva and Beit classes do, in layouts of their own)
+    timm_inexpressible = dict(rope=None, swiglu_mlp=False, use_rel_pos_bias=False)
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.',)
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
