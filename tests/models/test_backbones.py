@@ -176,6 +176,65 @@ def test_frozen_stages_zero_freezes_the_embeddings_only(cls):
     assert all(p.requires_grad for p in tiny(cls, frozen_stages=-1).parameters())
 
 
+@pytest.mark.parametrize('cls,frozen_stages,out_type', [
+    (ViT, -1, 'featmap'), (ViT, 0, 'featmap'),
+    (ConViT, 1, 'featmap'), (ConViT, 2, 'featmap'),
+    (CaiT, 3, 'cls_token'), (CaiT, 4, 'cls_token'), (XCiT, 4, 'cls_token'),
+])
+def test_frozen_stages_freeze_the_class_token_once_they_reach_where_it_joins(
+        cls, frozen_stages, out_type):
+    """The class token is frozen with the stages before it joins: ViT's at block 0 (with
+    the embeddings), ConViT's after its 2 GPSA blocks, CaiT's and XCiT's after the 4-block
+    trunk (mmpretrain's XCiT rule); a frozen one keeps its value through a training step."""
+    model = tiny(cls, frozen_stages=frozen_stages, out_type=out_type).train()
+    frozen = frozen_stages >= model.class_token_layer
+    assert model.cls_token.requires_grad is not frozen
+    before = model.cls_token.detach().clone()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.)
+    sum(o.square().mean() for o in model(torch.randn(2, 3, 64, 64))).backward()
+    optimizer.step()
+    assert torch.equal(model.cls_token, before) is frozen
+
+
+@pytest.mark.parametrize('cls,out_indices', [(ViT, [0, 3]), (ConViT, [2, 3])])
+def test_output_cls_token_pairs_each_map_with_its_blocks_class_token(cls, out_indices):
+    """Each dense output is (the map it is without the option, the class token row of the
+    block's output), as mmseg's VisionTransformer hands them out."""
+    torch.manual_seed(0)
+    model = cls(TINY[cls], out_indices=out_indices, pyramid=False,
+                output_cls_token=True).eval()
+    maps_only = cls(TINY[cls], out_indices=out_indices, pyramid=False).eval()
+    maps_only.load_state_dict(model.state_dict())
+    block_outputs = {}
+    for index in out_indices:
+        model.blocks[index].register_forward_hook(
+            lambda module, args, output, index=index: block_outputs.update({index: output}))
+    image = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        outputs, expected_maps = model(image), maps_only(image)
+    assert len(outputs) == len(out_indices)
+    for (feature_map, cls_token), expected, index in zip(outputs, expected_maps, out_indices):
+        assert feature_map.shape == (2, 32, 4, 6) and cls_token.shape == (2, 32)
+        assert torch.equal(feature_map, expected)
+        assert torch.equal(cls_token, block_outputs[index][:, 0])
+
+
+@pytest.mark.parametrize('cls,kwargs,match', [
+    (CaiT, {}, 'dense trunk of CaiT carries no class token'),
+    (XCiT, {}, 'dense trunk of XCiT carries no class token'),
+    (ViT, dict(dense_class_token=False), 'dense trunk of ViT carries no class token'),
+    (ConViT, dict(out_indices=[1, 3]),
+     r'ConViT joins before block 2, so block 1 of out_indices \[1, 3\] has none'),
+    (ViT, dict(pyramid=True, out_indices=[0, 1, 2, 3]), "needs out_type='featmap' and pyramid=False"),
+    (ViT, dict(out_type='cls_token'), "needs out_type='featmap' and pyramid=False"),
+])
+def test_output_cls_token_is_refused_where_a_probed_block_has_no_class_token(
+        cls, kwargs, match):
+    options = dict(out_indices=[2, 3], pyramid=False, output_cls_token=True)
+    with pytest.raises(ValueError, match=match):
+        cls(TINY[cls], **{**options, **kwargs})
+
+
 @pytest.mark.parametrize('cls', FAMILIES)
 def test_every_family_takes_depth_and_layer_scale_alike(cls):
     arch = {('depth' if k == 'num_layers' else k): v for k, v in TINY[cls].items()}

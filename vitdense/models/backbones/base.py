@@ -105,9 +105,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         drop_rate: dropout after the position encoding and inside FFNs.
         drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
         frozen_stages: -1 freezes nothing; k >= 0 freezes the embeddings (patch embedding,
-            position encoding, a class token that joins at block 0) and the first k blocks
-            (mmdet's ResNet convention, where 0 freezes the stem; mmpretrain's VisionTransformer
-            freezes nothing at 0 and the embeddings from 1).
+            position encoding, registers) and the first k blocks (mmdet's ResNet convention,
+            where 0 freezes the stem; mmpretrain's VisionTransformer freezes nothing at 0 and
+            the embeddings from 1), and the class token once the frozen blocks reach where it
+            joins, k >= ``class_token_layer`` (as mmpretrain's XCiT): ViT's with the
+            embeddings, ConViT's with its GPSA blocks, CaiT's and XCiT's with the whole trunk.
         norm_eval: keep BatchNorm layers in eval mode while training.
         with_cp: activation checkpointing while training (a block's activations are
             recomputed in backward instead of kept: about a third more compute for those
@@ -126,6 +128,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         dense_class_token: False: a dense model's trunk carries no class token (Li et al.: the
             checkpoint's class token and its position row are dropped on load), as window
             attention and relative positions need.
+        output_cls_token: each dense output becomes a (map, class token) pair, the class
+            token (B, embed_dims) as the probed block left it (mmseg's ``VisionTransformer``
+            convention, read by DINOv2's linear head with the class token and mmseg's DPT
+            head). Needs ``pyramid=False`` and a trunk that carries its class token at every
+            block of ``out_indices`` (ViT; ConViT past its GPSA blocks).
         norm_eps: epsilon of every LayerNorm of the blocks and of the final norm: 1e-6 as
             timm and the official releases, 1e-5 for mmseg's ViTs (torch's default).
         fc_norm: with ``out_type='avg_featmap'``, normalise the averaged tokens (timm's
@@ -192,6 +199,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  use_rel_pos: bool = False,
                  rel_pos_img_size: Optional[Union[int, Sequence[int]]] = None,
                  dense_class_token: bool = True,
+                 output_cls_token: bool = False,
                  fc_norm: bool = False,
                  norm_eps: float = NORM_EPS,
                  pos_antialias: Optional[bool] = None,
@@ -216,6 +224,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.pos_antialias = True if pos_antialias is None else pos_antialias
         self.pos_kernel_chosen = pos_antialias is not None
         self._build_embeddings(dense_class_token)
+        self.output_cls_token = output_cls_token
+        if output_cls_token:
+            self._check_output_cls_token()
         #: how each trunk block attends (window size, relative position tables)
         self.block_layouts = self._attention_layouts(
             window_size, window_block_indexes, use_rel_pos, rel_pos_img_size or img_size)
@@ -424,6 +435,25 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                              f'wanted, or pyramid=False for the blocks\' maps alone')
         return tuple(checked)
 
+    def _check_output_cls_token(self) -> None:
+        """Refuse ``output_cls_token`` where a probed block's output has no class token to
+        pair with its map, or where the pyramid, which takes maps alone, follows."""
+        name = type(self).__name__
+        if not self.dense or self.pyramid_levels:
+            raise ValueError(f"output_cls_token pairs each block's map with its class token: "
+                             f"it needs out_type='featmap' and pyramid=False, got out_type="
+                             f"{self.out_type!r}, pyramid={bool(self.pyramid_levels)}")
+        if not self.trunk_has_class_token:
+            raise ValueError(f'output_cls_token: the dense trunk of {name} carries no class '
+                             f'token (it joins after the trunk, in the classification stage, '
+                             f'or the model is built without it: dense_class_token=False, '
+                             f'class_token=False)')
+        if self.out_indices[0] < self.class_token_layer:
+            raise ValueError(f'output_cls_token: the class token of {name} joins before block '
+                             f'{self.class_token_layer}, so block {self.out_indices[0]} of '
+                             f'out_indices {list(self.out_indices)} has none; read blocks '
+                             f'>= {self.class_token_layer}')
+
     def _attention_layouts(self, window_size: int,
                            window_block_indexes: Optional[Sequence[int]], use_rel_pos: bool,
                            rel_pos_img_size: Union[int, Sequence[int]]
@@ -515,7 +545,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         if self.norm_pre is not None:
             tokens = self.norm_pre(tokens)
 
-        features = []
+        features, class_tokens = [], []
         last = self.out_indices[-1] if self.dense else self.num_layers - 1
         # a classifier reading the trunk's class token needs only that token from the last
         # block (the same output; the patch tokens' FFN and queries are skipped)
@@ -527,6 +557,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             tokens = self._run_block(index, block, tokens, hw, **extra)
             if self.dense and index in self.out_indices:
                 features.append(self._to_map(tokens, hw))
+                if self.output_cls_token:
+                    class_tokens.append(tokens[:, 0].contiguous())
         if not self.dense:
             return (self._pool(tokens),)
         if self.pyramid is not None:
@@ -534,7 +566,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         # Token maps are channels-last views of the sequence, and convs keep that layout.
         # mmcv's RoIAlign indexes its input buffer as contiguous NCHW whatever the
         # strides, so RoI heads would pool scrambled features: hand out contiguous maps.
-        return tuple(feature.contiguous() for feature in features)
+        features = tuple(feature.contiguous() for feature in features)
+        if self.output_cls_token:
+            return tuple(zip(features, class_tokens))
+        return features
 
     @staticmethod
     def _to_map(tokens: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
@@ -570,11 +605,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             module.eval()
             for param in module.parameters():
                 param.requires_grad = False
-        if self.frozen_stages >= 0:
-            for token in (self.cls_token if self.class_token_layer == 0 else None,
-                          self.reg_token):
-                if token is not None:
-                    token.requires_grad = False
+        if self.reg_token is not None and self.frozen_stages >= 0:
+            self.reg_token.requires_grad = False
+        if self.cls_token is not None and self.frozen_stages >= self.class_token_layer:
+            self.cls_token.requires_grad = False
 
     def train(self, mode: bool = True) -> 'ColumnarBackbone':
         super().train(mode)
