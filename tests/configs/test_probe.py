@@ -1,8 +1,10 @@
 """Frozen-backbone probes: every family's linear and multi-layer probe configs build a
 segmentor whose backbone has no trainable tensor; a demo probe trained a few iterations leaves
 every backbone tensor (buffers included) bit-identical, keeps no optimiser state for it and
-holds it in eval mode, while its head learns."""
+holds it in eval mode, while its head learns; with the class token where the trunk has one at
+the probed blocks, refused where it has none."""
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -15,12 +17,14 @@ from vitdense.engine.launch import load_config, point_at_data_root
 
 from common import CONFIGS
 
+CLASS_TOKEN_OPTIONS = {'model.backbone.output_cls_token': True,
+                       'model.decode_head.use_cls_token': True}
 FAMILIES = {'xcit': ('xcit-s12-p16', 384), 'vit': ('vit-s-p16', 384),
             'cait': ('cait-xxs24-p16', 192), 'convit': ('convit-s-p16', 432)}
 
 
-def _load(path: Path, work_dir: Path):
-    cfg, _ = load_config(str(path), None, 'none', str(work_dir))
+def _load(path: Path, work_dir: Path, cfg_options: Optional[dict] = None):
+    cfg, _ = load_config(str(path), cfg_options, 'none', str(work_dir))
     return cfg
 
 
@@ -47,6 +51,50 @@ def test_probe_head_needs_one_width_per_map():
         LinearProbeHead(in_channels=[384], in_index=[0, 1], num_classes=5)
 
 
+def test_probe_head_concatenates_each_blocks_class_token():
+    """DINOv2's head with the class token: each block's token, normalised as its patch
+    tokens, broadcast over the grid beside them: twice the channels, and the logits move with
+    the class token alone."""
+    from vitdense.seg import LinearProbeHead
+    torch.manual_seed(0)
+    head = LinearProbeHead(in_channels=[32, 32], in_index=[0, 1], use_cls_token=True,
+                           num_classes=5, norm_cfg=dict(type='BN')).eval()
+    assert head.conv_seg.in_channels == head.bn.num_features == 128
+    maps = [torch.randn(2, 32, 4, 6), torch.randn(2, 32, 2, 3)]
+    cls_tokens = [torch.randn(2, 32), torch.randn(2, 32)]
+    with torch.no_grad():
+        logits = head(list(zip(maps, cls_tokens)))
+        other_token = head([(maps[0], cls_tokens[0]), (maps[1], torch.randn(2, 32))])
+    assert logits.shape == other_token.shape == (2, 5, 4, 6)
+    assert not torch.allclose(logits, other_token)
+    with pytest.raises(ValueError, match=r'reads \(map, class token\) pairs: build the '
+                                         r'backbone with output_cls_token=True'):
+        head(maps)
+    plain = LinearProbeHead(in_channels=[32], in_index=[0], num_classes=5)
+    with pytest.raises(ValueError, match=r'set LinearProbeHead\(use_cls_token=True\)'):
+        plain([(maps[0], cls_tokens[0])])
+
+
+def test_ade20k_probe_with_the_class_token(tmp_path):
+    """The shipped probes take the class token by two options: ViT's linear probe segments
+    with it; ConViT's last-four-blocks probe reads two blocks before its class token joins,
+    and CaiT's trunk has none: both are refused naming why."""
+    cfg = _load(CONFIGS / 'vit' / 'linear-probe_vit-s-p16_8xb2-40k_ade20k-512x512.py', tmp_path,
+                CLASS_TOKEN_OPTIONS)
+    model = build_model(cfg, 'count').eval()
+    assert model.decode_head.conv_seg.in_channels == 2 * 384
+    with torch.no_grad():
+        logits = model.decode_head(model.extract_feat(torch.randn(1, 3, 64, 48)))
+    assert logits.shape == (1, 150, 4, 3)
+    for config, match in [
+            ('convit/ms-probe_convit-s-p16', r'joins before block 10, so block 8 of out_indices'),
+            ('cait/linear-probe_cait-xxs24-p16', 'dense trunk of CaiT carries no class token')]:
+        cfg = _load(CONFIGS / f'{config}_8xb2-40k_ade20k-512x512.py', tmp_path,
+                    CLASS_TOKEN_OPTIONS)
+        with pytest.raises(ValueError, match=match):
+            build_model(cfg, 'count')
+
+
 class BackboneModeProbe(Hook):
     """Records whether the backbone was in training mode at every training step."""
 
@@ -57,11 +105,15 @@ class BackboneModeProbe(Hook):
         self.modes.append(runner.model.backbone.training)
 
 
-@pytest.mark.parametrize('family', ['xcit', 'convit'])
-def test_demo_probe_training_leaves_the_backbone_bit_identical(family, tmp_path):
-    """XCiT (BatchNorm in its blocks) and ConViT (a class token joining late in the trunk)."""
+@pytest.mark.parametrize('family, cfg_options', [
+    ('xcit', None), ('convit', None),
+    pytest.param('convit', CLASS_TOKEN_OPTIONS, id='convit-with-class-token')])
+def test_demo_probe_training_leaves_the_backbone_bit_identical(family, cfg_options, tmp_path):
+    """XCiT (BatchNorm in its blocks) and ConViT (a class token joining late in the trunk),
+    its probe with and without the class token."""
     data_root = make_demo_ade(tmp_path / 'data', num_train=4, num_val=1, size=64)
-    cfg = _load(CONFIGS / family / f'linear-probe_{family}-d6-p8_demo-ade.py', tmp_path / 'work')
+    cfg = _load(CONFIGS / family / f'linear-probe_{family}-d6-p8_demo-ade.py', tmp_path / 'work',
+                cfg_options)
     point_at_data_root(cfg, data_root)
     cfg.model.data_preprocessor.size = (64, 64)
     cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)

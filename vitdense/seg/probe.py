@@ -4,9 +4,10 @@
 gradients (so the optimiser keeps no state for it) and runs under ``no_grad`` (no activations
 kept). ``LinearProbeHead`` is DINOv2's linear head: BatchNorm and a 1×1 convolution over the
 patch tokens of the last block ("linear") or of the last four concatenated ("+ms", evaluated
-with multi-scale + flip test-time augmentation).
+with multi-scale + flip test-time augmentation), each optionally concatenated with its block's
+class token.
 """
-from typing import Sequence
+from typing import Sequence, Union
 
 import torch
 from mmseg.models.decode_heads.decode_head import BaseDecodeHead
@@ -17,6 +18,9 @@ from torch import nn
 
 from ..models.layers.norm import LayerNorm2d
 from ..registry import MODELS
+
+#: one backbone output: a map (B, C, H, W), or a (map, class token (B, C)) pair
+InputMap = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 
 
 @MODELS.register_module()
@@ -51,20 +55,45 @@ class LinearProbeHead(BaseDecodeHead):
     Args:
         in_channels: channels of each chosen map.
         in_index: which of the backbone's outputs to read, one per entry of ``in_channels``.
+        use_cls_token: concatenate each map with its block's class token, normalised as its
+            patch tokens and broadcast over the grid (DINOv2's head with the class token:
+            twice the channels). The backbone hands out (map, class token) pairs
+            (``output_cls_token=True``).
     """
 
-    def __init__(self, in_channels: Sequence[int], in_index: Sequence[int], **kwargs) -> None:
+    def __init__(self, in_channels: Sequence[int], in_index: Sequence[int],
+                 use_cls_token: bool = False, **kwargs) -> None:
         if len(in_channels) != len(in_index):
             raise ValueError(f'LinearProbeHead reads one map per in_index: got in_channels '
                              f'{list(in_channels)} for in_index {list(in_index)}')
-        super().__init__(in_channels=list(in_channels), channels=sum(in_channels),
+        channels = sum(in_channels) * (2 if use_cls_token else 1)
+        super().__init__(in_channels=list(in_channels), channels=channels,
                          in_index=list(in_index), input_transform='resize_concat', **kwargs)
+        self.use_cls_token = use_cls_token
         self.token_norms = nn.ModuleList(LayerNorm2d(width, eps=1e-6) for width in in_channels)
         self.bn = build_norm_layer(self.norm_cfg or dict(type='BN'), self.channels)[1]
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        maps = [norm(inputs[index]) for norm, index in zip(self.token_norms, self.in_index)]
+    def forward(self, inputs: Sequence[InputMap]) -> torch.Tensor:
+        maps = [self._normalised(norm, inputs[index])
+                for norm, index in zip(self.token_norms, self.in_index)]
         grid = maps[0].shape[2:]
         features = torch.cat([resize(m, size=grid, mode='bilinear',
                                      align_corners=self.align_corners) for m in maps], dim=1)
         return self.cls_seg(self.bn(features))
+
+    def _normalised(self, norm: nn.Module, output: InputMap) -> torch.Tensor:
+        """One backbone output's map, layer-normalised token by token, with its class
+        token (normalised alike, broadcast over the grid) concatenated where the head uses
+        it."""
+        pair = not isinstance(output, torch.Tensor)
+        if pair != self.use_cls_token:
+            raise ValueError(
+                'LinearProbeHead(use_cls_token=True) reads (map, class token) pairs: build the '
+                'backbone with output_cls_token=True' if self.use_cls_token else
+                'the backbone hands out (map, class token) pairs (output_cls_token=True): set '
+                'LinearProbeHead(use_cls_token=True) to use the class token, or drop the option')
+        if not pair:
+            return norm(output)
+        feature_map, cls_token = output
+        cls_map = norm(cls_token[:, :, None, None]).expand_as(feature_map)
+        return torch.cat([norm(feature_map), cls_map], dim=1)
