@@ -1,6 +1,8 @@
 """ViTs users hold from other sources (EVA-02, DINOv3, CLIP, qk_norm ViTs) load into ViT and
 compute what the source library computes: small random timm models with perturbed weights,
 at their own size and a non-square one, in the classifier, pyramid and ViTDet layouts."""
+from typing import Callable
+
 import pytest
 import torch
 from mmengine.logging import MMLogger
@@ -59,37 +61,66 @@ def test_qk_norm_vit_computes_what_timm_computes():
 
 
 def timm_vitdet_maps(reference, images: torch.Tensor, window: int, windowed: set[int],
-                     indices: list[int]) -> list[torch.Tensor]:
+                     indices: list[int], attend: Callable) -> list[torch.Tensor]:
     """ViTDet's layout written out from timm's own modules: patch tokens only (the class
-    token and its position row dropped), blocks in ``windowed`` applied to each zero-padded
-    window of ``window`` tokens a side with the rotary embedding timm builds for a grid of
-    that size, the others to the whole grid; the maps of blocks ``indices``."""
-    x = reference.patch_embed(images)  # (B, H, W, C)
-    batch, rows, cols, dims = x.shape
+    token and its position row dropped), blocks in ``windowed`` attending within each
+    zero-padded window of ``window`` tokens a side, the others over the whole grid;
+    ``attend(index, tokens, grid)`` is block ``index``'s attention of (B, N, C) tokens on a
+    grid as the source computes it. Returns the maps of blocks ``indices``."""
+    x = reference.patch_embed(images)
+    rows, cols = (side // reference.patch_embed.patch_size[0] for side in images.shape[-2:])
+    batch, dims = x.shape[0], x.shape[-1]
+    x = x.reshape(batch, rows * cols, dims)
     if reference.pos_embed is not None:
         table = reference.pos_embed[:, reference.num_prefix_tokens:]
         side = int(table.shape[1] ** .5)
-        x = x + resample_abs_pos_embed(table, (rows, cols), (side, side),
-                                       num_prefix_tokens=0).view(1, rows, cols, dims)
-    x = reference.norm_pre(x.view(batch, -1, dims))
+        x = x + resample_abs_pos_embed(table, (rows, cols), (side, side), num_prefix_tokens=0)
+    x = getattr(reference, 'norm_pre', torch.nn.Identity())(x)
     maps = []
     for index, block in enumerate(reference.blocks):
-        block.attn.num_prefix_tokens = 0
         if index in windowed:
             windows, padded = window_partition(block.norm1(x).view(batch, rows, cols, dims),
                                                window)
-            mixed = block.attn(windows, rope=reference.rope.get_embed(shape=(window, window)))
+            mixed = attend(index, windows, (window, window))
             mixed = window_unpartition(mixed, window, padded, (rows, cols)).reshape(x.shape)
-            if block.gamma_1 is not None:
-                mixed = block.gamma_1 * mixed
-            x = x + mixed
-            mlp = block.mlp(block.norm2(x))
-            x = x + (block.gamma_2 * mlp if block.gamma_2 is not None else mlp)
         else:
-            x = block(x, rope=reference.rope.get_embed(shape=(rows, cols)))
+            mixed = attend(index, block.norm1(x), (rows, cols))
+        x = x + layer_scaled(block, 1, mixed)
+        x = x + layer_scaled(block, 2, block.mlp(block.norm2(x)))
         if index in indices:
             maps.append(x.transpose(1, 2).reshape(batch, dims, rows, cols))
     return maps
+
+
+def layer_scaled(block: torch.nn.Module, branch: int, x: torch.Tensor) -> torch.Tensor:
+    """A timm block's LayerScale of residual branch 1 or 2: ViT's ``ls<branch>`` module,
+    EVA's and BEiT's ``gamma_<branch>`` (None without LayerScale)."""
+    if hasattr(block, f'ls{branch}'):
+        return getattr(block, f'ls{branch}')(x)
+    gamma = getattr(block, f'gamma_{branch}')
+    return x if gamma is None else gamma * x
+
+
+def beit_for_patches(state_dict: dict, grid: tuple[int, int]) -> torch.nn.Module:
+    """timm's BEiT built for ``grid`` (its tables resampled by timm's
+    ``checkpoint_filter_fn``) whose attention, fed a zero class token before the patches,
+    leaves the patches unaffected by it: its entries patch -> class and class -> class are
+    -inf, so that no patch attends to it."""
+    import timm
+    from timm.models.beit import checkpoint_filter_fn
+    model = timm.create_model('beit_base_patch16_224', num_classes=0, img_size=tuple(
+        16 * side for side in grid), **SMALL_TIMM).eval()
+    model.load_state_dict(checkpoint_filter_fn(dict(state_dict), model))
+    with torch.no_grad():
+        for block in model.blocks:  # timm's last entries: patch -> class, class -> class
+            block.attn.relative_position_bias_table[-2:] = float('-inf')
+    return model
+
+
+def with_zero_class_token(attention: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """``attention`` of a zero class token and ``tokens``, the class token's output dropped."""
+    zero = tokens.new_zeros(tokens.shape[0], 1, tokens.shape[-1])
+    return attention(torch.cat([zero, tokens], dim=1))[:, 1:]
 
 
 @pytest.mark.parametrize('timm_name', ['eva02_base_patch14_224', 'vit_base_patch16_dinov3'])
@@ -105,6 +136,11 @@ def test_vitdet_layout_rotates_each_window_as_its_own_grid(timm_name, size_index
                                   dynamic_img_size=True, **SMALL_TIMM).eval()
     state_dict = perturbed(reference.state_dict(), .05)
     reference.load_state_dict(state_dict)
+    for block in reference.blocks:
+        block.attn.num_prefix_tokens = 0
+
+    def attend(index: int, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        return reference.blocks[index].attn(tokens, rope=reference.rope.get_embed(shape=grid))
     window, windowed = 6, {0, 2}
     ours = ViT(SMALL, out_type='featmap', pyramid=False, out_indices=(0, 1, 2, 3),
                dense_class_token=False, window_size=window, window_block_indexes=sorted(windowed),
@@ -112,7 +148,47 @@ def test_vitdet_layout_rotates_each_window_as_its_own_grid(timm_name, size_index
     ours.load_state_dict(ours.adapt_checkpoint(state_dict))
     images = torch.randn(2, 3, *image_hw)
     with torch.no_grad():
-        expected = timm_vitdet_maps(reference, images, window, windowed, [0, 1, 2, 3])
+        expected = timm_vitdet_maps(reference, images, window, windowed, [0, 1, 2, 3], attend)
+        for got, want in zip(ours(images), expected):
+            assert (got - want).abs().max() <= RELATIVE_TOLERANCE * want.abs().max()
+
+
+@pytest.mark.parametrize('timm_name', ['beit_base_patch16_224', 'vit_base_patch16_clip_224',
+                                       'vit_base_patch16_clip_quickgelu_224'])
+@pytest.mark.parametrize('size_index', [0, 1])
+def test_beit_and_clip_in_the_vitdet_layout_compute_timms_blocks(timm_name, size_index):
+    """BEiT's relative position bias resampled to each window's grid and to the whole grid
+    as BEiT resamples it; CLIP's positions and ``norm_pre`` before windowed blocks."""
+    import timm
+    options = table_options(timm_name)
+    image_hw = SIZES[16][size_index]
+    window, windowed = 6, {0, 2}
+    grid = (image_hw[0] // 16, image_hw[1] // 16)
+    if 'beit' in timm_name:
+        state_dict = perturbed(timm.create_model(timm_name, num_classes=0,
+                                                 **SMALL_TIMM).state_dict(), .05)
+        for key in [k for k in state_dict if k.endswith('relative_position_bias_table')]:
+            state_dict[key] = torch.randn_like(state_dict[key])  # a trained table's scale
+        by_grid = {size: beit_for_patches(state_dict, size) for size in ((window, window), grid)}
+        reference = by_grid[grid]
+
+        def attend(index: int, tokens: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+            return with_zero_class_token(by_grid[size].blocks[index].attn, tokens)
+    else:
+        reference = timm.create_model(timm_name, num_classes=0, dynamic_img_size=True,
+                                      **SMALL_TIMM).eval()
+        state_dict = perturbed(reference.state_dict(), .05)
+        reference.load_state_dict(state_dict)
+
+        def attend(index: int, tokens: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+            return reference.blocks[index].attn(tokens)
+    ours = ViT(SMALL, out_type='featmap', pyramid=False, out_indices=(0, 1, 2, 3),
+               dense_class_token=False, window_size=window, window_block_indexes=sorted(windowed),
+               **options).eval()
+    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    images = torch.randn(2, 3, *image_hw)
+    with torch.no_grad():
+        expected = timm_vitdet_maps(reference, images, window, windowed, [0, 1, 2, 3], attend)
         for got, want in zip(ours(images), expected):
             assert (got - want).abs().max() <= RELATIVE_TOLERANCE * want.abs().max()
 
