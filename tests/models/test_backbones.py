@@ -225,7 +225,8 @@ def test_output_cls_token_pairs_each_map_with_its_blocks_class_token(cls, out_in
     (ViT, dict(dense_class_token=False), 'dense trunk of ViT carries no class token'),
     (ConViT, dict(out_indices=[1, 3]),
      r'ConViT joins before block 2, so block 1 of out_indices \[1, 3\] has none'),
-    (ViT, dict(pyramid=True, out_indices=[0, 1, 2, 3]), "needs out_type='featmap' and pyramid=False"),
+    (ViT, dict(pyramid=True, out_indices=[0, 1, 2, 3]),
+     "needs out_type='featmap' and pyramid=False"),
     (ViT, dict(out_type='cls_token'), "needs out_type='featmap' and pyramid=False"),
 ])
 def test_output_cls_token_is_refused_where_a_probed_block_has_no_class_token(
