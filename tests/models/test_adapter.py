@@ -128,8 +128,10 @@ def test_bad_options_are_named(options, error, message):
         tiny_adapter('vit', **options)
 
 
-def test_a_trunk_with_its_pyramid_is_refused():
+def test_a_trunk_with_its_pyramid_or_class_token_output_is_refused():
     with pytest.raises(ValueError, match='pyramid=False'):
         ColumnarAdapter(dict(TINY_BACKBONES['vit'], pyramid=True))
+    with pytest.raises(ValueError, match='without output_cls_token'):
+        ColumnarAdapter(dict(TINY_BACKBONES['vit'], output_cls_token=True))
     with pytest.raises(TypeError, match='columnar family'):
         ColumnarAdapter(torch.nn.Linear(2, 2))

@@ -110,6 +110,9 @@ class ColumnarAdapter(BaseModule):
             raise ValueError(f"the adapter reads the trunk's blocks itself: build "
                              f"{type(backbone).__name__} with out_type='featmap' and "
                              f"pyramid=False")
+        if backbone.output_cls_token:
+            raise ValueError("the adapter's levels are maps only: build "
+                             f"{type(backbone).__name__} without output_cls_token")
         return backbone
 
     def _check_groups(self, groups: Optional[Sequence[Sequence[int]]]
