@@ -217,6 +217,14 @@ def _dinov2_hub_source() -> dict:
                 mask_token=torch.randn(1, 32, generator=generator))
 
 
+def _timm_published(name: str, **options) -> torch.nn.Module:
+    """A tiny perturbed timm model of a published source's architecture (``name``)."""
+    import timm
+    torch.manual_seed(0)
+    return perturb_(timm.create_model(name, embed_dim=32, depth=4, num_heads=2,
+                                      num_classes=10, **options))
+
+
 CLS, DENSE = dict(out_type='cls_token'), dict(pyramid=False, out_indices=(0, 1, 2, 3))
 AVG = dict(out_type='avg_featmap')
 # name: (the checkpoint's state dict, family, options of the model that refuses it, the
@@ -284,6 +292,31 @@ ADVICE_CASES = {
     'ours-detector-dense': (_ours_source, ViT, DENSE, ["prefix='backbone.'"]),
     'ours-layer-scale-detector-dense': (lambda: _ours_source(layer_scale=.1), ViT, DENSE,
                                         ["prefix='backbone.'", 'layer_scale=']),
+    # the sources of ViT's options, into a plain ViT; trained at their own size (EVA-02's
+    # rotary reference grid the model's, as the published 224-px models' 16 x 16), read by
+    # the class token (DINOv3: timm's default pools the patches, which no tensor shows)
+    **{f'timm-eva02-small-{m}': (
+        lambda: _timm_published('eva02_small_patch14_224', img_size=56, ref_feat_shape=(4, 4)),
+        ViT, dict(mode, img_size=56),
+        ['patch_size=14', 'swiglu_mlp=True', 'mlp_ratio=2.65625', "rope='eva02'"] + extra)
+       for m, mode, extra in (('cls', CLS, ["out_type='avg_featmap', fc_norm=True"]),
+                              ('dense', DENSE, []))},
+    'timm-eva02-base-dense': (
+        lambda: _timm_published('eva02_base_patch14_224', img_size=56, ref_feat_shape=(4, 4)),
+        ViT, dict(DENSE, img_size=56), ['swiglu_mlp=True', "rope='eva02'", 'scale_mlp=True']),
+    **{f'timm-dinov3-{m}': (
+        lambda: _timm_published('vit_small_patch16_dinov3', img_size=64, global_pool='token'),
+        ViT, mode, ['layer_scale=', 'reg_tokens=4', 'qkv_bias=False', "pos_embed='none'",
+                    "rope='dinov3'", 'norm_eps=1e-05'])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    **{f'timm-clip-{m}': (lambda: _timm_published('vit_base_patch16_clip_224', img_size=64),
+                          ViT, mode, ['pre_norm=True', 'norm_eps=1e-05'])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    **{f'timm-beit-{m}': (lambda: _timm_published('beit_base_patch16_224', img_size=64), ViT,
+                          mode, ['layer_scale=', 'use_rel_pos_bias=True', "pos_embed='none'"])
+       for m, mode in (('cls', CLS), ('dense', DENSE))},
+    'timm-siglip-dense': (lambda: _timm_published('vit_base_patch16_siglip_224', img_size=64),
+                          ViT, DENSE, ['dense_class_token=False']),
 }
 
 
@@ -318,12 +351,15 @@ def test_every_refusal_names_every_option_and_its_advice_applied_as_written_load
     options, init_cfg = apply_advice(str(refused.value), options,
                                      init_cfg or dict(type='Pretrained', checkpoint=str(path)))
     model = build(options, init_cfg)
-    if isinstance(checkpoint, torch.nn.Module) and model.out_type != 'featmap':
+    if isinstance(checkpoint, torch.nn.Module):
         images = torch.randn(2, 3, options['img_size'], options['img_size'])
         with torch.no_grad():
-            expected = checkpoint.forward_head(checkpoint.forward_features(images),
-                                               pre_logits=True)
-            assert_features_match(model(images), [expected])
+            if model.out_type != 'featmap':
+                expected = [checkpoint.forward_head(checkpoint.forward_features(images),
+                                                    pre_logits=True)]
+            else:
+                expected = _dense_reference(checkpoint, images)
+            assert_features_match(model(images), expected)
 
 
 def test_a_distilled_deit_loads_its_distillation_token_as_a_register(tmp_path):
@@ -336,3 +372,24 @@ def test_a_distilled_deit_loads_its_distillation_token_as_a_register(tmp_path):
         _pretrained(ViT, TINY_ARCH, path, img_size=64, out_type='cls_token')
     model = _pretrained(ViT, TINY_ARCH, path, img_size=64, out_type='cls_token', reg_tokens=1)
     assert model.reg_token.shape == (1, 1, TINY_ARCH['embed_dims'])
+
+
+def test_openai_clip_advice_names_the_activation_no_tensor_shows(tmp_path):
+    """OpenAI's CLIP weights have OpenCLIP's tensors but QuickGELU: the advice loads them and
+    names ``act_layer='quick_gelu'``, with which the maps are timm's; without it they are
+    not (the activation is a choice the checkpoint cannot make)."""
+    source = _timm_published('vit_base_patch16_clip_quickgelu_224', img_size=64)
+    path = tmp_path / 'clip_openai.pth'
+    torch.save(source.state_dict(), path)
+    with pytest.raises(ValueError, match=r"to load it: pre_norm=True, norm_eps=1e-05 \(.*"
+                                         r"act_layer='quick_gelu'") as refused:
+        _pretrained(ViT, TINY_ARCH, path, img_size=64, **DENSE)
+    options, _ = apply_advice(str(refused.value), DENSE, {})
+    images = torch.randn(2, 3, 64, 64)
+    expected = _dense_reference(source, images)
+    with torch.no_grad():
+        assert_features_match(_pretrained(ViT, TINY_ARCH, path, img_size=64,
+                                          act_layer='quick_gelu', **options)(images), expected)
+        with pytest.raises(AssertionError):
+            assert_features_match(_pretrained(ViT, TINY_ARCH, path, img_size=64,
+                                              **options)(images), expected)

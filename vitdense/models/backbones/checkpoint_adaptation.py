@@ -81,7 +81,8 @@ def describe_checkpoint(state_dict: dict) -> dict:
     ``checkpoint_markers`` match most), depth, width, LayerScale, registers, rows of the
     position table before its grid (the class token's), normalisation after pooling
     (``fc_norm``), class-attention blocks, patch size (of a linear patch projection),
-    attention biases, class token, gated positional (GPSA) blocks."""
+    attention biases, class token, gated positional (GPSA) blocks, the FFN's hidden width
+    and whether it is gated (SwiGLU: a first map of twice the hidden width)."""
     from . import backbone_families  # the families import this module
     scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
               if cls.checkpoint_markers and all(
@@ -91,6 +92,7 @@ def describe_checkpoint(state_dict: dict) -> dict:
     norm = state_dict.get('blocks.0.norm1.weight')
     reg_token = state_dict.get('reg_token')
     projection = state_dict.get('patch_embed.proj.weight')
+    fc1, fc2 = (state_dict.get(f'blocks.0.mlp.fc{i}.weight') for i in (1, 2))
     return dict(
         family=max(scores, key=scores.get) if scores else 'unknown',
         depth=max(blocks) + 1 if blocks else 0,
@@ -106,7 +108,15 @@ def describe_checkpoint(state_dict: dict) -> dict:
         else None,
         qkv_bias=any(QKV_BIAS.match(k) for k in state_dict),
         class_token='cls_token' in state_dict,
-        gpsa_blocks=sum(bool(GPSA_GATING.match(k)) for k in state_dict))
+        gpsa_blocks=sum(bool(GPSA_GATING.match(k)) for k in state_dict),
+        mlp_hidden=fc2.shape[-1] if fc2 is not None else None,
+        gated_mlp=fc1 is not None and fc2 is not None and fc1.shape[-2] == 2 * fc2.shape[-1])
+
+
+def _ratio_of(hidden: int, width: int) -> float:
+    """The ``mlp_ratio`` whose hidden width ``int(width * mlp_ratio)`` is ``hidden``."""
+    ratio = hidden / width
+    return ratio if int(width * ratio) == hidden else math.nextafter(ratio, math.inf)
 
 
 def format_facts(facts: dict) -> str:
@@ -155,6 +165,11 @@ class CheckpointAdaptation:
     #: the layout as saved, antialias); the first match is the kernel, at load and in
     #: forward, of a model built without ``pos_antialias``; none: timm's antialiased bicubic
     position_kernels: tuple[tuple[str, bool], ...] = ()
+    #: the layouts of sources whose options the tensors' shapes do not show: (a key pattern
+    #: of the layout as saved, a key pattern it lacks or None, the options that build it, a
+    #: note): the options of every layout a checkpoint has are named where the model's
+    #: settings differ
+    checkpoint_layouts: tuple[tuple[str, Optional[str], dict, str], ...] = ()
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
@@ -253,7 +268,7 @@ class CheckpointAdaptation:
         if mismatched or (strict and (missing or unexpected or self._class_row_differs(
                 converted))):
             raise ValueError(self._mismatch_message(converted, mismatched, missing,
-                                                    unexpected))
+                                                    unexpected, state_dict))
         self.adopt_position_kernel(state_dict)
         if unused:
             MMLogger.get_current_instance().info(
@@ -267,15 +282,17 @@ class CheckpointAdaptation:
         return converted
 
     def _mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],
-                          unexpected: list[str]) -> str:
+                          unexpected: list[str], saved: dict) -> str:
         """What the checkpoint is, what the model is, and the options that would load it
-        (a whole model's checkpoint: described by its backbone, ``prefix`` named first)."""
+        (a whole model's checkpoint: described by its backbone, ``prefix`` named first);
+        ``saved``: the checkpoint's keys as saved, which show its source's layout."""
         whole_model = not any(k in self.state_dict() for k in converted) and any(
             k.startswith(BACKBONE_PREFIX) for k in converted)
         if whole_model:
             converted = self.convert_checkpoint({
                 k[len(BACKBONE_PREFIX):]: v for k, v in converted.items()
                 if k.startswith(BACKBONE_PREFIX)})
+            saved = {k[len(BACKBONE_PREFIX):] for k in saved if k.startswith(BACKBONE_PREFIX)}
         found = describe_checkpoint(converted)
         model = self.describe_model()
         details = mismatched[:10] + [
@@ -284,6 +301,8 @@ class CheckpointAdaptation:
         options = ([f"init_cfg=dict(type='Pretrained', ..., prefix={BACKBONE_PREFIX!r}) (the "
                     f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
+        if found['family'] == model['family']:
+            options += self.layout_options(saved)
         if not options:
             options.append(f'no option of {type(self).__name__} loads it; build the model the '
                            f'checkpoint was trained as')
@@ -385,6 +404,11 @@ class CheckpointAdaptation:
             options.append(f"patch_size={found['patch_size']}")
         if found['qkv_bias'] != model['qkv_bias']:
             arch['qkv_bias'] = found['qkv_bias']
+        if found['gated_mlp'] != model['gated_mlp'] and 'swiglu_mlp' in self.arch_defaults:
+            arch['swiglu_mlp'] = found['gated_mlp']
+        if found['mlp_hidden'] and found['width'] == model['width'] and \
+                found['mlp_hidden'] != model['mlp_hidden']:
+            arch['mlp_ratio'] = _ratio_of(found['mlp_hidden'], found['width'])
         if found['gpsa_blocks'] != model['gpsa_blocks']:
             arch['num_local_layers'] = found['gpsa_blocks']
         if not self.dense and found['class_attention_blocks'] != model[
@@ -406,6 +430,22 @@ class CheckpointAdaptation:
             options.append(f"arch_overrides=dict("
                            f"{', '.join(f'{k}={v!r}' for k, v in arch.items())})")
         return options
+
+    def layout_options(self, saved_keys) -> list[str]:
+        """The options of the family's ``checkpoint_layouts`` that a checkpoint with
+        ``saved_keys`` (as saved) has, where this model's settings differ, with the notes."""
+        options, notes = {}, []
+        for present, absent, layout, note in self.checkpoint_layouts:
+            if any(re.search(present, k) for k in saved_keys) and not (
+                    absent and any(re.search(absent, k) for k in saved_keys)):
+                options.update(layout)
+                notes.append(note)
+        differing = {name: value for name, value in options.items() if (
+            self.arch[name] if name in self.arch else getattr(self, name)) != value}
+        if not differing:
+            return []
+        return [f"{', '.join(f'{k}={v!r}' for k, v in differing.items())} "
+                f"({', and '.join(notes)})"]
 
     def _class_token_free_option(self, registers: int) -> str:
         """The option that loads a checkpoint without class token: a dense trunk without

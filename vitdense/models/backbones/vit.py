@@ -211,6 +211,23 @@ class ViT(ColumnarBackbone):
     #: (its Eva and Beit classes do, in layouts of their own)
     timm_inexpressible = dict(rope=None, swiglu_mlp=False, use_rel_pos_bias=False)
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.',)
+    #: the sources' layouts as saved, named by a refused load's advice: their rotary
+    #: positions, relative bias and norms (the shapes show SwiGLU and the registers)
+    checkpoint_layouts = (
+        (r'relative_position_bias_table$', None, dict(use_rel_pos_bias=True, pos_embed='none'),
+         "BEiT's relative position bias"),
+        (r'\.attn\.(q_bias|q_proj\.weight)$', r'relative_position_bias_table$',
+         dict(rope='eva02'), "EVA-02's rotary positions, which no tensor shows"),
+        (r'^patch_embed\.', r'^(image_encoder\.)?pos_embed|relative_position_bias_table$',
+         dict(pos_embed='none', rope='dinov3', norm_eps=1e-5),
+         "DINOv3's rotary positions, its only ones"),
+        (r'^norm_pre\.', None, dict(pre_norm=True, norm_eps=1e-5),
+         "CLIP's norm before the blocks: OpenAI's weights take act_layer='quick_gelu' too, "
+         "which no tensor shows"),
+        (r'\.attn\.q_norm\.', None, dict(qk_norm=True), 'norms of the queries and keys'),
+        (r'\.mlp\.(norm|ffn_ln)\.', None, dict(scale_mlp=True),
+         "EVA-02's norm of the SwiGLU hidden units"),
+    )
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
         ('small', {}, 'vit_small_patch16_224'),
