@@ -215,7 +215,8 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
     :func:`backbone_options`). The call is ``timm.create_model(timm_model, num_classes=...,
     **timm_arguments(backbone), **timm_kwargs)``, ``timm_model`` by default from the family's
     table (:func:`timm_model_of`). Raises ValueError when the options are unknown or do not
-    build the checkpoint's backbone, when timm's model has no place for a tensor of the
+    build the checkpoint's backbone, when they include one timm's model has no counterpart
+    for (:func:`check_expressible`), when timm's model has no place for a tensor of the
     checkpoint (an option timm lacks: window attention, relative positions, the hMLP stem),
     unless ``fill_missing`` when the checkpoint lacks tensors of timm's model (a dense model's
     classification stage), and when the two models' features differ
