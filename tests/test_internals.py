@@ -7,13 +7,14 @@ from types import SimpleNamespace
 import pytest
 from mmengine.dataset import InfiniteSampler
 from mmengine.runner import checkpoint as mmengine_checkpoint
+from mmengine.runner import loops as mmengine_loops
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from vitdense.internals import (InternalsChanged, checkpoint_loader_for, checkpoint_schemes,
                                 drop_loader_workers, indices_of_rank, new_loop_iterator,
-                                replace_batch_sampler)
+                                replace_batch_sampler, set_loop_pass, shut_down_loader_workers)
 
 
 def test_checkpoint_schemes_lists_every_registered_loader_as_a_copy(monkeypatch):
@@ -68,6 +69,26 @@ def test_new_loop_iterator_starts_the_loader_over():
     assert next(loop.dataloader_iterator).tolist() == [0, 1]
     new_loop_iterator(loop)
     assert next(loop.dataloader_iterator).tolist() == [0, 1]
+
+
+def test_set_loop_pass_numbers_the_next_pass(monkeypatch):
+    monkeypatch.setattr(mmengine_loops.time, 'sleep', lambda seconds: None)
+    told = []
+    batches = DataLoader(list(range(2)), batch_size=2)
+    batches.sampler.set_epoch = told.append  # a sampler that takes pass numbers
+    iterator = _InfiniteDataloaderIterator(batches)
+    set_loop_pass(SimpleNamespace(dataloader=batches, dataloader_iterator=iterator), 3)
+    next(iterator), next(iterator)  # the end of a pass: mmengine numbers the next one
+    assert told == [4]
+
+
+def test_shut_down_loader_workers_ends_a_persistent_loaders_workers():
+    loader = DataLoader(list(range(4)), batch_size=2, num_workers=1, persistent_workers=True)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    workers = loader._iterator._workers
+    assert all(worker.is_alive() for worker in workers)
+    shut_down_loader_workers(SimpleNamespace(dataloader=loader))
+    assert not any(worker.is_alive() for worker in workers)
 
 
 def test_a_missing_attribute_is_named_with_the_versions():

@@ -15,6 +15,7 @@ import mmengine
 import torch
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 #: the releases these accesses were checked with
 WRITTEN_FOR = 'torch 2.14, mmengine 0.10'
@@ -82,3 +83,26 @@ def new_loop_iterator(loop: Any) -> None:
     hook runs and has no way to rebuild it."""
     _require(loop.dataloader_iterator, '_iterator')
     loop.dataloader_iterator._iterator = iter(loop.dataloader)
+
+
+def set_loop_pass(loop: Any, passes: int) -> None:
+    """Tell an ``IterBasedTrainLoop``'s iterator how many passes over a finite loader it has
+    made (``_InfiniteDataloaderIterator._epoch``): it hands the next pass's number to the
+    sampler's ``set_epoch``, and a resumed loop starts where the checkpoint stopped."""
+    _require(loop.dataloader_iterator, '_epoch')
+    loop.dataloader_iterator._epoch = passes
+
+
+def shut_down_loader_workers(loop: Any) -> None:
+    """End the worker processes of a runner loop's loader now
+    (``_MultiProcessingDataLoaderIter._shutdown_workers``, of the iterator a persistent loader
+    keeps, ``DataLoader._iterator``, and of an iteration loop's,
+    ``_InfiniteDataloaderIterator._iterator``): torch ends them only when the iterator is
+    collected, and leaves persistent ones to multiprocessing's exit handler."""
+    _require(_MultiProcessingDataLoaderIter, '_shutdown_workers')
+    loader = getattr(loop, 'dataloader', None)
+    iterators = [getattr(loader, '_iterator', None),
+                 getattr(getattr(loop, 'dataloader_iterator', None), '_iterator', None)]
+    for iterator in iterators:
+        if isinstance(iterator, _MultiProcessingDataLoaderIter):
+            iterator._shutdown_workers()

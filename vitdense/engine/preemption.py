@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader
 
 from vitdense.engine.checkpoint_hook import save_resumable
 from vitdense.engine.resume import restart_loop_iterator
-from vitdense.internals import drop_loader_workers
+from vitdense.internals import drop_loader_workers, shut_down_loader_workers
 from vitdense.registry import HOOKS
 
 #: exit status of a training process stopped by a preemption signal after its checkpoint
@@ -120,13 +120,7 @@ def stop_loader_workers(runner: Any) -> None:
     are gone before the trainer's exit status reaches the launcher.
     """
     for name in ('_train_loop', '_val_loop', '_test_loop'):
-        loop = getattr(runner, name, None)
-        loader = getattr(loop, 'dataloader', None)
-        iterators = [getattr(loader, '_iterator', None),
-                     getattr(getattr(loop, 'dataloader_iterator', None), '_iterator', None)]
-        for iterator in iterators:
-            if hasattr(iterator, '_shutdown_workers'):
-                iterator._shutdown_workers()
+        shut_down_loader_workers(getattr(runner, name, None))
 
 
 @HOOKS.register_module()

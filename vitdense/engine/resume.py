@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
                                     safe_load, to_plain)
 from vitdense.internals import (drop_loader_workers, indices_of_rank, new_loop_iterator,
-                                replace_batch_sampler)
+                                replace_batch_sampler, set_loop_pass)
 from vitdense.registry import HOOKS
 
 RNG_KEY = 'rng_state'
@@ -359,7 +359,7 @@ class ExactResumeHook(Hook):
             loader, skip, epochs = loop.dataloader, loop.iter, 0
             if not _is_infinite(loader):
                 epochs, skip = divmod(loop.iter, len(loader))
-                loop.dataloader_iterator._epoch = epochs  # mmengine's pass counter
+                set_loop_pass(loop, epochs)
                 if hasattr(loader.sampler, 'set_epoch'):
                     loader.sampler.set_epoch(epochs)
             if self.seeded is not None:
