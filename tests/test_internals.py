@@ -17,9 +17,18 @@ from vitdense.internals import (InternalsChanged, checkpoint_loader_for, checkpo
                                 replace_batch_sampler, set_loop_pass, shut_down_loader_workers)
 
 
-def test_checkpoint_schemes_lists_every_registered_loader_as_a_copy(monkeypatch):
-    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
-    CheckpointLoader.register_scheme('', mmengine_checkpoint.load_from_local, force=True)
+@pytest.fixture
+def mmengines_loaders(monkeypatch):
+    """mmengine's own checkpoint loaders for the test's while, whatever this process
+    registered before (safe loading replaces them)."""
+    monkeypatch.setattr(CheckpointLoader, '_schemes', {})
+    for prefixes, loader in (('', mmengine_checkpoint.load_from_local),
+                             (['http://', 'https://'], mmengine_checkpoint.load_from_http),
+                             ('s3://', mmengine_checkpoint.load_from_ceph)):
+        CheckpointLoader.register_scheme(prefixes, loader)
+
+
+def test_checkpoint_schemes_lists_every_registered_loader_as_a_copy(mmengines_loaders):
     schemes = checkpoint_schemes()
     assert schemes[''] is mmengine_checkpoint.load_from_local
     assert schemes['https://'] is mmengine_checkpoint.load_from_http
@@ -27,9 +36,7 @@ def test_checkpoint_schemes_lists_every_registered_loader_as_a_copy(monkeypatch)
     assert checkpoint_schemes()  # a copy: mmengine's table is untouched
 
 
-def test_checkpoint_loader_for_matches_mmengines_prefixes(monkeypatch):
-    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
-    CheckpointLoader.register_scheme('', mmengine_checkpoint.load_from_local, force=True)
+def test_checkpoint_loader_for_matches_mmengines_prefixes(mmengines_loaders):
     assert checkpoint_loader_for('work/iter_2.pth') is mmengine_checkpoint.load_from_local
     assert checkpoint_loader_for('https://x/a.pth') is mmengine_checkpoint.load_from_http
     assert checkpoint_loader_for('s3://b/a.pth') is mmengine_checkpoint.load_from_ceph
