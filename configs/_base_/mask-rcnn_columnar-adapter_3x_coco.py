@@ -8,23 +8,8 @@ _base_ = ['./mask-rcnn_columnar_3x_coco.py', './models/vit-adapter.py']
 model = dict(
     backbone=dict(_delete_=True, **_base_.vit_adapter),
     neck=dict(in_channels=[384] * 4))
-short_sides = [480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800]
-train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='RandomFlip', prob=0.5),
-    dict(
-        type='RandomChoice',
-        transforms=[
-            [dict(type='RandomChoiceResize', scales=[(s, 1333) for s in short_sides],
-                  keep_ratio=True)],
-            [dict(type='RandomChoiceResize', scales=[(400, 1333), (500, 1333), (600, 1333)],
-                  keep_ratio=True),
-             dict(type='RandomCrop', crop_type='absolute_range', crop_size=(384, 600),
-                  allow_negative_crop=True),
-             dict(type='RandomChoiceResize', scales=[(s, 1333) for s in short_sides],
-                  keep_ratio=True)],
-        ]),
+# DETR's augmentation of the 3x base, then the official recipe's crop of at most 1024×1024
+train_pipeline = _base_.train_pipeline[:-1] + [
     dict(type='RandomCrop', crop_type='absolute_range', crop_size=(1024, 1024),
          allow_negative_crop=True),
     dict(type='PackDetInputs'),
