@@ -331,6 +331,24 @@ def test_roi_align_empty_rois_and_float16():
     torch.testing.assert_close(half.float(), full, rtol=0, atol=2e-2)
 
 
+def test_roi_align_bfloat16_samples_where_float32_does():
+    """bfloat16 features and RoIs pool (and back-propagate) at float32's sample points: only
+    the results are rounded to bfloat16."""
+    feats, grad = (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+                   for shape, seed in (((2, 4, 40, 48), 0), ((2, 4, 7, 7), 1)))
+    rois = torch.tensor([[0, 2.0, 3.0, 70.0, 54.0], [1, 5.5, 1.75, 93.0, 76.0]])
+    results = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        x = feats.to(dtype).detach().requires_grad_()
+        out = mmcv.ops.roi_align(x, rois.to(dtype), (7, 7), 0.5, 2, 'avg', True)
+        out.backward(grad.to(dtype))
+        assert out.dtype == x.grad.dtype == dtype
+        results[dtype] = out.float(), x.grad.float()
+    for low, full in zip(results[torch.bfloat16], results[torch.float32]):
+        # the inputs are bfloat16's in both runs, so the one difference is the rounding
+        torch.testing.assert_close(low, full.bfloat16().float(), rtol=0, atol=0)
+
+
 def test_other_ops_exist_and_raise_naming_the_op():
     with pytest.raises(MissingCompiledOpError, match=r"'carafe_forward'.*mmcv_ops.md.*--full"):
         mmcv.ops.carafe(torch.rand(1, 4, 4, 4), torch.rand(1, 9, 8, 8), 3, 1, 2)

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 CUDA = torch.device('cuda')
 DTYPES = [None, torch.float16, torch.bfloat16]  # None: float32
 #: the served ops in half precision sum products rounded in it (RoIAlign: 5.7e-3 of the
-#: scale measured in float16 on a CPU); bfloat16 has 3 fewer bits
+#: scale measured in float16 on a CPU); bfloat16 has 3 fewer bits (RoIAlign computes it in
+#: float32 and rounds the results alone)
 OPS_HALF_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 8e-2}
 
 

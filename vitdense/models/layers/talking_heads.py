@@ -21,7 +21,8 @@ one signature (:data:`TalkingHeadsKernel`); :func:`choose_path` picks one per ca
   its heads-times-larger operands.
 - ``'triton'``, only where forced: :func:`.talking_heads_triton.talking_heads_triton`, one
   Triton kernel with the CPU operator's products and no map in memory (CUDA tensors, or CPU
-  tensors under Triton's interpreter); unmeasured on a GPU, so no default yet.
+  tensors under Triton's interpreter); on an H200 slower than the fold at COCO's grid and
+  than the maps at ADE20k's (docs/benchmarks.md), so no default.
 - ``'maps'``: one written-out map per head (:func:`written_out_weights`), the readable form;
   taken below those token counts (:data:`FUSED_PATHS`), with attention dropout on the mixed
   weights (which no fused path has) and under ``torch.export``.
@@ -45,8 +46,9 @@ from .talking_heads_cpu import talking_heads_cpu
 #: (``benchmarks/benchmark_attention.py crossover`` on a CPU; docs/memory.md)
 FUSED_PATHS = {'cpu': ('blocks', 1024)}
 #: every other device's (GPUs, and the meta device of the memory account): COCO-sized inputs
-#: and ViTDet's global blocks folded, whose maps would not fit a GPU; ADE20k's crop and
-#: ViTDet's windows written out (which is faster is unmeasured on a GPU)
+#: and ViTDet's global blocks folded, ADE20k's crop and ViTDet's windows written out; the
+#: faster path at both (H200, CaiT-S24 layer: 4,200 tokens fold 34.9 ms, maps 55.0 ms; 1,024
+#: tokens maps 3.55 ms, fold 4.98 ms; docs/benchmarks.md)
 DEFAULT_FUSED_PATH = ('fold', 2048)
 #: head widths the fused kernels take are multiples of this
 WIDTH_MULTIPLE = 8
