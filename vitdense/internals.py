@@ -106,3 +106,25 @@ def shut_down_loader_workers(loop: Any) -> None:
     for iterator in iterators:
         if isinstance(iterator, _MultiProcessingDataLoaderIter):
             iterator._shutdown_workers()
+
+
+def reducer_parameters(ddp: torch.nn.parallel.DistributedDataParallel
+                       ) -> tuple[list[torch.nn.Parameter], list[bool]]:
+    """The parameters of a DDP's reducer in module order and whether each expects a sparse
+    gradient (``DistributedDataParallel._build_params_for_reducer``): DDP's constructor and
+    ``__setstate__`` take the reducer's parameter order from this method, the one place a
+    subclass can choose it; an override calls this for DDP's own list."""
+    _require(torch.nn.parallel.DistributedDataParallel, '_build_params_for_reducer')
+    return torch.nn.parallel.DistributedDataParallel._build_params_for_reducer(ddp)
+
+
+def bucket_in_parameter_order(ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+    """Have a DDP regroup its gradient buckets at its next forward, in the order of its
+    reducer's parameters (``Reducer._push_all_rebuilt_params``, what torch's join hook calls
+    for a process that has run out of data). DDP otherwise keeps one bucket in the first
+    iteration and regroups after it, in the order the gradients became ready; it regroups
+    once either way, so this way every iteration of a run, the first included, has one
+    layout. A no-op where DDP never regroups (``find_unused_parameters=True`` without
+    ``static_graph``)."""
+    _require(ddp.reducer, '_push_all_rebuilt_params')
+    ddp.reducer._push_all_rebuilt_params()

@@ -1,12 +1,15 @@
 """``norm_cfg=dict(type='SyncBN')`` models train in a CPU process group when wrapped by
 ``vitdense.CPUDistributedDataParallel`` (what vitdense/engine/launch.py picks without CUDA), and
-torch's own SyncBatchNorm and DDP are left as they are. With four processes the wrapper's
+torch's own SyncBatchNorm and DDP are left as they are. The wrapper's gradient buckets keep one
+layout from the first iteration on, last layers first; with three and four processes its
 gradient is the mean of the processes' gradients and a run resumed mid-way ends with the
 uninterrupted run's weights bit for bit, where torch's DDP differs in the last bits."""
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -77,15 +80,22 @@ def test_wrapped_syncbn_head_trains_as_batchnorm(gloo_group):
     assert wrapped.device_ids is None
 
 
-WORLD_SIZE, ITERATIONS, RESUME_AFTER = 4, 4, 2
+ITERATIONS, RESUME_AFTER = 4, 2
 
 
-def _mlp() -> nn.Module:
-    """Some thousand weights, so that a sum of four processes' gradients in another order
-    changes last bits."""
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                         nn.Linear(64, 1))
+class OutputFirst(nn.Module):
+    """Some thousand weights, so that a sum of several processes' gradients in another order
+    changes last bits. The output layer is defined before the layers it follows, so the order
+    backward makes gradients ready in is not the reverse of the module order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.output = nn.Linear(64, 1)
+        self.hidden = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.output(self.hidden(inputs))
 
 
 def _loss(model: nn.Module, rank: int, iteration: int) -> torch.Tensor:
@@ -93,11 +103,12 @@ def _loss(model: nn.Module, rank: int, iteration: int) -> torch.Tensor:
     return model(inputs).square().mean()
 
 
-def _train(wrapper: type, rank: int, first: int, state: dict | None = None) -> dict:
+def _train(wrapper: Callable[[nn.Module], nn.Module], rank: int, first: int,
+           state: dict | None = None) -> dict:
     """Iterations ``first`` to the last of SGD with momentum, from ``state`` (weights and
-    optimizer) or from the seed; returns the final flat weights, the reduced gradient of
-    iteration 0 and the state after iteration ``RESUME_AFTER - 1``."""
-    model = _mlp()
+    optimizer) or from the seed; returns the final flat weights, the reduced gradients of
+    iterations 0 and ``RESUME_AFTER`` and the state after iteration ``RESUME_AFTER - 1``."""
+    model = OutputFirst()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if state is not None:
         model.load_state_dict(state['model'])
@@ -106,8 +117,8 @@ def _train(wrapper: type, rank: int, first: int, state: dict | None = None) -> d
     for iteration in range(first, ITERATIONS):
         optimizer.zero_grad()
         _loss(wrapped, rank, iteration).backward()
-        if iteration == 0:
-            result['gradient'] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        if iteration in (0, RESUME_AFTER):
+            result[iteration] = torch.cat([p.grad.flatten() for p in model.parameters()])
         optimizer.step()
         if iteration == RESUME_AFTER - 1:
             result['state'] = dict(model={k: v.clone() for k, v in model.state_dict().items()},
@@ -116,33 +127,84 @@ def _train(wrapper: type, rank: int, first: int, state: dict | None = None) -> d
     return result
 
 
-def _rank_of_four(rank: int, init_method: str, out: str) -> None:
-    """One process of four (forked): our wrapper and torch's DDP, each run through and
-    resumed after ``RESUME_AFTER`` iterations, and this process's own gradient of iteration 0."""
+WRAPPERS = {'ours': CPUDistributedDataParallel,
+            'ours_find_unused': partial(CPUDistributedDataParallel, find_unused_parameters=True),
+            'torch': DistributedDataParallel}
+
+
+def _rank_of_group(rank: int, world_size: int, init_method: str, out: str) -> None:
+    """One process of the group (forked): each wrapper run through and resumed after
+    ``RESUME_AFTER`` iterations, and this process's own gradient of iteration 0."""
     torch.set_num_threads(1)
-    dist.init_process_group('gloo', init_method=init_method, rank=rank, world_size=WORLD_SIZE)
-    model = _mlp()
+    dist.init_process_group('gloo', init_method=init_method, rank=rank, world_size=world_size)
+    model = OutputFirst()
     _loss(model, rank, 0).backward()
     results = dict(own_gradient=torch.cat([p.grad.flatten() for p in model.parameters()]))
-    for name, wrapper in (('ours', CPUDistributedDataParallel),
-                          ('torch', DistributedDataParallel)):
+    for name, wrapper in WRAPPERS.items():
         full = _train(wrapper, rank, 0)
         resumed = _train(wrapper, rank, RESUME_AFTER, full.pop('state'))
-        results[name] = dict(full=full, resumed=resumed['weights'])
+        results[name] = dict(full=full, resumed=resumed)
     torch.save(results, Path(out) / f'rank{rank}.pth')
     dist.destroy_process_group()
 
 
-def test_four_processes_mean_gradient_and_exact_resume(tmp_path):
-    mp.start_processes(_rank_of_four, args=(f'file://{tmp_path}/pg', str(tmp_path)),
-                       nprocs=WORLD_SIZE, start_method='fork')
-    ranks = [torch.load(tmp_path / f'rank{r}.pth', weights_only=True) for r in range(WORLD_SIZE)]
+@pytest.mark.parametrize('world_size', [3, 4])
+def test_mean_gradient_and_exact_resume(tmp_path, world_size):
+    mp.start_processes(_rank_of_group, args=(world_size, f'file://{tmp_path}/pg', str(tmp_path)),
+                       nprocs=world_size, start_method='fork')
+    ranks = [torch.load(tmp_path / f'rank{r}.pth', weights_only=True) for r in range(world_size)]
     mean = torch.stack([r['own_gradient'].double() for r in ranks]).mean(0)
-    for rank in ranks:
-        torch.testing.assert_close(rank['ours']['full']['gradient'].double(), mean,
-                                   rtol=1e-6, atol=1e-9)
-        assert torch.equal(rank['ours']['full']['weights'], ranks[0]['ours']['full']['weights'])
-        assert torch.equal(rank['ours']['resumed'], rank['ours']['full']['weights'])
+    for name in ('ours', 'ours_find_unused'):
+        for rank in ranks:
+            full, resumed = rank[name]['full'], rank[name]['resumed']
+            torch.testing.assert_close(full[0].double(), mean, rtol=1e-6, atol=1e-9)
+            assert torch.equal(full['weights'], ranks[0][name]['full']['weights'])
+            assert torch.equal(resumed[RESUME_AFTER], full[RESUME_AFTER]), name
+            assert torch.equal(resumed['weights'], full['weights']), name
     # The premise: torch's DDP regroups its buckets after its first iteration, so its first
-    # iteration after a resume adds the four gradients up in another order.
-    assert not torch.equal(ranks[0]['torch']['resumed'], ranks[0]['torch']['full']['weights'])
+    # iteration after a resume adds the gradients up in another order.
+    full, resumed = ranks[0]['torch']['full'], ranks[0]['torch']['resumed']
+    assert not torch.equal(resumed[RESUME_AFTER], full[RESUME_AFTER])
+
+
+class Layers(nn.Module):
+    """Eight 256 x 256 layers (2 MiB of gradients: several buckets of 0.5 MiB)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.layers(inputs)
+
+
+def _bucket_layouts(wrapped: DistributedDataParallel, names: dict, iterations: int) -> list:
+    """The parameter names of each bucket, in the order DDP reduces them, per iteration."""
+    layouts: list[list[list[str]]] = []
+
+    def record(_, bucket):  # unannotated: DDP compares annotations as objects, these are strings
+        layouts[-1].append([names[p] for p in bucket.parameters()])
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+            lambda reduced: reduced.value()[0])
+    wrapped.register_comm_hook(None, record)
+    for _ in range(iterations):
+        layouts.append([])
+        wrapped(torch.randn(2, 256)).sum().backward()
+    return layouts
+
+
+@pytest.mark.parametrize('options', [{}, dict(find_unused_parameters=True)])
+def test_buckets_keep_one_layout_last_layers_first(gloo_group, options):
+    model = Layers()
+    names = {p: name for name, p in model.named_parameters()}
+    wrapped = CPUDistributedDataParallel(model, bucket_cap_mb=0.5, **options)
+    layouts = _bucket_layouts(wrapped, names, iterations=3)
+    assert layouts[0] == layouts[1] == layouts[2]
+    assert len(layouts[0]) > 1 and sorted(sum(layouts[0], [])) == sorted(names.values())
+    assert 'layers.7.bias' in layouts[0][0]  # ready first in backward
+    assert 'layers.0.weight' in layouts[0][-1]
+    # The premise: torch's DDP starts with one bucket and regroups after the first iteration.
+    model = Layers()
+    names = {p: name for name, p in model.named_parameters()}
+    torch_layouts = _bucket_layouts(DistributedDataParallel(model, bucket_cap_mb=0.5), names, 2)
+    assert len(torch_layouts[0]) == 1 and torch_layouts[1] != torch_layouts[0]

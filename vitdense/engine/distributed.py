@@ -10,57 +10,38 @@ this wrapper turns those layers back into plain batch norm (mmengine's
 normalises with its own batch statistics, and wraps the model without device ids. The config
 is not rewritten: the same config builds SyncBatchNorm on GPU machines.
 
-The wrapper also makes the gradient average independent of how DDP groups gradients into
-buckets (:func:`sum_in_rank_order`), so that a resumed run repeats the uninterrupted one bit
-for bit with any number of processes.
+The wrapper also gives DDP's gradient buckets one layout from a run's first iteration on, so
+that a resumed run repeats the uninterrupted one bit for bit with any number of processes
+(:class:`CPUDistributedDataParallel`).
 """
-# No ``from __future__ import annotations``: DDP checks a communication hook's annotations
-# against ``dist.GradBucket`` and ``torch.futures.Future[torch.Tensor]`` as objects.
+from __future__ import annotations
+
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from mmengine.model import MMDistributedDataParallel, revert_sync_batchnorm
 from torch import nn
 
+from vitdense.internals import bucket_in_parameter_order, reducer_parameters
 from vitdense.registry import MODEL_WRAPPERS
-
-
-def sum_in_rank_order(group: dist.ProcessGroup | None,
-                      bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the processes' mean gradient, added up in rank order.
-
-    DDP reduces gradients in flat buckets. Its first iteration puts every parameter in one
-    bucket in parameter order; after it, DDP regroups them by the order their gradients
-    became ready. A gloo all-reduce splits a bucket into chunks that each start their sum at
-    another process, so with three or more processes an element's sum order, and its last
-    bit, depends on where the element lies in its bucket: the first iteration after a
-    resume (initial layout) then differs from the same iteration of the uninterrupted run
-    (regrouped layout). Gathering every process's bucket and adding the parts in rank order
-    gives ``(g_0 + g_1 + ... + g_{n-1})`` for every element whatever the layout, bucket size
-    or collective algorithm. Each part is divided by the number of processes first, as DDP's
-    own reduction does, so with two processes the result equals DDP's. Cost: each process
-    receives n buckets where a ring all-reduce moves about two. (``find_unused_parameters=
-    True`` also keeps the first layout, but walks the autograd graph every iteration and
-    hides parameters that get no gradient.)
-    """
-    world_size = dist.get_world_size(group)
-    buffer = bucket.buffer().div_(world_size)
-    parts = [torch.empty_like(buffer) for _ in range(world_size)]
-    gathered = dist.all_gather(parts, buffer, group=group, async_op=True).get_future()
-
-    def add_in_rank_order(_: torch.futures.Future) -> torch.Tensor:
-        buffer.copy_(parts[0])
-        for part in parts[1:]:
-            buffer.add_(part)
-        return buffer
-    return gathered.then(add_in_rank_order)
 
 
 @MODEL_WRAPPERS.register_module()
 class CPUDistributedDataParallel(MMDistributedDataParallel):
-    """``MMDistributedDataParallel`` for CPU process groups, with SyncBN as plain BN and
-    gradients averaged in rank order (:func:`sum_in_rank_order`).
+    """``MMDistributedDataParallel`` for CPU process groups: SyncBN as plain BN, and gradient
+    buckets laid out the same in every iteration of every run.
+
+    DDP all-reduces gradients in flat buckets. Its first iteration keeps every parameter in
+    one bucket; after it, DDP regroups them by the order their gradients became ready. A gloo
+    all-reduce splits a bucket into chunks that each start their sum at another process, so
+    with three or more processes an element's sum order, and its last bit, depends on where
+    the element lies in its bucket: the first iteration after a resume (one bucket) would
+    differ from the same iteration of the uninterrupted run (regrouped). This wrapper has DDP
+    regroup before its first forward instead, in reverse module order (last-defined
+    parameters first, as backward produces their gradients): the layout depends on the model
+    only, so a run adds up each iteration's gradients in the same order whichever iteration
+    it started at, with DDP's own all-reduce, and the bucket of the last layers is reduced
+    while backward computes the others, from the first iteration on.
 
     ``device_ids`` is dropped: the Runner passes its local rank as one, which names a GPU.
     """
@@ -68,4 +49,14 @@ class CPUDistributedDataParallel(MMDistributedDataParallel):
     def __init__(self, module: nn.Module, **kwargs: Any) -> None:
         kwargs.pop('device_ids', None)
         super().__init__(module=revert_sync_batchnorm(module), device_ids=None, **kwargs)
-        self.register_comm_hook(self.process_group, sum_in_rank_order)
+        bucket_in_parameter_order(self)
+
+    def _build_params_for_reducer(self) -> tuple[list[torch.nn.Parameter], list[bool]]:
+        """The reducer's parameters, last defined first: buckets are filled in this order and
+        reduced one after another, so the first bucket, ready first in backward, holds the
+        last layers. With ``find_unused_parameters=True`` DDP orders its first layout so
+        itself and, without ``static_graph``, never regroups: the module order is kept."""
+        parameters, expects_sparse_gradient = reducer_parameters(self)
+        if self.find_unused_parameters:
+            return parameters, expects_sparse_gradient
+        return parameters[::-1], expects_sparse_gradient[::-1]
