@@ -1,10 +1,13 @@
 """Backbones handed back to timm: a perturbed vitdense model -> timm state dict -> timm's strict
 load -> the same features -> back through ``Pretrained`` loading, exactly, for every family."""
+from dataclasses import replace
+
 import pytest
 import timm
 import torch
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT
+from vitdense.models.backbones.checkpoint_keys import Rename
 from vitdense.models.backbones.timm_export import (split_checkpoint, timm_arguments,
                                                    timm_model_of, to_timm)
 
@@ -118,9 +121,12 @@ def test_an_error_of_one_tensor_fails_the_feature_check(case):
     assert _feature_difference(ours, _timm_model(timm_name, timm_kwargs, exported)) > 1e-5
 
 
-def test_export_rules_that_do_not_invert_the_loading_rules_are_refused(monkeypatch):
-    swapped = ((r'\.ls1\.gamma$', '.gamma_2'), (r'\.ls2\.gamma$', '.gamma_1'))
-    monkeypatch.setattr(CaiT, 'timm_export_rules', CaiT.timm_export_rules[:3] + swapped)
+def test_a_key_table_that_is_not_one_to_one_is_refused_on_export(monkeypatch):
+    """LayerScale renamed crosswise: the export writes gamma_2 for ls1, which the shared
+    table reads back as ls2."""
+    swapped = (Rename('.gamma_2$', '.ls1.gamma$'), Rename('.gamma_1$', '.ls2.gamma$'))
+    table = CaiT.checkpoint_keys
+    monkeypatch.setattr(CaiT, 'checkpoint_keys', replace(table, keys=table.keys[:3] + swapped))
     model = _perturbed(CaiT, {}, out_type='cls_token')
     with pytest.raises(ValueError, match=r'CaiT: the timm export does not load back exactly '
                                          r'for 12 tensors \(blocks\.0\.ls1\.gamma'):

@@ -11,6 +11,7 @@ from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import ClassAttentionBlock, TransformerBlock
 from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
 from .base import ColumnarBackbone
+from .checkpoint_keys import KeyTable, Rename
 
 
 def _cait(embed_dims: int, num_layers: int, layer_scale: float) -> dict:
@@ -30,17 +31,14 @@ class CaiT(ColumnarBackbone):
     }
     arch_defaults = dict(mlp_ratio=4., layer_scale=1e-5, qkv_bias=True, num_cls_layers=2)
     uniform_drop_path = True
-    checkpoint_rules = (
-        (r'^blocks_token_only\.', 'cls_blocks.'),
-        (r'\.attn\.proj_l\.', '.attn.mix_logits.'),
-        (r'\.attn\.proj_w\.', '.attn.mix_weights.'),
-    )
-    timm_export_rules = (
-        (r'^cls_blocks\.', 'blocks_token_only.'),
-        (r'\.attn\.mix_logits\.', '.attn.proj_l.'),
-        (r'\.attn\.mix_weights\.', '.attn.proj_w.'),
-        (r'\.ls([12])\.gamma$', r'.gamma_\1'),
-    )
+    #: timm's CaiT, as the official release: class attention in ``blocks_token_only``,
+    #: talking heads' maps ``proj_l`` / ``proj_w``, LayerScale ``gamma_1`` / ``gamma_2``
+    checkpoint_keys = KeyTable(keys=(
+        Rename('^blocks_token_only.', '^cls_blocks.'),
+        Rename('.attn.proj_l.', '.attn.mix_logits.'),
+        Rename('.attn.proj_w.', '.attn.mix_weights.'),
+        Rename('.gamma_{n:1|2}$', '.ls{n}.gamma$'),
+    ))
     timm_arguments = dict(layer_scale='init_values', num_cls_layers='depth_token_only')
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.mix_logits\.')
     timm_models = (

@@ -11,6 +11,7 @@ from ..layers.attention import GatedPositionalSelfAttention, MultiheadSelfAttent
 from ..layers.blocks import TransformerBlock
 from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
 from .base import ColumnarBackbone
+from .checkpoint_keys import KeyTable, Rename
 
 
 def _convit(num_heads: int, head_dims: int = 48) -> dict:
@@ -28,12 +29,8 @@ class ConViT(ColumnarBackbone):
     arch_defaults = dict(mlp_ratio=4., qkv_bias=False, num_local_layers=10,
                          locality_strength=1.0, layer_scale=None)
     no_weight_decay_names = ('gating',)  # GPSA's gates
-    checkpoint_rules = (
-        (r'\.attn\.gating_param$', '.attn.gating'),
-    )
-    timm_export_rules = (
-        (r'\.attn\.gating$', '.attn.gating_param'),
-    )
+    #: timm's ConViT, as the official release: GPSA's gate ``gating_param``
+    checkpoint_keys = KeyTable(keys=(Rename('.attn.gating_param$', '.attn.gating$'),))
     timm_arguments = dict(num_local_layers='local_up_to_layer',
                           locality_strength='locality_strength')
     timm_embed_dim_per_head = True

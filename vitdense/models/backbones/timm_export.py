@@ -1,9 +1,9 @@
 """Backbones trained here handed to timm: a vitdense checkpoint as the state dict of the
 family's timm model, loaded by timm strictly and checked by its forward.
 
-The key mapping is data on each family (``timm_export_rules``, ``split_for_timm``; see
-:meth:`CheckpointAdaptation.export_to_timm`), and so are the keywords of the timm model's
-constructor (``timm_arguments``): :func:`timm_arguments` writes the full
+The key mapping is the family's key table read backward (``checkpoint_keys``, which loading
+reads forward; see :meth:`CheckpointAdaptation.export_to_timm`). The keywords of the timm
+model's constructor are data too (``timm_arguments``): :func:`timm_arguments` writes the full
 ``timm.create_model(...)`` call from the backbone's options (the checkpoint's own config, which
 mmengine saves in ``meta['cfg']``, or options given). The backbone and timm's model then run on
 one input, and the export is refused when their features differ (:func:`check_same_features`):
@@ -31,7 +31,7 @@ from mmengine.config import Config
 
 from ..layers.blocks import NORM_EPS
 from .base import ColumnarBackbone
-from .checkpoint_adaptation import NOT_IN_TIMM, SHARED_CHECKPOINT_RULES, rename_key
+from .checkpoint_adaptation import NOT_IN_TIMM
 
 #: mmpretrain's linear classifier head (``LinearClsHead``) -> timm's ``head``
 HEAD_PREFIX = 'head.fc.'
@@ -255,8 +255,9 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
             f'attention, relative positions, the hMLP stem) or is of another timm model '
             f'(name it)')
     classification_stage = f'{CLASS_TOKEN}|{family.classification_keys}'
-    trunk = [key for key in missing if not re.match(classification_stage, rename_key(
-        key, SHARED_CHECKPOINT_RULES + family.checkpoint_rules))]
+    table = family.checkpoint_table()
+    trunk = [key for key in missing
+             if not re.match(classification_stage, table.key_to_ours(key))]
     if trunk:
         raise ValueError(
             f'the checkpoint lacks {len(trunk)} tensors of the trunk of {call} '

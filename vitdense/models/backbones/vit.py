@@ -21,7 +21,7 @@ from ..layers.relative_bias import RelativePositionBias
 from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import SwiGLU, merge_swiglu_tensors
 from .base import AttentionLayout, ColumnarBackbone
-from .checkpoint_adaptation import Rule, rename_key
+from .checkpoint_keys import Alias, KeyTable, TensorRule
 
 STEMS = ('linear', 'hmlp')
 POS_EMBEDS = ('learn', 'none')
@@ -37,64 +37,61 @@ TIMM_PARALLEL_MODULES = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn',
 #: detectron2's ViTDet detector keys (``ViT`` in ``backbone.net``, ``SimpleFeaturePyramid``
 #: stages ``backbone.simfp_<log2 stride>.<index>``) -> ours (``backbone.`` ViT built with
 #: ``dense_class_token=False``, ``neck.`` :class:`SimpleFeaturePyramid`)
-DETECTRON2_VITDET_RULES: tuple[Rule, ...] = (
-    (r'^backbone\.net\.pos_embed$', 'backbone.pos_embed.weight'),
-    (r'^backbone\.net\.', 'backbone.'),
-    (r'\.attn\.rel_pos_h$', '.attn.rel_pos.height'),
-    (r'\.attn\.rel_pos_w$', '.attn.rel_pos.width'),
+DETECTRON2_VITDET_KEYS = KeyTable(keys=(
+    Alias('^backbone.net.pos_embed$', '^backbone.pos_embed.weight$'),
+    Alias('^backbone.net.', '^backbone.'),
+    Alias('.attn.rel_pos_h$', '.attn.rel_pos.height$'),
+    Alias('.attn.rel_pos_w$', '.attn.rel_pos.width$'),
     # stride 4: transposed conv, LayerNorm, GELU, transposed conv, then the two convs
-    (r'^backbone\.simfp_2\.([013])\.', r'neck.rescales.0.\1.'),
-    (r'^backbone\.simfp_2\.4\.', 'neck.lateral_convs.0.'),
-    (r'^backbone\.simfp_2\.5\.', 'neck.fpn_convs.0.'),
+    Alias('^backbone.simfp_2.{i:0|1|3}.', '^neck.rescales.0.{i}.'),
+    Alias('^backbone.simfp_2.4.', '^neck.lateral_convs.0.'),
+    Alias('^backbone.simfp_2.5.', '^neck.fpn_convs.0.'),
     # stride 8: transposed conv, then the two convs
-    (r'^backbone\.simfp_3\.0\.', 'neck.rescales.1.0.'),
-    (r'^backbone\.simfp_3\.1\.', 'neck.lateral_convs.1.'),
-    (r'^backbone\.simfp_3\.2\.', 'neck.fpn_convs.1.'),
+    Alias('^backbone.simfp_3.0.', '^neck.rescales.1.0.'),
+    Alias('^backbone.simfp_3.1.', '^neck.lateral_convs.1.'),
+    Alias('^backbone.simfp_3.2.', '^neck.fpn_convs.1.'),
     # stride 16: the two convs; stride 32: max pooling, then the two convs
-    (r'^backbone\.simfp_4\.0\.', 'neck.lateral_convs.2.'),
-    (r'^backbone\.simfp_4\.1\.', 'neck.fpn_convs.2.'),
-    (r'^backbone\.simfp_5\.1\.', 'neck.lateral_convs.3.'),
-    (r'^backbone\.simfp_5\.2\.', 'neck.fpn_convs.3.'),
+    Alias('^backbone.simfp_4.0.', '^neck.lateral_convs.2.'),
+    Alias('^backbone.simfp_4.1.', '^neck.fpn_convs.2.'),
+    Alias('^backbone.simfp_5.1.', '^neck.lateral_convs.3.'),
+    Alias('^backbone.simfp_5.2.', '^neck.fpn_convs.3.'),
     # detectron2's Conv2d holds its norm; ours is conv + norm
-    (r'^(neck\.(lateral|fpn)_convs\.\d\.)weight$', r'\1conv.weight'),
-)
+    Alias('^neck.{kind:lateral|fpn}_convs.{i}.weight$', '^neck.{kind}_convs.{i}.conv.weight$'),
+))
 #: OpenMMLab's ViT keys (mmpretrain ``VisionTransformer`` / ``DeiT3``, mmseg
 #: ``VisionTransformer``) -> ours; mmseg's attention is torch's ``nn.MultiheadAttention``
 #: (``in_proj`` holds q, k, v stacked as our ``qkv``); mmpretrain's ``ln2`` is the norm after
 #: average pooling (``out_type='avg_featmap'``: MAE's fine-tuned layout), our ``fc_norm``
-OPENMMLAB_VIT_RULES: tuple[Rule, ...] = (
-    (r'^layers\.', 'blocks.'),
-    (r'^ln1\.', 'norm.'),
-    (r'^ln2\.', 'fc_norm.'),
-    (r'^(blocks\.\d+)\.ln([12])\.', r'\1.norm\2.'),
-    (r'^patch_embed\.projection\.', 'patch_embed.proj.'),
-    (r'\.attn\.attn\.in_proj_(weight|bias)$', r'.attn.qkv.\1'),
-    (r'\.attn\.attn\.out_proj\.', '.attn.proj.'),
-    (r'\.attn\.gamma1\.weight$', '.ls1.gamma'),
-    (r'\.ffn\.gamma2\.weight$', '.ls2.gamma'),
+OPENMMLAB_VIT_KEYS: tuple[Alias, ...] = (
+    Alias('^layers.', '^blocks.'),
+    Alias('^ln1.', '^norm.'),
+    Alias('^ln2.', '^fc_norm.'),
+    Alias('^blocks.{i}.ln{n:1|2}.', '^blocks.{i}.norm{n}.'),
+    Alias('^patch_embed.projection.', '^patch_embed.proj.'),
+    Alias('.attn.attn.in_proj_{param:weight|bias}$', '.attn.qkv.{param}$'),
+    Alias('.attn.attn.out_proj.', '.attn.proj.'),
+    Alias('.attn.gamma1.weight$', '.ls1.gamma$'),
+    Alias('.ffn.gamma2.weight$', '.ls2.gamma$'),
 )
-
-
 #: the official layouts of the ViT sources timm converts -> ours: DINOv3's hub files
 #: (storage tokens), DeiT-distilled's distillation token (a register with a position row:
 #: ``reg_tokens=1``), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
 #: tables), DINOv2-g's fused SwiGLU (``w12``, ``w3``), EVA-02's releases (SwiGLU ``w1``,
-#: ``w2``, ``w3``, its ``ffn_ln``); DINOv2's registers are merged
-#: (:meth:`ViT.merge_checkpoint_tensors`)
-SOURCE_RULES: tuple[Rule, ...] = (
-    (r'^storage_tokens$', 'reg_token'),
-    (r'^dist_token$', 'reg_token'),
-    (r'^image_encoder\.pos_embed$', 'pos_embed.weight'),
-    (r'^image_encoder\.', ''),
-    (r'\.mlp\.lin([12])\.', r'.mlp.fc\1.'),
-    (r'\.mlp\.w12\.', '.mlp.fc1.'),
-    (r'\.mlp\.w1\.', '.mlp.fc1_g.'),
-    (r'\.mlp\.w2\.', '.mlp.fc1_x.'),
-    (r'\.mlp\.w3\.', '.mlp.fc2.'),
-    (r'\.mlp\.ffn_ln\.', '.mlp.norm.'),
-    (r'\.attn\.rel_pos_h$', '.attn.rel_pos.height'),
-    (r'\.attn\.rel_pos_w$', '.attn.rel_pos.width'),
-    (r'\.attn\.relative_position_bias_table$', '.attn.relative_position_bias.table'),
+#: ``w2``, ``w3``, its ``ffn_ln``); DINOv2's registers are merged (``ViT.checkpoint_keys``)
+SOURCE_KEYS: tuple[Alias, ...] = (
+    Alias('^storage_tokens$', '^reg_token$'),
+    Alias('^dist_token$', '^reg_token$'),
+    Alias('^image_encoder.pos_embed$', '^pos_embed.weight$'),
+    Alias('^image_encoder.', '^'),
+    Alias('.mlp.lin{n:1|2}.', '.mlp.fc{n}.'),
+    Alias('.mlp.w12.', '.mlp.fc1.'),
+    Alias('.mlp.w1.', '.mlp.fc1_g.'),
+    Alias('.mlp.w2.', '.mlp.fc1_x.'),
+    Alias('.mlp.w3.', '.mlp.fc2.'),
+    Alias('.mlp.ffn_ln.', '.mlp.norm.'),
+    Alias('.attn.rel_pos_h$', '.attn.rel_pos.height$'),
+    Alias('.attn.rel_pos_w$', '.attn.rel_pos.width$'),
+    Alias('.attn.relative_position_bias_table$', '.attn.relative_position_bias.table$'),
 )
 #: BEiT's pretraining checkpoints: one relative position table shared by all blocks, which
 #: fine-tuning gives each block a copy of (BEiT §2.6)
@@ -104,9 +101,110 @@ SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
 #: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's rotary
 #: tables (recomputed) and masked-image-modelling head
-SOURCE_ONLY_KEYS = re.compile(r'^(mask_token|rope_embed\.periods|rope\.|lm_head\.|neck\.|'
-                              r'prompt_encoder\.|mask_decoder\.)|\.qkv\.bias_mask$|'
-                              r'relative_position_index$')
+SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|rope\.|lm_head\.|neck\.|prompt_encoder\.|'
+                    r'mask_decoder\.)|\.qkv\.bias_mask$|relative_position_index$')
+#: timm's per-branch modules of a parallel block: block, group, branch, module, parameter
+PARALLEL_BRANCH = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
+#: our modules of a block, which a parallel block branches
+BLOCK_MODULE = re.compile(r'^(blocks\.\d+)\.(norm1|attn|ls1|norm2|mlp|ls2)\.(.+)$')
+
+
+def merge_eva_attention(state_dict: dict) -> dict:
+    """timm's EVA attention as our ``qkv``: its separate q, k, v maps stacked, and its q and
+    v biases with the key's zero bias between them."""
+    for key in [k for k in state_dict if EVA_SPLIT_QKV.match(k)]:
+        attn = EVA_SPLIT_QKV.match(key).group(1)
+        state_dict[f'{attn}.qkv.weight'] = torch.cat(
+            [state_dict.pop(f'{attn}.{name}_proj.weight') for name in 'qkv'])
+        if f'{attn}.q_proj.bias' in state_dict:
+            state_dict[f'{attn}.q_bias'] = state_dict.pop(f'{attn}.q_proj.bias')
+            state_dict[f'{attn}.v_bias'] = state_dict.pop(f'{attn}.v_proj.bias')
+    for key in [k for k in state_dict if EVA_QV_BIAS.match(k)]:
+        attn, q_bias = EVA_QV_BIAS.match(key).group(1), state_dict.pop(key)
+        state_dict[f'{attn}.qkv.bias'] = torch.cat(
+            [q_bias, torch.zeros_like(q_bias), state_dict.pop(f'{attn}.v_bias')])
+    return state_dict
+
+
+def apply_key_bias_mask(state_dict: dict) -> dict:
+    """DINOv3's hub files: the key bias masked out (to zero) as their forward does."""
+    for key in [k for k in state_dict if k.endswith('.qkv.bias_mask')]:
+        bias = key[:-len('_mask')]
+        state_dict[bias] = state_dict[bias] * torch.nan_to_num(state_dict[key])
+    return state_dict
+
+
+def copy_shared_relative_table(state_dict: dict) -> dict:
+    """BEiT's pretraining checkpoints: the shared relative position table copied to each
+    block (BEiT §2.6)."""
+    if SHARED_RELATIVE_TABLE in state_dict:
+        shared = state_dict.pop(SHARED_RELATIVE_TABLE)
+        for block in sorted({int(m.group(1)) for m in map(BLOCK.match, state_dict) if m}):
+            state_dict[f'blocks.{block}.attn.relative_position_bias.table'] = shared.clone()
+    return state_dict
+
+
+def merge_hub_registers(state_dict: dict) -> dict:
+    """DINOv2's hub files position the class token, not the registers: as timm, the class
+    token's row joins the token and the registers join without positions
+    (``no_embed_class=True``)."""
+    if 'register_tokens' in state_dict:
+        table = state_dict['pos_embed.weight']
+        state_dict['reg_token'] = state_dict.pop('register_tokens')
+        state_dict['cls_token'] = state_dict['cls_token'] + table[:, :1]
+        state_dict['pos_embed.weight'] = table[:, 1:]
+    return state_dict
+
+
+def flatten_position_grid(state_dict: dict) -> dict:
+    """SAM's position table, (1, rows, cols, C), as our (1, rows * cols, C)."""
+    table = state_dict.get('pos_embed.weight')
+    if table is not None and table.dim() == 4:
+        state_dict['pos_embed.weight'] = table.flatten(1, 2)
+    return state_dict
+
+
+def add_zero_patch_bias(state_dict: dict) -> dict:
+    """A patch projection saved without bias (mmseg's ``patch_bias=False``) with the zero
+    bias that computes the same."""
+    weight = state_dict.get('patch_embed.proj.weight')
+    if weight is not None and 'patch_embed.proj.bias' not in state_dict:
+        state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])
+    return state_dict
+
+
+def stack_parallel_branches(state_dict: dict) -> dict:
+    """timm's per-branch modules of parallel blocks (``attns.<b>`` / ``ffns.<b>``) stacked
+    into our branched parameters."""
+    branches: dict[str, dict[int, torch.Tensor]] = {}
+    for key in [k for k in state_dict if PARALLEL_BRANCH.match(k)]:
+        block, group, branch, module, param = PARALLEL_BRANCH.match(key).groups()
+        target = f'{block}.{TIMM_PARALLEL_MODULES[group, module]}.{param}'
+        branches.setdefault(target, {})[int(branch)] = state_dict.pop(key)
+    for target, tensors in branches.items():
+        stacked = torch.stack([tensors[b] for b in sorted(tensors)])
+        if target.split('.')[2].startswith('ls'):
+            stacked = stacked.view(len(tensors), 1, 1, -1)
+        state_dict[target] = stacked
+    return state_dict
+
+
+def split_parallel_branches(state_dict: dict) -> dict:
+    """Our branched parameters (blocks whose norms hold one row per branch) as timm's
+    per-branch modules: the inverse of :func:`stack_parallel_branches`."""
+    branched = {key[:-len('.norm1.weight')] for key, value in state_dict.items()
+                if re.match(r'^blocks\.\d+\.norm1\.weight$', key) and value.dim() == 2}
+    timm_modules = {ours: theirs for theirs, ours in TIMM_PARALLEL_MODULES.items()}
+    for key in list(state_dict):
+        match = BLOCK_MODULE.match(key)
+        if not match or match.group(1) not in branched:
+            continue
+        block, module, param = match.groups()
+        group, name = timm_modules[module]
+        for branch, tensor in enumerate(state_dict.pop(key)):
+            tensor = tensor.reshape(-1) if module.startswith('ls') else tensor
+            state_dict[f'{block}.{group}.{branch}.{name}.{param}'] = tensor.clone()
+    return state_dict
 
 
 #: the options of the published families timm holds (their sizes: ``ViT.timm_models``):
@@ -131,7 +229,7 @@ def sam_options(depth: int, global_blocks: tuple[int, ...]) -> dict:
 def convert_detectron2_vitdet(state_dict: dict) -> dict:
     """The ViT backbone and simple feature pyramid of a detectron2 ViTDet state dict in our
     layout (``backbone.*``, ``neck.*``); other tensors (its RPN and RoI heads) are left out."""
-    converted = {rename_key(key, DETECTRON2_VITDET_RULES): value
+    converted = {DETECTRON2_VITDET_KEYS.key_to_ours(key): value
                  for key, value in state_dict.items()}
     return {key: value for key, value in converted.items()
             if key.startswith(('backbone.', 'neck.'))}
@@ -196,7 +294,21 @@ class ViT(ColumnarBackbone):
                          use_rel_pos_bias=False, resample_patch_embed=False)
     #: the arch settings ViT's constructor takes as keywords (``layer_scale`` is the base's)
     family_options = tuple(key for key in arch_defaults if key != 'layer_scale')
-    checkpoint_rules = OPENMMLAB_VIT_RULES + SOURCE_RULES
+    #: timm's ViT keys are ours (its bare position table: the shared table's); the sources'
+    #: layouts are read on load. The sources' tensors stored otherwise are merged, each
+    #: stored by timm's VisionTransformer as ours or refused by the export
+    #: (``timm_inexpressible``), but for parallel blocks, split back into timm's branches
+    checkpoint_keys = KeyTable(
+        keys=OPENMMLAB_VIT_KEYS + SOURCE_KEYS,
+        tensors=(TensorRule(merge_swiglu_tensors, to_timm=None),
+                 TensorRule(merge_eva_attention, to_timm=None),
+                 TensorRule(apply_key_bias_mask, to_timm=None),
+                 TensorRule(copy_shared_relative_table, to_timm=None),
+                 TensorRule(merge_hub_registers, to_timm=None),
+                 TensorRule(flatten_position_grid, to_timm=None),
+                 TensorRule(add_zero_patch_bias, to_timm=None),
+                 TensorRule(stack_parallel_branches, split_parallel_branches)),
+        left_out=SOURCE_ONLY_KEYS)
     no_weight_decay_names = ('table',)  # BEiT's relative position tables
     #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
     classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
@@ -373,91 +485,7 @@ class ViT(ColumnarBackbone):
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
-        """As the base's (a file wrapped in ``module`` too, as EVA-02's releases); then the
-        tensors of ``SOURCE_ONLY_KEYS`` are left out, logged."""
+        """As the base's, for a file wrapped in ``module`` too (EVA-02's releases)."""
         if isinstance(state_dict.get('module'), dict):
             state_dict = state_dict['module']
-        converted = super().convert_checkpoint(state_dict)
-        left_out = sorted(key for key in converted if SOURCE_ONLY_KEYS.search(key))
-        if left_out:
-            MMLogger.get_current_instance().info(
-                f'{cls.__name__} leaves out {len(left_out)} checkpoint tensors of its source\'s '
-                f'pretraining or other tasks: {", ".join(left_out[:6])}'
-                f'{", ..." if len(left_out) > 6 else ""}')
-        return {key: value for key, value in converted.items() if key not in left_out}
-
-    @classmethod
-    def merge_checkpoint_tensors(cls, state_dict: dict) -> dict:
-        """Stack timm's per-branch parallel modules (``attns.<b>`` / ``ffns.<b>``) into our
-        branched parameters; timm's EVA attention biases (q and v; the key's is zero) and
-        separate q, k, v maps into ``qkv``, its unpacked SwiGLU into ``fc1``; DINOv3's masked
-        key bias applied, DINOv2's hub registers and class row as timm converts them, SAM's
-        4-D position table flattened; a patch projection saved without bias (mmseg's
-        ``patch_bias=False``) gets the zero bias that computes the same."""
-        state_dict = merge_swiglu_tensors(super().merge_checkpoint_tensors(state_dict))
-        for key in [k for k in state_dict if EVA_SPLIT_QKV.match(k)]:
-            attn = EVA_SPLIT_QKV.match(key).group(1)
-            state_dict[f'{attn}.qkv.weight'] = torch.cat(
-                [state_dict.pop(f'{attn}.{name}_proj.weight') for name in 'qkv'])
-            if f'{attn}.q_proj.bias' in state_dict:
-                state_dict[f'{attn}.q_bias'] = state_dict.pop(f'{attn}.q_proj.bias')
-                state_dict[f'{attn}.v_bias'] = state_dict.pop(f'{attn}.v_proj.bias')
-        for key in [k for k in state_dict if EVA_QV_BIAS.match(k)]:
-            attn, q_bias = EVA_QV_BIAS.match(key).group(1), state_dict.pop(key)
-            state_dict[f'{attn}.qkv.bias'] = torch.cat(
-                [q_bias, torch.zeros_like(q_bias), state_dict.pop(f'{attn}.v_bias')])
-        for key in [k for k in state_dict if k.endswith('.qkv.bias_mask')]:
-            # DINOv3's hub files: the key bias is masked out (to zero)
-            bias = f'{key[:-len("_mask")]}'
-            state_dict[bias] = state_dict[bias] * torch.nan_to_num(state_dict[key])
-        if SHARED_RELATIVE_TABLE in state_dict:
-            shared = state_dict.pop(SHARED_RELATIVE_TABLE)
-            for block in sorted({int(m.group(1)) for m in map(BLOCK.match, state_dict) if m}):
-                state_dict[f'blocks.{block}.attn.relative_position_bias.table'] = shared.clone()
-        if 'register_tokens' in state_dict:
-            # DINOv2's hub files position the class token, not the registers: as timm, the
-            # class token's row joins the token and the registers join without positions
-            # (no_embed_class=True)
-            table = state_dict['pos_embed.weight']
-            state_dict['reg_token'] = state_dict.pop('register_tokens')
-            state_dict['cls_token'] = state_dict['cls_token'] + table[:, :1]
-            state_dict['pos_embed.weight'] = table[:, 1:]
-        table = state_dict.get('pos_embed.weight')
-        if table is not None and table.dim() == 4:  # SAM's (1, rows, cols, C)
-            state_dict['pos_embed.weight'] = table.flatten(1, 2)
-        weight = state_dict.get('patch_embed.proj.weight')
-        if weight is not None and 'patch_embed.proj.bias' not in state_dict:
-            state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])
-        pattern = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
-        branches: dict[str, dict[int, torch.Tensor]] = {}
-        for key in [k for k in state_dict if pattern.match(k)]:
-            block, group, branch, module, param = pattern.match(key).groups()
-            target = f'{block}.{TIMM_PARALLEL_MODULES[group, module]}.{param}'
-            branches.setdefault(target, {})[int(branch)] = state_dict.pop(key)
-        for target, tensors in branches.items():
-            stacked = torch.stack([tensors[b] for b in sorted(tensors)])
-            if target.split('.')[2].startswith('ls'):
-                stacked = stacked.view(len(tensors), 1, 1, -1)
-            state_dict[target] = stacked
-        return state_dict
-
-    @classmethod
-    def split_for_timm(cls, state_dict: dict) -> dict:
-        """Our branched parameters (blocks whose norms hold one row per branch) as timm's
-        per-branch modules ``attns.<b>`` / ``ffns.<b>``: the inverse of
-        :meth:`merge_checkpoint_tensors`."""
-        state_dict = super().split_for_timm(state_dict)
-        branched = {key[:-len('.norm1.weight')] for key, value in state_dict.items()
-                    if re.match(r'^blocks\.\d+\.norm1\.weight$', key) and value.dim() == 2}
-        timm_modules = {ours: theirs for theirs, ours in TIMM_PARALLEL_MODULES.items()}
-        pattern = re.compile(r'^(blocks\.\d+)\.(norm1|attn|ls1|norm2|mlp|ls2)\.(.+)$')
-        for key in list(state_dict):
-            match = pattern.match(key)
-            if not match or match.group(1) not in branched:
-                continue
-            block, module, param = match.groups()
-            group, name = timm_modules[module]
-            for branch, tensor in enumerate(state_dict.pop(key)):
-                tensor = tensor.reshape(-1) if module.startswith('ls') else tensor
-                state_dict[f'{block}.{group}.{branch}.{name}.{param}'] = tensor.clone()
-        return state_dict
+        return super().convert_checkpoint(state_dict)

@@ -11,19 +11,19 @@ from ..layers.attention import CrossCovarianceAttention
 from ..layers.blocks import TransformerBlock, XCiTClassAttentionBlock
 from ..layers.embed import ConvPatchEmbed, FourierPositionEncoding
 from .base import ColumnarBackbone
-from .checkpoint_adaptation import Rule
+from .checkpoint_keys import Alias, KeyTable, Rename
 
 
-#: mmpretrain's XCiT keys -> ours (after the official renames): ConvModules (``conv`` /
-#: ``bn``) in the stem, the position projection and the LPI; ``xca_layers`` / ``ca_layers``
-#: for the blocks
-OPENMMLAB_XCIT_RULES: tuple[Rule, ...] = (
-    (r'^xca_layers\.', 'blocks.'),
-    (r'^ca_layers\.', 'cls_blocks.'),
-    (r'^pos_embed\.token_projection\.conv\.', 'pos_embed.token_projection.'),
-    (r'\.lpi\.conv1\.bn\.', '.lpi.bn.'),
-    (r'\.lpi\.conv([12])\.conv\.', r'.lpi.conv\1.'),
-) + tuple((rf'^patch_embed\.proj\.{i}\.{name}\.', f'patch_embed.proj.{2 * i}.{index}.')
+#: mmpretrain's XCiT keys -> ours (after timm's renames): ConvModules (``conv`` / ``bn``) in
+#: the stem, the position projection and the LPI; ``xca_layers`` / ``ca_layers`` for the
+#: blocks
+OPENMMLAB_XCIT_KEYS: tuple[Alias, ...] = (
+    Alias('^xca_layers.', '^blocks.'),
+    Alias('^ca_layers.', '^cls_blocks.'),
+    Alias('^pos_embed.token_projection.conv.', '^pos_embed.token_projection.'),
+    Alias('.lpi.conv1.bn.', '.lpi.bn.'),
+    Alias('.lpi.conv{n:1|2}.conv.', '.lpi.conv{n}.'),
+) + tuple(Alias(f'^patch_embed.proj.{i}.{name}.', f'^patch_embed.proj.{2 * i}.{index}.')
           for i in range(4) for index, name in enumerate(('conv', 'bn')))
 
 
@@ -50,20 +50,17 @@ class XCiT(ColumnarBackbone):
     uniform_drop_path = True
     token_attention = False  # XCA attends over channels
     no_weight_decay_names = ('temperature',)  # XCA's per-head temperatures
-    checkpoint_rules = (
-        (r'^pos_embeder\.', 'pos_embed.'),
-        (r'^cls_attn_blocks\.', 'cls_blocks.'),
-        (r'\.gamma3$', '.ls_lpi.gamma'),
-        (r'\.norm3\.', '.norm_lpi.'),
-        (r'\.local_mp\.', '.lpi.'),
-    ) + OPENMMLAB_XCIT_RULES
-    timm_export_rules = (
-        (r'^cls_blocks\.', 'cls_attn_blocks.'),
-        (r'\.ls_lpi\.gamma$', '.gamma3'),
-        (r'\.ls([12])\.gamma$', r'.gamma\1'),
-        (r'\.norm_lpi\.', '.norm3.'),
-        (r'\.lpi\.', '.local_mp.'),
-    )
+    #: timm's XCiT, as the official release (which names the position encoding
+    #: ``pos_embeder``): class attention in ``cls_attn_blocks``, LayerScale ``gamma1`` /
+    #: ``gamma2``, the LPI ``local_mp`` with its norm ``norm3`` and LayerScale ``gamma3``
+    checkpoint_keys = KeyTable(keys=(
+        Alias('^pos_embeder.', '^pos_embed.'),
+        Rename('^cls_attn_blocks.', '^cls_blocks.'),
+        Rename('.gamma3$', '.ls_lpi.gamma$'),
+        Rename('.gamma{n:1|2}$', '.ls{n}.gamma$'),
+        Rename('.norm3.', '.norm_lpi.'),
+        Rename('.local_mp.', '.lpi.'),
+    ) + OPENMMLAB_XCIT_KEYS)
     timm_arguments = dict(layer_scale='eta', tokens_norm='tokens_norm',
                           num_cls_layers='cls_attn_layers')
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.temperature$')

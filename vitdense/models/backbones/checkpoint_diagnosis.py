@@ -1,0 +1,235 @@
+"""Checkpoint diagnosis: what a checkpoint is, what the model is, and the options that
+would load the one into the other, written when a load is refused
+(``CheckpointAdaptation.adapt_checkpoint`` of :mod:`.checkpoint_adaptation`).
+"""
+import math
+import re
+from typing import Optional
+
+BLOCK_INDEX = re.compile(r'^blocks\.(\d+)\.')
+#: the prefix of the backbone's tensors in a whole OpenMMLab model's checkpoint
+BACKBONE_PREFIX = 'backbone.'
+#: attention biases of a trunk block (ViT's and CaiT's qkv, ConViT's qk and v)
+QKV_BIAS = re.compile(r'^blocks\.\d+\.attn\.(qkv|qk|v)\.bias$')
+#: a block's gated positional self-attention (ConViT's local blocks)
+GPSA_GATING = re.compile(r'^blocks\.\d+\.attn\.gating$')
+
+
+def _table_prefix_rows(rows: int) -> int:
+    """Rows of a position table before its square grid (class token, registers)."""
+    return next(p for p in range(rows) if math.isqrt(rows - p) ** 2 == rows - p)
+
+
+def describe_checkpoint(state_dict: dict) -> dict:
+    """What a checkpoint in our layout is: family (the registered family whose
+    ``checkpoint_markers`` match most), depth, width, LayerScale, registers, rows of the
+    position table before its grid (the class token's), normalisation after pooling
+    (``fc_norm``), class-attention blocks, patch size (of a linear patch projection),
+    attention biases, class token, gated positional (GPSA) blocks, the FFN's hidden width
+    and whether it is gated (SwiGLU: a first map of twice the hidden width)."""
+    from . import backbone_families  # the families import this module
+    scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
+              if cls.checkpoint_markers and all(
+                  any(re.search(m, k) for k in state_dict) for m in cls.checkpoint_markers)}
+    blocks = {int(m.group(1)) for m in map(BLOCK_INDEX.match, state_dict) if m}
+    table = state_dict.get('pos_embed.weight')
+    norm = state_dict.get('blocks.0.norm1.weight')
+    reg_token = state_dict.get('reg_token')
+    projection = state_dict.get('patch_embed.proj.weight')
+    fc1, fc2 = (state_dict.get(f'blocks.0.mlp.fc{i}.weight') for i in (1, 2))
+    return dict(
+        family=max(scores, key=scores.get) if scores else 'unknown',
+        depth=max(blocks) + 1 if blocks else 0,
+        width=norm.shape[-1] if norm is not None else None,
+        layer_scale=any(k.endswith('.ls1.gamma') for k in state_dict if BLOCK_INDEX.match(k)),
+        registers=reg_token.shape[1] if reg_token is not None else 0,
+        table_prefix_rows=None if table is None or table.dim() != 3 else
+        _table_prefix_rows(table.shape[1]),
+        fc_norm=any(k.startswith('fc_norm.') for k in state_dict),
+        class_attention_blocks=len({k.split('.')[1] for k in state_dict
+                                    if k.startswith('cls_blocks.')}),
+        patch_size=projection.shape[-1] if projection is not None and projection.dim() == 4
+        else None,
+        qkv_bias=any(QKV_BIAS.match(k) for k in state_dict),
+        class_token='cls_token' in state_dict,
+        gpsa_blocks=sum(bool(GPSA_GATING.match(k)) for k in state_dict),
+        mlp_hidden=fc2.shape[-1] if fc2 is not None else None,
+        gated_mlp=fc1 is not None and fc2 is not None and fc1.shape[-2] == 2 * fc2.shape[-1])
+
+
+def _ratio_of(hidden: int, width: int) -> float:
+    """The ``mlp_ratio`` whose hidden width ``int(width * mlp_ratio)`` is ``hidden``."""
+    ratio = hidden / width
+    return ratio if int(width * ratio) == hidden else math.nextafter(ratio, math.inf)
+
+
+def format_facts(facts: dict) -> str:
+    """One line of :func:`describe_checkpoint`'s facts."""
+    rows = facts['table_prefix_rows']
+    return (f"{facts['family']}, depth {facts['depth']}, width {facts['width']}, "
+            f"{'with' if facts['layer_scale'] else 'no'} LayerScale, "
+            f"{facts['registers']} registers, position table "
+            f"{'-' if rows is None else f'with {rows} prefix rows'}, "
+            f"{'fc_norm after pooling, ' if facts['fc_norm'] else ''}"
+            f"{facts['class_attention_blocks']} class-attention blocks, patch size "
+            f"{facts['patch_size'] or '-'}, {'' if facts['qkv_bias'] else 'no '}qkv bias, "
+            f"{'' if facts['class_token'] else 'no '}class token"
+            f"{f', {n} GPSA blocks' if (n := facts['gpsa_blocks']) else ''}")
+
+
+class CheckpointDiagnosis:
+    """The message of a refused load, for a ``ColumnarBackbone``: the checkpoint's facts
+    beside the model's and the options (constructor, ``Pretrained`` keys) that would load it.
+    A family names what marks its checkpoints and the layouts whose options no shape shows.
+    """
+
+    #: key patterns only this family's checkpoints have all of (what an error names)
+    checkpoint_markers: tuple[str, ...] = ()
+    #: the layouts of sources whose options the tensors' shapes do not show: (a key pattern
+    #: of the layout as saved, a key pattern it lacks or None, the options that build it, a
+    #: note): the options of every layout a checkpoint has are named where the model's
+    #: settings differ
+    checkpoint_layouts: tuple[tuple[str, Optional[str], dict, str], ...] = ()
+
+    def mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],
+                         unexpected: list[str], saved: dict) -> str:
+        """What the checkpoint is, what the model is, and the options that would load it
+        (a whole model's checkpoint: described by its backbone, ``prefix`` named first);
+        ``saved``: the checkpoint's keys as saved, which show its source's layout."""
+        whole_model = not any(k in self.state_dict() for k in converted) and any(
+            k.startswith(BACKBONE_PREFIX) for k in converted)
+        if whole_model:
+            converted = self.convert_checkpoint({
+                k[len(BACKBONE_PREFIX):]: v for k, v in converted.items()
+                if k.startswith(BACKBONE_PREFIX)})
+            saved = {k[len(BACKBONE_PREFIX):] for k in saved if k.startswith(BACKBONE_PREFIX)}
+        found = describe_checkpoint(converted)
+        model = self.describe_model()
+        details = mismatched[:10] + [
+            f'{name}: {", ".join(keys[:8])}{", ..." if len(keys) > 8 else ""}'
+            for name, keys in (('missing', missing), ('unexpected', unexpected)) if keys]
+        options = ([f"init_cfg=dict(type='Pretrained', ..., prefix={BACKBONE_PREFIX!r}) (the "
+                    f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
+                   if whole_model else []) + self.options_to_load(found, model)
+        if found['family'] == model['family']:
+            options += self.layout_options(saved)
+        if not options:
+            options.append(f'no option of {type(self).__name__} loads it; build the model the '
+                           f'checkpoint was trained as')
+        return (f'checkpoint does not match {type(self).__name__}(arch={self.arch_name}, '
+                f'embed_dims={self.embed_dims}, num_layers={self.num_layers}, patch_size='
+                f'{self.patch_size}): {len(mismatched)} tensors with other shapes, '
+                f'{len(missing)} missing, {len(unexpected)} unexpected\n'
+                f'  checkpoint: {format_facts(found)}\n  model:      {format_facts(model)}\n'
+                f'  to load it: {"; ".join(options)}' + ''.join(f'\n  {d}' for d in details))
+
+    def describe_model(self) -> dict:
+        """:func:`describe_checkpoint`'s facts for the checkpoint this model would load."""
+        facts = describe_checkpoint(self.state_dict())
+        table = getattr(self.pos_embed, 'checkpoint_prefix_tokens', None)
+        return {**facts, 'family': type(self).__name__, 'depth': self.num_layers,
+                'width': self.embed_dims, 'table_prefix_rows': table,
+                'patch_size': facts['patch_size'] and self.patch_size}
+
+    def options_to_load(self, found: dict, model: dict) -> list[str]:
+        """The constructor options (and ``Pretrained`` keys) that would load a checkpoint of
+        ``found`` facts into a model like this one (``model``: :meth:`describe_model`)."""
+        if found['family'] == 'unknown':
+            return []
+        if found['family'] != model['family']:
+            return [f"a {found['family']} backbone (type='vitdense.{found['family']}'), "
+                    f"depth {found['depth']}, width {found['width']}"]
+        options, arch = [], {}
+        if (found['depth'], found['width']) != (model['depth'], model['width']):
+            options.append(self.arch_option(found['depth'], found['width']))
+            if found['depth'] > model['depth'] and found['width'] == model['width']:
+                options.append(f"or load its first {model['depth']} blocks: "
+                               f"init_cfg=dict(type='Pretrained', ..., truncate=True)")
+        if found['layer_scale'] != model['layer_scale']:
+            options.append('layer_scale=1e-5 (any value: the checkpoint\'s gammas replace '
+                           'it)' if found['layer_scale'] else 'layer_scale=None')
+        if found['patch_size'] and found['patch_size'] != model['patch_size']:
+            options.append(f"patch_size={found['patch_size']}")
+        if found['qkv_bias'] != model['qkv_bias']:
+            arch['qkv_bias'] = found['qkv_bias']
+        if found['gated_mlp'] != model['gated_mlp'] and 'swiglu_mlp' in self.arch_defaults:
+            arch['swiglu_mlp'] = found['gated_mlp']
+        if found['mlp_hidden'] and found['width'] == model['width'] and \
+                found['mlp_hidden'] != model['mlp_hidden']:
+            arch['mlp_ratio'] = _ratio_of(found['mlp_hidden'], found['width'])
+        if found['gpsa_blocks'] != model['gpsa_blocks']:
+            arch['num_local_layers'] = found['gpsa_blocks']
+        if not self.dense and found['class_attention_blocks'] != model[
+                'class_attention_blocks']:
+            arch['num_cls_layers'] = found['class_attention_blocks']
+        if found['registers'] != model['registers']:
+            options.append(f"reg_tokens={found['registers']}")
+        if not found['class_token'] and model['class_token']:
+            options.append(self._class_token_free_option(found['registers']))
+        elif self._class_row_differs_by(found['table_prefix_rows']):
+            options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
+                           f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
+                           f" the class token's row)")
+        if found['fc_norm'] != model['fc_norm'] and not self.dense:
+            options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
+                           "normalised: MAE's fine-tuned layout)" if found['fc_norm']
+                           else 'fc_norm=False')
+        if arch:
+            options.append(f"arch_overrides=dict("
+                           f"{', '.join(f'{k}={v!r}' for k, v in arch.items())})")
+        return options
+
+    def layout_options(self, saved_keys) -> list[str]:
+        """The options of the family's ``checkpoint_layouts`` that a checkpoint with
+        ``saved_keys`` (as saved) has, where this model's settings differ, with the notes."""
+        options, notes = {}, []
+        for present, absent, layout, note in self.checkpoint_layouts:
+            if any(re.search(present, k) for k in saved_keys) and not (
+                    absent and any(re.search(absent, k) for k in saved_keys)):
+                options.update(layout)
+                notes.append(note)
+        differing = {name: value for name, value in options.items() if (
+            self.arch[name] if name in self.arch else getattr(self, name)) != value}
+        if not differing:
+            return []
+        return [f"{', '.join(f'{k}={v!r}' for k, v in differing.items())} "
+                f"({', and '.join(notes)})"]
+
+    def _class_token_free_option(self, registers: int) -> str:
+        """The option that loads a checkpoint without class token: a dense trunk without
+        one (``dense_class_token=False``) where it has no registers, else the family's
+        ``class_token=False`` (its registers kept), where the family has it."""
+        if self.dense and not registers:
+            return 'dense_class_token=False (the checkpoint has no class token)'
+        if 'class_token' in self.arch_defaults:
+            pooled = ", out_type='avg_featmap'" if self.out_type == 'cls_token' else ''
+            return f'class_token=False{pooled} (the checkpoint has no class token)'
+        return (f'no option of {type(self).__name__} builds a model without class token '
+                f'{"and with registers" if registers else "for classification"}')
+
+    def arch_option(self, depth: int, width: Optional[int]) -> str:
+        """The ``arch`` (names of ``arch_zoo``) of a trunk of ``depth`` blocks of ``width``,
+        else ``depth=`` where the width is this model's."""
+        names = [name for name, arch in self.arch_zoo.items()
+                 if (arch['num_layers'], arch['embed_dims']) == (depth, width)]
+        if names:
+            return ' or '.join(f'arch={name!r}' for name in names)
+        if width == self.embed_dims:
+            return f'depth={depth}'
+        return f'arch=dict(embed_dims={width}, num_layers={depth}, num_heads=...)'
+
+    def _class_row_differs_by(self, rows: Optional[int]) -> bool:
+        """Whether a position table with ``rows`` prefix rows is another layout than the
+        model's (which reads tables with ``checkpoint_prefix_tokens`` rows, or as many as
+        it keeps)."""
+        embed = self.pos_embed
+        if rows is None or not hasattr(embed, 'checkpoint_prefix_tokens'):
+            return False
+        return rows not in (embed.num_prefix_tokens, embed.checkpoint_prefix_tokens)
+
+    def class_row_differs(self, converted: dict) -> bool:
+        """Whether the position table of ``converted`` has another class-row layout than
+        the model's (a strict load refuses it)."""
+        table = converted.get('pos_embed.weight')
+        return table is not None and table.dim() == 3 and self._class_row_differs_by(
+            _table_prefix_rows(table.shape[1]))
