@@ -12,6 +12,19 @@ batch is loaded from a seed of its own (:class:`_SeededBatches`), in a worker or
 training process alike, and its iterators' seeds come from a generator of the loader's own.
 So the run is the same whatever the loader's ``num_workers`` and ``persistent_workers``,
 and a run resumed with other ones repeats it too.
+
+torchdata's ``StatefulDataLoader`` (0.11.0, with torch 2.14 and mmengine 0.10.7) cannot
+replace this. Its state holds the sampler's place and each worker's dataset state, not the
+workers' generators: saved after 5 batches of a pass with 2 workers (persistent or not,
+under mmengine's ``DefaultSampler`` and ``InfiniteSampler``) and loaded into a new loader, it
+hands out the same indices but other augmentations, each worker drawing again from its
+start-of-pass seed; only without workers, the training process's generators restored, are
+they equal. A changed ``num_workers`` (2 to 3, 2 to 0) is refused by a bare ``assert``,
+which ``python -O`` strips. mmengine's ``Runner.build_dataloader`` builds torch's
+``DataLoader`` whatever the config says (a ``type`` key reaches it as a keyword and is
+refused), and its loops take their first iterator before the checkpoint is loaded. What it
+does for a sampler without a state (passing over index lists) is :class:`_ResumedBatches`;
+exactness comes from the per-batch seeds, which need no loader state.
 """
 from __future__ import annotations
 
