@@ -619,7 +619,8 @@ def markdown(records: list[dict]) -> str:
     cases = {r['case']: r for r in records if r.get('record') == 'case'}
     env = runs[-1] if runs else {}
     lines = ['## Results', '',
-             'Written by `python -m benchmarks.gpu_report --docs` from its records. Shares: '
+             'Written by `python -m benchmarks.gpu_report --docs PAGE --render` from its '
+             'records. Shares: '
              'FLOPs (2 per multiply-add) / step time / the matmul rate of the step\'s compute '
              'type, measured in the same run; *model*: the architecture\'s FLOPs (talking '
              'heads written out), *executed*: what the kernels that ran execute.', '',
