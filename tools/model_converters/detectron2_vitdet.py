@@ -2,8 +2,8 @@
 models of our ``*_vitdet_*`` ViT configs (``backbone.*``, ``neck.*``).
 
 detectron2 keeps the ViT at ``backbone.net`` and the pyramid stages at
-``backbone.simfp_<log2 stride>``; the key rules are data next to the ViT family
-(``vitdense.models.backbones.vit.DETECTRON2_VITDET_RULES``). Its RPN and RoI heads have other
+``backbone.simfp_<log2 stride>``; the key table is data next to the ViT family
+(``vitdense.models.backbones.vit.DETECTRON2_VITDET_KEYS``). Its RPN and RoI heads have other
 layouts than mmdet's and are left out: those train from their initialisation. Reads
 detectron2's ``.pkl`` (numpy arrays, read with a loader that accepts numpy arrays only) and
 ``.pth`` files.
