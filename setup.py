@@ -27,6 +27,6 @@ setup(
         'openmmlab': ['mmcv-lite>=2.1.0,<2.2', 'vitdense-mmcv-ext>=1.0,<2',
                       'mmdet>=3.3.0,<3.4', 'mmsegmentation>=1.2.2,<1.3',
                       'mmpretrain>=1.2.0,<1.3', 'pycocotools', 'ftfy', 'regex'],
-        'tests': ['pytest'],
+        'tests': ['pytest', 'pytest-xdist'],
     },
 )

@@ -7,6 +7,7 @@ Importable as ``common`` from any test folder: pytest puts ``tests/``, the folde
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,14 @@ TINY_BACKBONES = {
     name: dict(type=f'vitdense.{family.__name__}',
                arch=dict(TINY_ARCH, **TINY_ARCH_EXTRAS.get(name, {})))
     for name, family in backbone_families().items()}
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on, chosen by the system: the rendezvous port
+    of a test's processes, which a test running beside it (``pytest -n``) does not pick."""
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return probe.getsockname()[1]
 
 
 def require_onnx() -> None:

@@ -8,7 +8,11 @@
 - mmengine's default scope is process-wide and building a config's model sets it: each test
   leaves it as it found it, so no test depends on which ran before it.
 - Fixtures that several test folders use.
+- Which tests are slow, and how ``pytest -n`` (pytest-xdist, as ``tools/run_tests.sh`` runs
+  the suite) shares them between its workers: see :func:`pytest_collection_modifyitems`.
 """
+from __future__ import annotations
+
 import functools
 from pathlib import Path
 
@@ -76,3 +80,107 @@ def _restore_default_scope():
 default_scope_as_found = pytest.fixture(autouse=True)(_restore_default_scope)
 module_default_scope_as_found = pytest.fixture(autouse=True, scope='module')(
     _restore_default_scope)
+
+
+# ----------------------------------------------------------------- slow tests, and workers
+#: "SECONDS NODEID" lines: the tests that take SLOW_SECONDS or more (setup, call and teardown)
+#: on the project's 2-core machine, written by ``--write-slow-tests``
+SLOW_TESTS = Path(__file__).with_name('slow_tests.txt')
+SLOW_SECONDS = 2.0
+#: files whose tests start groups of processes (distributed trainings, launchers): one
+#: worker runs them one after the other, so that two of them never share the two cores
+PROCESS_GROUPS = ('tests/engine/test_distributed.py', 'tests/engine/test_fsdp.py',
+                  'tests/engine/test_launch.py', 'tests/engine/test_nonfinite.py',
+                  'tests/engine/test_preemption.py', 'tests/engine/test_resume.py',
+                  'tests/tools/test_slurm.py', 'tests/tools/test_train.py')
+#: files whose tests the workers take one at a time (by default a worker takes a whole
+#: file, so that a module's fixtures are built once): their fixtures are cheap beside
+#: their tests, which are long
+ONE_BY_ONE = ('tests/test_guide_commands.py', 'tests/configs/test_host_heads.py')
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption('--write-slow-tests', action='store_true',
+                     help=f'record in {SLOW_TESTS.name} the tests of this run that take '
+                          f'{SLOW_SECONDS:g} s or more, keeping the lines of tests it did not run')
+
+
+def _measured() -> dict[str, float]:
+    """The seconds of each test of :data:`SLOW_TESTS`, by node id."""
+    lines = SLOW_TESTS.read_text().splitlines() if SLOW_TESTS.exists() else []
+    return {nodeid: float(seconds) for seconds, nodeid in
+            (line.split(' ', 1) for line in lines if line and not line.startswith('#'))}
+
+
+def _group(nodeid: str) -> str | None:
+    """The xdist group of a test: its file's, the process groups', or none (one by one)."""
+    path = nodeid.split('::', 1)[0]
+    if path in PROCESS_GROUPS:
+        return 'process-groups'
+    return None if path in ONE_BY_ONE else path
+
+
+def _collected_whole(config: pytest.Config, path: str, collected: set[str]) -> bool:
+    """Whether the command line named the test file ``path`` whole (or a folder above it),
+    not some of its tests, and it was collected (or is not there any more)."""
+    file = config.rootpath / path
+    named = [(config.invocation_params.dir / arg).resolve() for arg in config.args
+             if '::' not in arg]
+    return any(file == whole or whole in file.parents for whole in named) and (
+        not file.exists() or any(nodeid.startswith(f'{path}::') for nodeid in collected))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` each test that :data:`SLOW_TESTS` lists; give each its ``xdist_group``
+    (``--dist loadgroup`` gives a worker a whole group at a time); under xdist, start the
+    groups that take longest first, so that no long one is left for the end while the
+    other worker idles. Runs before ``-m`` and xdist read the marks."""
+    seconds = _measured()
+    collected = {item.nodeid for item in items}
+    stale = [nodeid for nodeid in seconds if nodeid not in collected and
+             _collected_whole(config, nodeid.split('::', 1)[0], collected)]
+    if stale:
+        raise pytest.UsageError(
+            f'{SLOW_TESTS} names tests that are not there any more: {", ".join(stale)}; '
+            f'delete their lines, or rerun their files with --write-slow-tests')
+    group_seconds: dict[str | None, float] = {}
+    for item in items:
+        if seconds.get(item.nodeid, 0.0) >= SLOW_SECONDS:
+            item.add_marker(pytest.mark.slow)
+        group = _group(item.nodeid)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        group_seconds[group] = group_seconds.get(group, 0.0) + seconds.get(item.nodeid, 0.0)
+    if hasattr(config, 'workerinput'):  # an xdist worker: the order it reports is the order
+        def started_after(item: pytest.Item) -> float:  # the tests are handed out in
+            group = _group(item.nodeid)
+            return -(seconds.get(item.nodeid, 0.0) if group is None else group_seconds[group])
+        items.sort(key=started_after)
+
+
+class _SlowTestsRecorder:
+    """Adds up each test's setup, call and teardown seconds; rewrites :data:`SLOW_TESTS`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid.split('@', 1)[0]] = (
+            self.seconds.get(report.nodeid.split('@', 1)[0], 0.0) + report.duration)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        kept = {nodeid: spent for nodeid, spent in _measured().items()
+                if nodeid not in self.seconds}
+        slow = {**kept, **{nodeid: spent for nodeid, spent in self.seconds.items()
+                           if spent >= SLOW_SECONDS}}
+        header = [line for line in SLOW_TESTS.read_text().splitlines()
+                  if line.startswith('#')] if SLOW_TESTS.exists() else []
+        SLOW_TESTS.write_text('\n'.join(header + [
+            f'{spent:.1f} {nodeid}' for nodeid, spent in
+            sorted(slow.items(), key=lambda pair: (-pair[1], pair[0]))]) + '\n')
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption('--write-slow-tests') and not hasattr(config, 'workerinput'):
+        config.pluginmanager.register(_SlowTestsRecorder(), 'vitdense-slow-tests')

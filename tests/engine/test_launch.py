@@ -26,7 +26,7 @@ from vitdense.engine.launch import (add_safety_hooks, apply_resume, export_mpi_e
                                     gather_results_over_process_group, join_job,
                                     load_config, slurm_master_port)
 
-from common import REPO_ROOT
+from common import REPO_ROOT, free_port
 
 CONFIG = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 
@@ -167,7 +167,7 @@ def test_a_failing_launched_worker_wakes_its_stopped_siblings(tmp_path):
         os.kill(sibling.pid, signal.SIGSTOP)
         while _state(sibling.pid) != 'T':
             time.sleep(0.05)
-        port = str(29500 + os.getpid() % 1000)
+        port = str(free_port())
         for how, state in (('alone', 'T'), ('launched', 'S')):  # 'none': nobody to wake
             worker = subprocess.run([sys.executable, '-c', FAILING_WORKER, how, port],
                                     cwd=tmp_path, capture_output=True, text=True,
@@ -292,7 +292,7 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: 
 def _resume_two_processes(nodes: list[Path], out: Path, launcher: str = 'pytorch') -> list[str]:
     (out / 'job.py').write_text("default_scope = 'mmseg'\n")  # a job's config, host imported
     load_config(str(out / 'job.py'), None, 'none', None)  # here, so that forks start with it
-    port = 29500 + (os.getpid() + len(str(out))) % 1000
+    port = free_port()
     mp.start_processes(_resume_on_rank, args=(port, [str(n) for n in nodes], str(out), launcher),
                        nprocs=2, start_method='fork')
     return [(out / f'rank{rank}.txt').read_text() for rank in (0, 1)]

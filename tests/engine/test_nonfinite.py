@@ -24,6 +24,8 @@ from torch.utils.data import Dataset
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine.nonfinite import NonFiniteGuardHook, NonFiniteLossError
 
+from common import free_port
+
 
 class BatchNormNet(BaseModel):
     def __init__(self) -> None:
@@ -258,7 +260,7 @@ def _two_process_run(rank: int, work_dir: str, port: int) -> None:
 def test_processes_agree_to_skip_a_step_only_one_found_bad(tmp_path):
     # In iteration 2 rank 1's loss is infinite, its gradients (and so the averaged ones) are
     # finite: rank 0 alone would step. Both must skip, or the replicas part ways.
-    port = 29500 + os.getpid() % 1000
+    port = free_port()
     mp.start_processes(_two_process_run, args=(str(tmp_path), port), nprocs=2,
                        start_method='fork')  # spawn re-imports torch: 5x slower
     ranks = [torch.load(tmp_path / f'rank{r}.pth', weights_only=True) for r in (0, 1)]

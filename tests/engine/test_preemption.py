@@ -27,7 +27,7 @@ from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, Pr
 from vitdense.engine.launch import load_config, point_at_data_root
 from vitdense.engine.preemption import shield_loader_workers
 
-from common import CHECKOUT_ENV, REPO_ROOT
+from common import CHECKOUT_ENV, REPO_ROOT, free_port
 from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
 RUN_IDS = itertools.count()
@@ -290,7 +290,7 @@ def _rank_of_two(rank: int, port: int, work_dir: str, out: str, signal_after: in
 def _two_processes(work_dir: Path, out: Path, signal_after: int | None = None,
                    resume: bool = False) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    port = 29500 + (os.getpid() + len(str(out))) % 1000
+    port = free_port()
     mp.start_processes(_rank_of_two, args=(port, str(work_dir), str(out), signal_after, resume),
                        nprocs=2, start_method='fork')
     return [torch.load(out / f'rank{rank}.pth', weights_only=True) for rank in (0, 1)]

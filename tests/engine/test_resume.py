@@ -26,7 +26,7 @@ from vitdense.checkpoint_io import safe_load
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
 from vitdense.engine.resume import remove_interrupted_saves, seed_batches
 
-from common import IterationClock, RegressToOne
+from common import IterationClock, RegressToOne, free_port
 
 
 def noisy_net() -> RegressToOne:
@@ -223,7 +223,7 @@ def _rank_of_two(rank: int, port: int, work_dir: str, out: str, kill_after: int 
 def _two_processes(work_dir: Path, out: Path, kill_after: int | None = None,
                    resume: bool = False) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    port = 29500 + (os.getpid() + len(str(out))) % 1000
+    port = free_port()
     mp.start_processes(_rank_of_two, args=(port, str(work_dir), str(out), kill_after, resume),
                        nprocs=2, start_method='fork')  # spawn re-imports torch: 5x slower
     return [torch.load(out / f'rank{rank}.pth', weights_only=True) for rank in (0, 1)]

@@ -15,7 +15,7 @@ from common import REPO_ROOT
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     """The script in a repository of one passing and one failing test, its install a no-op
-    and its environment this interpreter."""
+    and its environment this interpreter's."""
     (tmp_path / 'tools').mkdir()
     shutil.copy(REPO_ROOT / 'tools/run_tests.sh', tmp_path / 'tools')
     (tmp_path / 'tools/install.sh').write_text('exit 0\n')
@@ -23,7 +23,9 @@ def checkout(tmp_path: Path) -> Path:
     (tmp_path / 'tests/test_sample.py').write_text(
         'def test_passes():\n    pass\n\n\ndef test_fails():\n    assert False\n')
     (tmp_path / 'venv/bin').mkdir(parents=True)
-    (tmp_path / 'venv/bin/python').symlink_to(sys.executable)
+    # a script, not a link: a link's interpreter would not find its environment (pytest-xdist)
+    (tmp_path / 'venv/bin/python').write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (tmp_path / 'venv/bin/python').chmod(0o755)
     return tmp_path
 
 

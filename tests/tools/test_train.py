@@ -11,7 +11,7 @@ import torch
 from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_ade, make_demo_coco
 
-from common import CHECKOUT_ENV, REPO_ROOT
+from common import CHECKOUT_ENV, REPO_ROOT, free_port
 
 CONFIG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 DET_CONFIG = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
@@ -89,7 +89,7 @@ def test_unknown_scope_is_refused(tmp_path):
 def test_dist_train_two_cpu_processes(data_root, tmp_path):
     work = tmp_path / 'dist'
     log = _run('bash', 'tools/dist_train.sh', CONFIG, '2', '--work-dir', work,
-               *_options(data_root, 2), env=dict(PYTHON=sys.executable, PORT='29533'))
+               *_options(data_root, 2), env=dict(PYTHON=sys.executable, PORT=str(free_port())))
     assert 'Distributed training: True' in log and 'rank 0 of 2 runs on CPU with the gloo' in log
     assert (work / 'iter_2.pth').exists()
 
