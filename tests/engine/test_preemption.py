@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from vitdense.engine.launch import load_config, point_at_data_root
 from vitdense.engine.preemption import shield_loader_workers
 
 from common import CHECKOUT_ENV, REPO_ROOT, free_port
+from launcher_signals import ForkSignalledAtStart
 from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
 RUN_IDS = itertools.count()
@@ -263,6 +265,19 @@ def test_shielded_loader_workers_take_stop_signals_from_their_trainer_only():
     batches._shutdown_workers()
 
 
+def test_loader_workers_signalled_as_they_start_keep_loading():
+    # Each worker is sent SIGTERM by another process (itself) as it starts, before torch's
+    # worker loop and the shield's worker_init_fn run: it started with the stop signals
+    # blocked, so the shield takes the signal once set and ignores it, and every batch loads.
+    # The process starting the workers gets its own signal mask back.
+    loader = DataLoader(range(8), batch_size=2, num_workers=2,
+                        multiprocessing_context=ForkSignalledAtStart())
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert shield_loader_workers(loader, [signal.SIGUSR1])
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+
+
 def test_unknown_or_uncatchable_signal_is_refused():
     with pytest.raises(ValueError, match=r"names of signals a process can catch.*'SIGKILL'"):
         PreemptionHook(signals=('SIGKILL',))
@@ -312,19 +327,21 @@ def test_two_processes_stop_together_and_resume_exactly(tmp_path):
 PER_EPOCH = 3  # 10 demo images in batches of 4
 #: moment of the launcher's signal -> the iterations the stop checkpoint holds
 STOPPED_AFTER = dict(training=PER_EPOCH + 1, last_of_epoch=PER_EPOCH, saving=PER_EPOCH,
-                     validation=PER_EPOCH)
+                     validation=PER_EPOCH, worker_start=1)
 
 
-def _demo_leaf(path: Path, data_root: Path, moment: str | None = None) -> Path:
+def _demo_leaf(path: Path, data_root: Path, moment: str | None = None,
+               hold: str | None = None) -> Path:
     """The demo classifier with its own loader settings (persistent workers), on the 10-image
-    demo set for 2 epochs, validated and saved every epoch; with ``moment``, its process
-    group gets SIGTERM then (``launcher_signals.LauncherSignalHook``)."""
+    demo set for 2 epochs, validated and saved every epoch (the last one kept); with
+    ``moment``, its process group gets SIGTERM then, and ``hold`` stalls the trainer
+    afterwards (``launcher_signals.LauncherSignalHook``)."""
     loader = f"dict(dataset=dict(data_root='{data_root}')"
     signal_hook = ('' if moment is None else
                    "custom_imports = dict(imports=['vitdense', 'vitdense.cls', "
                    "'launcher_signals'], allow_failed_imports=False)\n"
                    f"custom_hooks = [dict(type='LauncherSignalHook', moment='{moment}', "
-                   f"iterations_per_epoch={PER_EPOCH})]\n")
+                   f"iterations_per_epoch={PER_EPOCH}, hold={hold!r})]\n")
     path.write_text(f"_base_ = ['{DEMO_CLASSIFIER}']\n"
                     f"train_dataloader = {loader}, batch_size=4)\n"
                     f"val_dataloader = {loader}, batch_size=5)\n"
@@ -346,6 +363,25 @@ def _train(config: Path, work_dir: Path, *extra: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+def _train_until_killed(config: Path, work_dir: Path, grace: float = 2.0) -> tuple[int, str]:
+    """``tools/train.py`` in a process group of its own, which gets SIGKILL ``grace`` seconds
+    after the trainer reports its stop signal, as SLURM (``KillWait``) and torchrun's agent
+    (``--shutdown-timeout``) escalate; its exit status and output."""
+    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1',
+           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
+    trainer = subprocess.Popen([sys.executable, 'tools/train.py', str(config), '--work-dir',
+                                str(work_dir), '--skip-data-check'], cwd=REPO_ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    log = []
+    for line in trainer.stdout:
+        log.append(line)
+        if 'SIGTERM received' in line:
+            time.sleep(grace)
+            os.killpg(trainer.pid, signal.SIGKILL)
+    return trainer.wait(timeout=60), ''.join(log)
+
+
 @pytest.fixture(scope='module')
 def demo_reference(tmp_path_factory) -> tuple[Path, dict]:
     """The demo set and the uninterrupted run's final weights."""
@@ -360,7 +396,8 @@ def demo_reference(tmp_path_factory) -> tuple[Path, dict]:
 def test_launcher_signal_to_the_process_group_stops_and_resume_is_exact(tmp_path, moment,
                                                                         demo_reference):
     # SIGTERM to every process of the trainer's group, its persistent loader workers
-    # included, in training, at an epoch's last iteration, during a save, in validation:
+    # included, in training, at an epoch's last iteration, during a save, in validation,
+    # and as the training loader's (spawned) workers start, before their shield is set:
     # exit 75 with the checkpoint of where the run was, no process left, and --resume ends
     # bit for bit where the uninterrupted run ended.
     data_root, reference = demo_reference
@@ -374,5 +411,31 @@ def test_launcher_signal_to_the_process_group_stops_and_resume_is_exact(tmp_path
 
     status, log = _train(_demo_leaf(tmp_path / 'leaf.py', data_root), work, '--resume')
     assert status == 0, log[-3000:]
+    resumed = safe_load(str(work / 'epoch_2.pth'))['state_dict']
+    assert max(float((resumed[key] - value).abs().max()) for key, value in reference.items()) == 0
+
+
+@pytest.mark.parametrize('held', ['iteration', 'save'])
+def test_sigkill_after_the_grace_period_leaves_the_last_checkpoint_to_resume(tmp_path, held,
+                                                                             demo_reference):
+    # SIGTERM to the process group after the first iteration of epoch 2, SIGKILL to it 2 s
+    # later while the trainer is still in that iteration or in the save of its stop: the
+    # epoch 1 checkpoint (the one kept) is intact and named, no file is left half-written,
+    # and --resume picks it without a word of a missing or unreadable file and ends bit for
+    # bit where the uninterrupted run ended.
+    data_root, reference = demo_reference
+    work = tmp_path / 'work'
+    status, log = _train_until_killed(_demo_leaf(tmp_path / 'signalled.py', data_root,
+                                                 'training', hold=held), work)
+    assert status == -signal.SIGKILL, log[-3000:]
+    assert (work / 'last_checkpoint').read_text() == str(work / 'epoch_1.pth')
+    assert sorted(path.name for path in work.iterdir() if path.suffix != '.py'
+                  and not path.is_dir()) == ['epoch_1.pth', 'last_checkpoint']
+    assert all(Path(path).is_file() for path in re.findall(r'/[^\s\'"]+\.pth\b', log))
+
+    status, log = _train(_demo_leaf(tmp_path / 'leaf.py', data_root), work, '--resume')
+    assert status == 0, log[-3000:]
+    assert f'--resume: resuming from {work / "epoch_1.pth"}' in log
+    assert 'does not exist' not in log and 'cannot resume' not in log
     resumed = safe_load(str(work / 'epoch_2.pth'))['state_dict']
     assert max(float((resumed[key] - value).abs().max()) for key, value in reference.items()) == 0

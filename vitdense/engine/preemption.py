@@ -12,7 +12,9 @@ process group (``os.killpg``), SLURM to every process of the job step. torch's l
 workers die on a SIGTERM that does not come from their parent (and the trainer then fails
 with "DataLoader worker ... is killed by signal"), so the hook has every loader's workers
 ignore the stop signals that come from anyone but the trainer (:func:`shield_loader_workers`);
-the trainer ends them when it exits, and they exit by themselves when it is gone.
+the trainer ends them when it exits, and they exit by themselves when it is gone. A worker
+starts with those signals blocked (the trainer blocks them while it starts the worker), so
+one that arrives before the shield is set waits for the shield instead of ending the worker.
 
 The signal only sets a flag. At the end of the iteration in progress (or of the validation
 iteration in progress) every process takes part in one all-reduce of the flag, so all of
@@ -27,12 +29,15 @@ requeued job's ``--resume`` continues from that iteration.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import threading
 from pathlib import Path
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any, Sequence
 
@@ -76,9 +81,10 @@ def slurm_job_to_requeue() -> str | None:
 
 class _ShieldedWorker:
     """A loader's ``worker_init_fn`` that first has the worker ignore ``signals`` unless its
-    parent (the trainer) sends them: the worker blocks them, and a thread of its own takes
-    each one (``sigwaitinfo``, which names the sender); the parent's SIGTERM (torch's way of
-    ending a worker that did not stop) ends the worker as torch's own handler would.
+    parent (the trainer) sends them: the worker keeps them blocked, and a thread of its own
+    takes each one (``sigwaitinfo``, which names the sender), those that arrived while the
+    worker was starting included; the parent's SIGTERM (torch's way of ending a worker that
+    did not stop) ends the worker as torch's own handler would.
 
     Picklable, so loaders that start workers with ``spawn`` or ``forkserver`` get it too.
     """
@@ -87,6 +93,8 @@ class _ShieldedWorker:
         self.init_fn, self.signals = init_fn, sorted({signal.SIGTERM, *signals})
 
     def __call__(self, worker_id: int) -> None:
+        # blocked since the worker started (:class:`_StartBlocked`), unless its loader's
+        # context started it otherwise (a forkserver)
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
         threading.Thread(target=self._take_signals, args=(os.getppid(),), daemon=True,
                          name='stop-signals').start()
@@ -100,14 +108,69 @@ class _ShieldedWorker:
                 os._exit(0)
 
 
+class _StartBlocked:
+    """A process of a loader's multiprocessing context whose ``start`` blocks ``signals`` in
+    the calling thread until the child exists: a forked child keeps that thread's signal mask,
+    and an executed one (``spawn``) keeps it through ``exec``, so the child starts with them
+    blocked. Everything else is the process's own."""
+
+    def __init__(self, process: BaseProcess, signals: Sequence[int]) -> None:
+        vars(self).update(process=process, signals=signals)
+
+    def start(self) -> None:
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.process, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.process, name, value)
+
+
+class _WorkersStartBlocked(BaseContext):
+    """A loader's multiprocessing context (``None``: multiprocessing's default when a worker
+    starts) whose processes start with ``signals`` blocked (:class:`_StartBlocked`); its
+    queues, events and locks are that context's.
+
+    torch's loader takes a context (``DataLoader.multiprocessing_context``) and nothing else
+    that runs where a worker is started. A ``forkserver`` forks workers from its server
+    process, whose mask is not the trainer's: those are started as the context starts them
+    and are shielded from the moment their ``worker_init_fn`` runs.
+    """
+
+    def __init__(self, context: BaseContext | None, signals: Sequence[int]) -> None:
+        self.context, self.signals = context, signals
+
+    def get_context(self, method: str | None = None) -> BaseContext:
+        return (self.context or multiprocessing.get_context()).get_context(method)
+
+    def get_start_method(self, allow_none: bool = False) -> str:
+        return self.get_context().get_start_method(allow_none)
+
+    def Process(self, *args: Any, **kwargs: Any) -> BaseProcess | _StartBlocked:  # noqa: N802
+        context = self.get_context()
+        process = context.Process(*args, **kwargs)
+        if context.get_start_method() == 'forkserver':
+            return process
+        return _StartBlocked(process, self.signals)
+
+
 def shield_loader_workers(loader: DataLoader, signals: Sequence[int]) -> bool:
     """Have ``loader``'s workers ignore ``signals`` (and SIGTERM) from any process but the
-    trainer (:class:`_ShieldedWorker`); whether anything changed (False for a loader without
+    trainer (:class:`_ShieldedWorker`), from the moment they start
+    (:class:`_WorkersStartBlocked`); whether anything changed (False for a loader without
     workers, or one shielded before). Workers that a persistent loader started before are
     let go, so that the next pass starts shielded ones."""
     if loader.num_workers == 0 or isinstance(loader.worker_init_fn, _ShieldedWorker):
         return False
-    loader.worker_init_fn = _ShieldedWorker(loader.worker_init_fn, signals)
+    shield = _ShieldedWorker(loader.worker_init_fn, signals)
+    loader.worker_init_fn = shield
+    loader.multiprocessing_context = _WorkersStartBlocked(loader.multiprocessing_context,
+                                                          shield.signals)
     drop_loader_workers(loader)
     return True
 
