@@ -4,8 +4,10 @@
 # srun starts GPUS tasks (default 8), GPUS_PER_NODE per node (default 8, or GPUS when
 # fewer), with CPUS_PER_TASK cores each (default 5); SRUN_ARGS adds srun options; GRES is the
 # generic resource asked per node (default gpu:GPUS_PER_NODE; GRES= for CPU-only nodes).
-# Every task reads its rank from SLURM's variables (--launcher slurm); the rendezvous port
-# derives from the job id. srun passes SIGTERM / SIGUSR1 on to the tasks (docs/cluster.md).
+# Every task reads its rank from SLURM's variables (--launcher slurm); the rendezvous port is
+# the step's reserved one (SRUN_ARGS=--resv-ports) or derives from the job id, and a task
+# that reaches another job's rendezvous stops at once. srun passes SIGTERM / SIGUSR1 on to
+# the tasks (docs/cluster.md).
 source "$(dirname "${BASH_SOURCE[0]}")/python_env.sh"
 
 slurm_job() {

@@ -2,7 +2,9 @@
 # torchrun for the dist_*.sh scripts: torchrun.sh NPROC SCRIPT [SCRIPT args...]
 # One node: a free rendezvous port is picked (two jobs on one node do not collide) unless
 # PORT is set. Several nodes: NNODES, NODE_RANK, MASTER_ADDR, PORT (default 29500) as in
-# OpenMMLab, the same on every node. The interpreter is chosen by tools/python_env.sh.
+# OpenMMLab, the same on every node; the job's id (VITDENSE_RUN_ID: RUN_ID, else a checksum
+# of the rendezvous address and the command line) makes a worker that reached another job's
+# port stop at once instead of joining it. The interpreter is chosen by tools/python_env.sh.
 # Without GPUs the processes run on CPU with the gloo backend.
 # SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR1 to this launcher are passed on to the workers,
 # which save a checkpoint of the iteration in progress and exit (docs/cluster.md); the
@@ -17,6 +19,9 @@ source "$(dirname "$0")/python_env.sh"
 if [ "${NNODES:-1}" = 1 ] && [ -z "${PORT:-}" ]; then
   RENDEZVOUS=(--standalone)
 else
+  VITDENSE_RUN_ID=${RUN_ID:-$(printf '%s\n' "${MASTER_ADDR:-127.0.0.1}:${PORT:-29500}" "${@:2}" \
+                              | cksum | cut -d' ' -f1)}
+  export VITDENSE_RUN_ID
   RENDEZVOUS=(--nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}"
               --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${PORT:-29500}")
 fi

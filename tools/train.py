@@ -5,9 +5,11 @@
 
 Before training the data is checked (datasets not empty, annotation files parse, the first
 batches load). Checkpoints carry the random state, so ``--resume`` continues a killed run
-exactly; a step with a non-finite loss or gradient is skipped (``--max-nonfinite`` in a row
-stop the run). SIGTERM or SIGUSR1 saves a checkpoint of the iteration in progress and exits
-with status 75 (under SLURM the job is requeued first); see docs/cluster.md.
+exactly; without ``--resume``, a work dir that holds a checkpoint is refused (``--resume
+none`` starts over in it). A step with a non-finite loss or gradient is skipped
+(``--max-nonfinite`` in a row stop the run). SIGTERM or SIGUSR1 saves a checkpoint of the
+iteration in progress and exits with status 75 (under SLURM the job is requeued first); see
+docs/cluster.md.
 """
 import argparse
 
@@ -16,7 +18,8 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.launch import (add_safety_hooks, apply_resume, join_job, load_config,
-                                    log_to_tensorboard, parse_tool_args, run_tool, tool_parser)
+                                    log_to_tensorboard, parse_tool_args, refuse_to_start_over,
+                                    run_tool, tool_parser)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
 from vitdense.engine.preflight import check_data
 
@@ -24,8 +27,10 @@ from vitdense.engine.preflight import check_data
 def parse_args() -> argparse.Namespace:
     parser = tool_parser(__doc__)
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CHECKPOINT',
-                        help='resume from CHECKPOINT, or from the newest checkpoint of the work '
-                             'dir that loads (says so loudly when there is none)')
+                        help='resume from CHECKPOINT, or (alone or "auto") from the newest '
+                             'checkpoint of the work dir that loads (says so loudly when there '
+                             'is none); "none" starts from iteration 0 in a work dir that holds '
+                             'checkpoints, which without --resume is refused')
     parser.add_argument('--max-nonfinite', type=int, default=5, metavar='N',
                         help='stop after N iterations in a row with a non-finite loss')
     parser.add_argument('--skip-data-check', action='store_true',
@@ -59,7 +64,9 @@ def main() -> None:
     if args.compile:
         add_compile_hook(cfg, args.compile)
     add_safety_hooks(cfg, max_nonfinite=args.max_nonfinite)
-    apply_resume(cfg, args.resume)
+    if args.resume is None:
+        refuse_to_start_over(cfg)
+    apply_resume(cfg, None if args.resume == 'none' else args.resume)
     if not args.skip_data_check:
         check_data(cfg, skip_bad=args.skip_bad_samples)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

@@ -1,6 +1,8 @@
 """vitdense/engine/launch.py, the command-line safety of the tools: mistyped --cfg-options keys,
 --resume with nothing or a bad file to resume, one resume decision for all processes (every
-launcher), a process-group timeout, workers that die with their launcher, SLURM's and Open
+launcher), no training from iteration 0 over a work dir's checkpoints without --resume none
+(tools/train.py as a user runs it, and one decision for all processes), a process-group
+timeout, workers that die with their launcher, SLURM's and Open
 MPI's variables, evaluation
 results gathered over the process group, and the launch scripts' choice of interpreter."""
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import os.path as osp
+import re
 import signal
 import subprocess
 import sys
@@ -20,13 +23,14 @@ import torch.multiprocessing as mp
 from mmengine.config import Config
 from mmengine.logging import MMLogger
 
-from vitdense.checkpoint_io import CorruptCheckpointError
+from vitdense.checkpoint_io import CorruptCheckpointError, safe_load
+from vitdense.demo_data import make_demo_imagenet
 from vitdense.engine.launch import (add_safety_hooks, apply_resume, export_mpi_environment,
                                     export_slurm_environment, first_host,
                                     gather_results_over_process_group, join_job,
-                                    load_config, slurm_master_port)
+                                    load_config, refuse_to_start_over)
 
-from common import REPO_ROOT, free_port
+from common import CHECKOUT_ENV, REPO_ROOT, free_port
 
 CONFIG = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 
@@ -92,6 +96,71 @@ def test_a_group_torchrun_restarted_resumes_from_the_last_checkpoint(tmp_path, m
     monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')
     apply_resume(cfg, None)
     assert cfg.resume and cfg.load_from == str(tmp_path / 'iter_3.pth')
+
+
+def test_training_from_iteration_0_over_a_checkpoint_is_refused(tmp_path, monkeypatch):
+    cfg, _ = load_config(CONFIG, None, 'none', str(tmp_path))
+    refuse_to_start_over(cfg)  # nothing there
+    torch.save({'state_dict': {}, 'meta': {'iter': 3}}, tmp_path / 'iter_3.pth')
+    with pytest.raises(FileExistsError, match=rf'work dir {tmp_path} holds the checkpoint '
+                                              rf'{tmp_path}/iter_3.pth: training would start'):
+        refuse_to_start_over(cfg)
+    cfg.resume = True  # a config that resumes by itself (mmengine's resume=True)
+    refuse_to_start_over(cfg)
+    cfg.resume = False
+    monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')  # resumes (apply_resume)
+    refuse_to_start_over(cfg)
+
+
+TINY_CLASSIFIER = 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py'
+
+
+def _train(data_root: Path, work_dir: Path, epochs: int, *extra: str) -> tuple[int, str]:
+    """``tools/train.py`` on the demo classifier: ``epochs`` of 3 iterations (20 images,
+    batches of 8), a checkpoint after each; its exit status and output."""
+    options = [f'{split}_dataloader.{key}' for split in ('train', 'val', 'test')
+               for key in (f'dataset.data_root={data_root}', 'num_workers=0',
+                           'persistent_workers=False')]
+    done = subprocess.run(
+        [sys.executable, 'tools/train.py', TINY_CLASSIFIER, '--work-dir', str(work_dir),
+         '--skip-data-check', '--cfg-options', *options, 'train_dataloader.batch_size=8',
+         f'train_cfg.max_epochs={epochs}', 'train_cfg.val_interval=100',
+         'default_hooks.checkpoint.interval=1', 'default_hooks.logger.interval=1', *extra],
+        cwd=REPO_ROOT, env={**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1'}, capture_output=True,
+        text=True, timeout=300)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_train_tool_refuses_to_start_over_and_its_advice_works(tmp_path):
+    # A run of 1 epoch, then the same command for 2 epochs, without --resume: refused before
+    # anything is written; each option the error names then does what it says.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=2, num_val=1, size=72)
+    work = tmp_path / 'work'
+    status, log = _train(data_root, work, 1)
+    assert status == 0, log[-3000:]
+    first = safe_load(str(work / 'epoch_1.pth'))['meta']['iter']
+    saved = (work / 'epoch_1.pth').read_bytes()
+    status, log = _train(data_root, work, 2)
+    refusal = log.strip().splitlines()[-1]
+    assert status == 1 and refusal == (
+        f'FileExistsError: work dir {work} holds the checkpoint {work}/epoch_1.pth: training '
+        'would start from iteration 0 and overwrite that run. Add --resume auto to continue '
+        'it, or --resume none to start over in this work dir (its checkpoints are '
+        'overwritten), or pass another --work-dir'), log[-3000:]
+    assert (work / 'epoch_1.pth').read_bytes() == saved and not (work / 'epoch_2.pth').exists()
+    advice = {aim: option for option, aim in
+              re.findall(r'(--resume \w+) to (continue|start over)', refusal)}
+    assert len(advice) == 2
+
+    status, log = _train(data_root, work, 2, *advice['continue'].split())
+    assert status == 0 and f'--resume: resuming from {work}/epoch_1.pth' in log, log[-3000:]
+    assert not re.search(r'Epoch\(train\) +\[1\]', log)  # epoch 1 was not trained again
+    assert safe_load(str(work / 'epoch_2.pth'))['meta']['iter'] == 2 * first
+
+    status, log = _train(data_root, work, 1, *advice['start over'].split())
+    assert status == 0 and re.search(r'Epoch\(train\) +\[1\]\[1/', log), log[-3000:]
+    assert (work / 'last_checkpoint').read_text() == str(work / 'epoch_1.pth')
+    assert safe_load(str(work / 'epoch_1.pth'))['meta']['iter'] == first
 
 
 def test_safety_hooks_added_once(tmp_path):
@@ -222,8 +291,11 @@ def test_slurm_variables_become_the_process_group_environment():
     export_slurm_environment(environ)
     assert (environ['RANK'], environ['WORLD_SIZE'], environ['LOCAL_RANK']) == ('5', '8', '1')
     assert environ['MASTER_ADDR'] == 'gpu-a007'
-    assert environ['MASTER_PORT'] == str(slurm_master_port('123457'))
-    assert slurm_master_port('123457') != slurm_master_port('123458')  # two jobs, one node
+    assert environ['MASTER_PORT'] == '18457'  # from the job id (tests/engine/test_rendezvous.py)
+    reserved = {**environ, 'SLURM_STEP_RESV_PORTS': '12000-12015'}
+    del reserved['MASTER_PORT']
+    export_slurm_environment(reserved)
+    assert reserved['MASTER_PORT'] == '12000'  # srun --resv-ports: the step's first port
     assert first_host('rack[2-3]-n[04,06]') == 'rack2-n04' and first_host('node1') == 'node1'
     with pytest.raises(RuntimeError, match='SLURM_PROCID, SLURM_JOB_ID not set; start the tool '
                                            'with srun'):

@@ -18,7 +18,7 @@ import os.path as osp
 import re
 import signal
 import sys
-from typing import Callable, MutableMapping
+from typing import Callable, Mapping, MutableMapping
 
 import torch
 from mmengine.config import Config, ConfigDict, DictAction
@@ -26,6 +26,8 @@ from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank, g
                            init_dist)
 from mmengine.logging import print_log
 from mmengine.runner import Runner
+from torch.distributed import PrefixStore
+from torch.distributed.constants import default_pg_timeout
 
 from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
 from vitdense.engine.hosts import Host, host_of
@@ -125,26 +127,125 @@ def open_process_group(cfg: Config, launcher: str) -> None:
     ``slurm`` and ``mpi``: the ranks and the rendezvous come from the variables ``srun`` or
     Open MPI's ``mpirun`` gives each process (:func:`export_slurm_environment`,
     :func:`export_mpi_environment`); the group is then opened as for ``pytorch``, which also
-    works without GPUs (mmengine's SLURM and MPI starts need one GPU per process).
+    works without GPUs (mmengine's SLURM and MPI starts need one GPU per process). The group
+    is opened over the store of :func:`join_rendezvous`, which refuses another job's.
     """
     if launcher == 'slurm':
         export_slurm_environment(os.environ)
     elif launcher == 'mpi':
         export_mpi_environment(os.environ)
+    dist_cfg = dict((cfg.get('env_cfg') or {}).get('dist_cfg') or {})
+    if not torch.distributed.is_initialized():
+        timeout = dist_cfg.get('timeout')
+        store, rank, world_size = join_rendezvous(
+            default_pg_timeout if timeout is None else datetime.timedelta(seconds=timeout))
+        if torch.cuda.is_available():
+            init_dist('pytorch', store=store, rank=rank, world_size=world_size, **dist_cfg)
+        else:
+            torch.distributed.init_process_group(
+                backend='gloo', store=store, rank=rank, world_size=world_size,
+                timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
     if not torch.cuda.is_available():
         _prepare_cpu_distributed(cfg)
-    elif not torch.distributed.is_initialized():
-        init_dist('pytorch', **dict((cfg.get('env_cfg') or {}).get('dist_cfg') or {}))
+
+
+#: the rendezvous store's key that holds the identity of the job whose process 0 opened it
+JOB_KEY = 'vitdense/job'
+#: how long a process other than 0 waits for the job's identity in a store that process 0
+#: opened (it writes it as soon as the store listens)
+IDENTITY_WAIT = datetime.timedelta(seconds=30)
+
+
+def job_identity(environ: Mapping[str, str]) -> tuple[str, str]:
+    """Which job this process belongs to, and what to do when another job holds its
+    rendezvous port.
+
+    ``VITDENSE_RUN_ID`` (tools/torchrun.sh sets it on several nodes) first, then torchrun's
+    run id (a fresh one for each one-node ``--standalone`` group), SLURM's job and step id,
+    Open MPI's job (``PMIX_NAMESPACE`` or ``OMPI_MCA_ess_base_jobid``).
+    """
+    port = f'{environ.get("MASTER_ADDR")}:{environ.get("MASTER_PORT")}'
+    another_port = f'start this job with another MASTER_PORT than {port}'
+    if environ.get('VITDENSE_RUN_ID'):
+        return (f'run {environ["VITDENSE_RUN_ID"]!r}',
+                f'start this job with another PORT than {port}; if both are one job, its '
+                'nodes were started with different command lines: set RUN_ID to one value '
+                'on every node (tools/torchrun.sh)')
+    if environ.get('TORCHELASTIC_RUN_ID'):
+        return (f'torchrun run {environ["TORCHELASTIC_RUN_ID"]!r}',
+                f'{another_port} (--master-port), or give each job its own --rdzv-id')
+    if environ.get('SLURM_JOB_ID'):
+        step = environ.get('SLURM_STEP_ID')
+        job = f'SLURM job {environ["SLURM_JOB_ID"]}' + (f' step {step}' if step else '')
+        if environ.get('SLURM_STEP_RESV_PORTS'):
+            return job, ('a port SLURM reserved for this step is held by another process: '
+                         'set MASTER_PORT to a free port')
+        return job, ('two jobs on one node derived one port from their ids: add srun '
+                     '--resv-ports (SRUN_ARGS=--resv-ports for tools/slurm_train.sh) where '
+                     'the cluster reserves ports (MpiParams=ports=...), or set MASTER_PORT to '
+                     'a free port')
+    for name in ('PMIX_NAMESPACE', 'OMPI_MCA_ess_base_jobid'):
+        if environ.get(name):
+            return f'Open MPI job {environ[name]}', f'{another_port} (mpirun -x MASTER_PORT=...)'
+    return 'a job without an id', f'{another_port}, or set VITDENSE_RUN_ID for each job'
+
+
+def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Store, int, int]:
+    """The store, rank and world size of the job's process group (the ``env://`` variables
+    of this process), never another job's.
+
+    torch's ``env://`` rendezvous gives a process any store that listens at MASTER_PORT: a
+    process whose port another job holds would join that job's group and wait there until
+    the timeout. Process 0 opens the store (or, under torchrun, finds its agent's) and writes
+    the job's :func:`job_identity`; every other process reads it and stops at once, naming
+    both jobs and the port, when it is not its own job's. A port already held stops process
+    0 at once as well.
+    """
+    identity, advice = job_identity(os.environ)
+    port = f'{os.environ["MASTER_ADDR"]}:{os.environ["MASTER_PORT"]}'
+    try:
+        store, rank, world_size = next(torch.distributed.rendezvous('env://', timeout=timeout))
+    except torch.distributed.DistNetworkError as err:
+        if 'EADDRINUSE' not in str(err):
+            raise
+        raise RuntimeError(f'rank 0 of {identity} cannot open the rendezvous at {port}: '
+                           f'another process holds that port; {advice}') from err
+    if rank == 0:
+        found = store.compare_set(JOB_KEY, '', identity).decode()
+    else:
+        agent_store = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+        try:
+            store.wait([JOB_KEY], timeout if agent_store else IDENTITY_WAIT)
+        except torch.distributed.DistStoreError as err:
+            raise RuntimeError(f'rank {rank} of {identity}: the store at {port} names no job '
+                               f'(another program holds that port, or process 0 of this job '
+                               f'did not start); {advice}') from err
+        found = store.get(JOB_KEY).decode()
+    if found != identity:
+        raise RuntimeError(f'rank {rank} of {identity} reached the process group of {found} '
+                           f'at {port} and stops instead of joining it; {advice}')
+    store.set_timeout(timeout)
+    return PrefixStore('default_pg', store), rank, world_size
 
 
 #: first port of the rendezvous ports derived from SLURM job ids (below Linux's ephemeral
-#: range, so no client socket holds it)
+#: range, so no client socket holds it); two jobs on one node whose ids differ by a multiple
+#: of SLURM_PORTS derive one port, which :func:`join_rendezvous` then refuses to share
 SLURM_PORT_BASE, SLURM_PORTS = 15000, 15000
 
 
-def slurm_master_port(job_id: str) -> int:
-    """A rendezvous port from the job id: two jobs sharing a node use different ports."""
-    return SLURM_PORT_BASE + int(job_id) % SLURM_PORTS
+def slurm_master_port(environ: Mapping[str, str]) -> int:
+    """The rendezvous port of a SLURM job step: the first of the ports SLURM reserved for the
+    step (``SLURM_STEP_RESV_PORTS``: ``12000-12015``, ``12000`` or ``12000-12001,12005``;
+    ``srun --resv-ports``) when there are some, else one derived from the job id."""
+    reserved = environ.get('SLURM_STEP_RESV_PORTS')
+    if reserved:
+        first = re.fullmatch(r'\s*(\d+)(-\d+)?(,[\d,-]+)?\s*', reserved)
+        if first is None:
+            raise ValueError(f'SLURM_STEP_RESV_PORTS={reserved!r} is no list of ports '
+                             '(expected e.g. 12000-12015)')
+        return int(first.group(1))
+    return SLURM_PORT_BASE + int(environ['SLURM_JOB_ID']) % SLURM_PORTS
 
 
 def first_host(nodelist: str) -> str:
@@ -161,7 +262,8 @@ def first_host(nodelist: str) -> str:
 
 def export_slurm_environment(environ: MutableMapping[str, str]) -> None:
     """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from the variables ``srun``
-    gives each task; a MASTER_ADDR or MASTER_PORT already set is kept."""
+    gives each task (the port: :func:`slurm_master_port`); a MASTER_ADDR or MASTER_PORT
+    already set is kept."""
     needed = ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_LOCALID', 'SLURM_NODELIST', 'SLURM_JOB_ID')
     missing = [name for name in needed if not environ.get(name)]
     if missing:
@@ -171,7 +273,7 @@ def export_slurm_environment(environ: MutableMapping[str, str]) -> None:
     environ.update(RANK=environ['SLURM_PROCID'], WORLD_SIZE=environ['SLURM_NTASKS'],
                    LOCAL_RANK=environ['SLURM_LOCALID'])
     environ.setdefault('MASTER_ADDR', first_host(environ['SLURM_NODELIST']))
-    environ.setdefault('MASTER_PORT', str(slurm_master_port(environ['SLURM_JOB_ID'])))
+    environ.setdefault('MASTER_PORT', str(slurm_master_port(environ)))
 
 
 #: the rendezvous port of ``--launcher mpi`` when MASTER_PORT is not set (torch's default)
@@ -219,20 +321,16 @@ def gather_results_over_process_group(cfg: Config) -> None:
 
 
 def _prepare_cpu_distributed(cfg: Config) -> None:
-    """Multi-process training without GPUs: gloo process group, DDP without device ids.
+    """Multi-process training without GPUs: DDP without device ids (over the gloo group that
+    :func:`open_process_group` opens).
 
     mmengine's ``init_dist`` calls ``torch.cuda.set_device`` and its default DDP wrapper passes
-    ``device_ids=[LOCAL_RANK]``; both assume one GPU per process. The process group is opened
-    here (the Runner skips ``init_dist`` when one exists) and the model is wrapped by
+    ``device_ids=[LOCAL_RANK]``; both assume one GPU per process. The Runner skips
+    ``init_dist`` when a group exists, and the model is wrapped by
     ``vitdense.CPUDistributedDataParallel``, which also turns SyncBN layers into plain BN
     (each process normalises with its own batch) and adds the processes' gradients up in rank
     order (a resumed run repeats the uninterrupted one bit for bit).
     """
-    if not torch.distributed.is_initialized():
-        timeout = (cfg.get('env_cfg') or {}).get('dist_cfg', {}).get('timeout')
-        torch.distributed.init_process_group(
-            backend='gloo',
-            timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
     wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or {})
     if wrapper.get('type') == 'vitdense.FullyShardedModel':  # shards on any device
         return
@@ -401,6 +499,30 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
     print(f'{where}--resume: ' + (f'resuming from {path}' if path else
                                   'nothing to resume, starting from iteration 0'), flush=True)
     cfg.resume, cfg.load_from = path is not None, path
+
+
+def refuse_to_start_over(cfg: Config) -> None:
+    """Stop a run that would train from iteration 0 in a work dir holding a checkpoint that
+    loads, before it overwrites that run's checkpoints; one decision for the whole job.
+
+    Process 0 looks for the newest loadable checkpoint and sends its path to the others, so
+    every process stops with the same error, which names the checkpoint and the options of
+    ``tools/train.py`` that continue it (``--resume auto``) or start over on purpose
+    (``--resume none``, or another ``--work-dir``). A group that torchrun restarted and a
+    config that resumes by itself (``resume = True``) continue instead (:func:`apply_resume`,
+    mmengine), so they are let through.
+    """
+    if int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0) > 0 or cfg.get('resume'):
+        return
+    found: list = [find_resumable_checkpoint(cfg.work_dir) if get_rank() == 0 else None]
+    if get_world_size() > 1:
+        broadcast_object_list(found, src=0)
+    if found[0] is not None:
+        raise FileExistsError(
+            f'work dir {cfg.work_dir} holds the checkpoint {found[0]}: training would start '
+            'from iteration 0 and overwrite that run. Add --resume auto to continue it, or '
+            '--resume none to start over in this work dir (its checkpoints are overwritten), '
+            'or pass another --work-dir')
 
 
 Choice = tuple[str | None, str | None, tuple | None]
