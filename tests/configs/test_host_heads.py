@@ -2,6 +2,8 @@
 ``mmseg::``), with the backbone, the widths its neck or head reads and the class count
 replaced as a user replaces them, train 2 iterations on the demo sets and are scored by the
 real evaluator (CocoMetric, IoUMetric); so does ViTDet's Cascade Mask R-CNN recipe of ours.
+What training must do is checked at each step: finite losses, finite gradients reaching every
+parameter of the backbone's trunk, predictions of the shapes the hosts' evaluators read.
 
 Tiny on purpose (64 px images, a 4-block 32-wide backbone, R-CNN heads as wide, few
 queries, proposals, sampled RoIs and detections, one thread): the heads' wiring to the
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config, ConfigDict
+from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco
@@ -255,12 +258,51 @@ def demo_ade(tmp_path_factory) -> Path:
                          size=IMAGE_SIZE)
 
 
-def _train_and_test(cfg: Config) -> dict:
+class _Predictions(Hook):
+    """Keeps the data samples each test iteration predicts."""
+
+    def __init__(self) -> None:
+        self.samples: list = []
+
+    def after_test_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self.samples += outputs
+
+
+def _gradient_norms(backbone: torch.nn.Module) -> dict[str, list[float]]:
+    """The norm of each backbone parameter's gradient at each backward, recorded as
+    autograd computes it (the optimizer wrapper zeroes the gradients after its step)."""
+    norms: dict[str, list[float]] = {}
+    for name, param in backbone.named_parameters():
+        if not param.requires_grad:
+            continue
+        norms[name] = []
+        param.register_hook(lambda grad, got=norms[name]: got.append(grad.norm().item()))
+    return norms
+
+
+def _train_and_test(cfg: Config) -> tuple[dict, list]:
+    """Two training iterations whose losses are finite and whose gradients reach every
+    parameter of the backbone's trunk (the patch embedding first of all), finite and not
+    all zero; then the test set's metrics and the predicted data samples."""
     runner = Runner.from_cfg(cfg)
+    gradients = _gradient_norms(runner.model.backbone)
+    predictions = _Predictions()
+    runner.register_hook(predictions)
     runner.train()
     losses = np.array(runner.message_hub.get_scalar('train/loss').data[0])
     assert len(losses) == 2 and np.isfinite(losses).all(), losses
-    return runner.test()
+    # the pyramid's levels that the neck or head does not read (RetinaNet's FPN starts at
+    # stride 8, PSPNet reads stride 32) get none; every parameter of the trunk gets two
+    missing = [name for name, norms in gradients.items()
+               if len(norms) != 2 and not name.startswith('pyramid.')]
+    assert not missing, f'no gradient reached backbone parameters {missing}'
+    norms = np.array([norms for norms in gradients.values() if norms])
+    assert norms.shape[1] == 2 and np.isfinite(norms).all() and (norms.max(axis=0) > 0).all()
+    patch_embedding = next(name for name in gradients if name.startswith('patch_embed'))
+    assert min(gradients[patch_embedding]) > 0, gradients[patch_embedding]
+    metrics = runner.test()
+    assert len(predictions.samples) == 2  # the demo set's two validation images
+    return metrics, predictions.samples
 
 
 @pytest.mark.parametrize('name', list(DETECTORS))
@@ -268,8 +310,18 @@ def test_detector_trains_and_is_evaluated(name, demo_coco, tmp_path):
     host_config, options = DETECTORS[name]
     cfg = _two_iterations(host_config, options, 'demo_coco.py', demo_coco, COCO_CLASSES, 80,
                           tmp_path)
-    metrics = _train_and_test(cfg)
+    metrics, samples = _train_and_test(cfg)
     masks = 'segm' in cfg.test_evaluator.metric
+    for sample in samples:
+        found = sample.pred_instances
+        count = len(found)
+        assert 0 < count <= FEW_QUERIES  # score_thr 0: an untrained head still finds boxes
+        assert found.bboxes.shape == (count, 4) and found.scores.shape == (count,)
+        assert torch.isfinite(found.bboxes).all() and torch.isfinite(found.scores).all()
+        assert found.labels.shape == (count,)
+        assert 0 <= found.labels.min() and found.labels.max() < COCO_CLASSES
+        if masks:  # one mask a box, at the size of the picture as read
+            assert found.masks.shape == (count, *sample.ori_shape)
     for kind in ('bbox', 'segm') if masks else ('bbox',):
         assert 0 <= metrics[f'coco/{kind}_mAP'] <= 1, metrics
 
@@ -279,5 +331,11 @@ def test_segmentor_trains_and_is_evaluated(name, demo_ade, tmp_path):
     host_config, options = SEGMENTORS[name]
     cfg = _two_iterations(host_config, options, 'demo_ade.py', demo_ade, ADE_CLASSES, 150,
                           tmp_path)
-    metrics = _train_and_test(cfg)
+    metrics, samples = _train_and_test(cfg)
+    for sample in samples:
+        # a class score map and a label map at the size of the picture as read
+        assert sample.seg_logits.data.shape == (ADE_CLASSES, *sample.ori_shape)
+        labels = sample.pred_sem_seg.data
+        assert labels.shape == (1, *sample.ori_shape)
+        assert 0 <= labels.min() and labels.max() < ADE_CLASSES
     assert 0 <= metrics['mIoU'] <= 100, metrics
