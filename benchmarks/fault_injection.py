@@ -320,8 +320,9 @@ def main() -> None:
         target = TARGETS[name]
         data = target.make_data(out / 'data' / name)
         reference = out / 'reference' / name
-        if not (reference / target.final).is_file():
-            code = Run(_train(target, data, reference), out / f'reference_{name}.log').wait()
+        if not (reference / target.final).is_file():  # or continues one a stop cut short
+            code = Run(_train(target, data, reference, '--resume'),
+                       out / f'reference_{name}.log').wait()
             if code != 0:
                 raise SystemExit(f'the reference run of {name} failed; see '
                                  f'{out / f"reference_{name}.log"}')
