@@ -328,8 +328,8 @@ def _prepare_cpu_distributed(cfg: Config) -> None:
     ``device_ids=[LOCAL_RANK]``; both assume one GPU per process. The Runner skips
     ``init_dist`` when a group exists, and the model is wrapped by
     ``vitdense.CPUDistributedDataParallel``, which also turns SyncBN layers into plain BN
-    (each process normalises with its own batch) and adds the processes' gradients up in rank
-    order (a resumed run repeats the uninterrupted one bit for bit).
+    (each process normalises with its own batch) and lays DDP's gradient buckets out once,
+    before the first iteration (a resumed run repeats the uninterrupted one bit for bit).
     """
     wrapper = ConfigDict(cfg.get('model_wrapper_cfg') or {})
     if wrapper.get('type') == 'vitdense.FullyShardedModel':  # shards on any device
