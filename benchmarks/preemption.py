@@ -114,7 +114,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     data_root = make_demo_imagenet(args.out / 'data', num_train=4, num_val=1, size=72)
     torch.set_num_threads(1)
-    results = [measure(layout, args.out, data_root) for layout in args.layouts]
+    results = [dict(measure(layout, args.out, data_root), load_average=os.getloadavg())
+               for layout in args.layouts]
     for result in results:  # the log's end only where something is to be explained
         if result['max_abs_difference'] == 0:
             del result['preempted']['log_tail']

@@ -1,7 +1,10 @@
 """A preemption signal in the middle of an epoch: the run saves a checkpoint of exactly that
 iteration and stops; ``resume`` repeats the uninterrupted run bit for bit, loading no batch
 already trained, in one process and in two (the signal reaching one of them only), and
-with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``."""
+with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``. A stop
+signal sent to the process group as loader workers start, before their shield is set, stops
+the run as any other; SIGKILL 2 s after SIGTERM leaves the last complete checkpoint to resume
+from."""
 from __future__ import annotations
 
 import itertools

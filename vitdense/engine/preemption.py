@@ -24,10 +24,14 @@ through the atomic writer
 included via :class:`~vitdense.engine.resume.ExactResumeHook`) and :class:`Preempted` is
 raised. ``tools/train.py`` catches it and exits with :data:`PREEMPTED_EXIT_CODE`; under
 SLURM process 0 first asks for the job to be requeued (``scontrol requeue``), and the
-requeued job's ``--resume`` continues from that iteration.
+requeued job's ``--resume`` continues from that iteration. The process's exit skips the
+collection of its whole heap (:func:`collect_and_freeze_heap`), the slowest part of a stop,
+so that it ends well within a cluster's grace period.
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import multiprocessing
 import os
@@ -175,6 +179,21 @@ def shield_loader_workers(loader: DataLoader, signals: Sequence[int]) -> bool:
     return True
 
 
+def collect_and_freeze_heap() -> None:
+    """Collect the young garbage (the stop's own: loader iterators, the exception's frames),
+    then leave every object to the process's end (``gc.freeze``).
+
+    Run first at the exit that follows a stop. The interpreter's last collections walk a
+    training process's whole heap (half a million objects on the demo classifier) as its
+    modules are torn down: 3.5-5 s per process at a load of 8 on two cores, most of the time
+    from the stop signal to the exit. What must reach the disk is written before (the
+    checkpoint, ``last_checkpoint``) or by the exit handlers, which still run (log files);
+    the rest the operating system frees.
+    """
+    gc.collect(1)
+    gc.freeze()
+
+
 def stop_loader_workers(runner: Any) -> None:
     """End the worker processes of the runner's loaders now.
 
@@ -282,6 +301,8 @@ class PreemptionHook(Hook):
         self._uninstall()
         requeued = self._requeue()
         stop_loader_workers(runner)
+        atexit.unregister(collect_and_freeze_heap)  # once, and before the other handlers
+        atexit.register(collect_and_freeze_heap)
         raise Preempted(path, step, requeued)
 
     def after_train(self, runner) -> None:
