@@ -382,6 +382,8 @@ def _train_until_killed(config: Path, work_dir: Path, grace: float = 2.0) -> tup
         if 'SIGTERM received' in line:
             time.sleep(grace)
             os.killpg(trainer.pid, signal.SIGKILL)
+            log.append(trainer.stdout.read())
+            break
     return trainer.wait(timeout=60), ''.join(log)
 
 
