@@ -212,6 +212,9 @@ NOT_RUN = {
     'OMP_NUM_THREADS=1 python -m benchmarks.preemption --out /tmp/preemption':
         'minutes: 3 runs of 3 epochs on 1 process and on 2 nodes x 2 processes '
         '(tests/engine/test_preemption.py preempts and resumes 1 and 2 processes)',
+    'OMP_NUM_THREADS=1 python -m benchmarks.benchmark_ddp_exactness':
+        'minutes: ViT-S iterations at 2 and 4 gloo processes (tests/engine/test_distributed.py '
+        'checks the exactness and the bucket layout)',
     'python tools/mmcv_ops_inventory.py --out inventory.json':
         '~8 minutes: loads every config of mmdet and mmseg (tests/tools/'
         'test_mmcv_ops_inventory.py checks how it resolves config types to ops)',
