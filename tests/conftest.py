@@ -87,16 +87,19 @@ module_default_scope_as_found = pytest.fixture(autouse=True, scope='module')(
 #: on the project's 2-core machine, written by ``--write-slow-tests``
 SLOW_TESTS = Path(__file__).with_name('slow_tests.txt')
 SLOW_SECONDS = 2.0
-#: files whose tests start groups of processes (distributed trainings, launchers): one
-#: worker runs them one after the other, so that two of them never share the two cores
-PROCESS_GROUPS = ('tests/engine/test_distributed.py', 'tests/engine/test_fsdp.py',
-                  'tests/engine/test_launch.py', 'tests/engine/test_nonfinite.py',
-                  'tests/engine/test_preemption.py', 'tests/engine/test_resume.py',
-                  'tests/tools/test_slurm.py', 'tests/tools/test_train.py')
+#: the tests (node ids, or their beginnings) that start groups of processes (distributed
+#: trainings, launchers, SLURM tasks on a port drawn from the job id): one worker runs them
+#: one after the other, so that two of them never share the two cores, nor a port
+PROCESS_GROUPS = ('tests/engine/test_distributed.py::', 'tests/engine/test_launch.py::',
+                  'tests/engine/test_nonfinite.py::', 'tests/engine/test_preemption.py::',
+                  'tests/engine/test_rendezvous.py::', 'tests/engine/test_resume.py::',
+                  'tests/tools/test_slurm.py::',
+                  'tests/tools/test_train.py::test_dist_train_two_cpu_processes')
 #: files whose tests the workers take one at a time (by default a worker takes a whole
 #: file, so that a module's fixtures are built once): their fixtures are cheap beside
 #: their tests, which are long
-ONE_BY_ONE = ('tests/test_guide_commands.py', 'tests/configs/test_host_heads.py')
+ONE_BY_ONE = ('tests/test_guide_commands.py', 'tests/configs/test_host_heads.py',
+              'tests/tools/test_train.py')
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -114,9 +117,9 @@ def _measured() -> dict[str, float]:
 
 def _group(nodeid: str) -> str | None:
     """The xdist group of a test: its file's, the process groups', or none (one by one)."""
-    path = nodeid.split('::', 1)[0]
-    if path in PROCESS_GROUPS:
+    if nodeid.startswith(PROCESS_GROUPS):
         return 'process-groups'
+    path = nodeid.split('::', 1)[0]
     return None if path in ONE_BY_ONE else path
 
 
@@ -152,11 +155,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
         group_seconds[group] = group_seconds.get(group, 0.0) + seconds.get(item.nodeid, 0.0)
-    if hasattr(config, 'workerinput'):  # an xdist worker: the order it reports is the order
-        def started_after(item: pytest.Item) -> float:  # the tests are handed out in
+    if hasattr(config, 'workerinput'):  # an xdist worker: xdist hands the groups out in
+        def longest_first(item: pytest.Item) -> float:  # the order the workers collect them
             group = _group(item.nodeid)
             return -(seconds.get(item.nodeid, 0.0) if group is None else group_seconds[group])
-        items.sort(key=started_after)
+        items.sort(key=longest_first)
 
 
 class _SlowTestsRecorder:
@@ -166,8 +169,10 @@ class _SlowTestsRecorder:
         self.seconds: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.seconds[report.nodeid.split('@', 1)[0]] = (
-            self.seconds.get(report.nodeid.split('@', 1)[0], 0.0) + report.duration)
+        nodeid = report.nodeid  # under --dist loadgroup: NODEID@GROUP
+        if nodeid.rfind('@') > nodeid.rfind(']'):
+            nodeid = nodeid.rsplit('@', 1)[0]
+        self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         kept = {nodeid: spent for nodeid, spent in _measured().items()
