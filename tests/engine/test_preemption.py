@@ -444,3 +444,49 @@ def test_sigkill_after_the_grace_period_leaves_the_last_checkpoint_to_resume(tmp
     assert 'does not exist' not in log and 'cannot resume' not in log
     resumed = safe_load(str(work / 'epoch_2.pth'))['state_dict']
     assert max(float((resumed[key] - value).abs().max()) for key, value in reference.items()) == 0
+
+
+
+def _torchrun(config: Path, work_dir: Path, *extra: str,
+              stop_at: str | None = None) -> tuple[int, str]:
+    """``tools/torchrun.sh`` starting 2 processes of ``tools/train.py`` on CPU, in a process
+    group of its own; with ``stop_at``, that group gets SIGTERM once a line of the output
+    holds it, as a scheduler (SLURM, Kubernetes) stops the job. Temporary files go beside
+    ``work_dir``. The launcher's exit status and output."""
+    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': '',
+           'PYTHONUNBUFFERED': '1', 'TMPDIR': str(work_dir.parent)}
+    launcher = subprocess.Popen(['bash', 'tools/torchrun.sh', '2', 'tools/train.py', str(config),
+                                 '--work-dir', str(work_dir), '--skip-data-check', *extra],
+                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = []
+    for line in launcher.stdout:
+        log.append(line)
+        if stop_at is not None and stop_at in line:
+            os.killpg(launcher.pid, signal.SIGTERM)
+            stop_at = None
+    return launcher.wait(timeout=120), ''.join(log)
+
+
+def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tmp_path):
+    # SIGTERM to the launcher's process group (tools/torchrun.sh and torchrun's agent, which
+    # forwards it to the workers' own process groups) once the first iteration is logged:
+    # both workers save and exit 75, torchrun exits 1, and the launcher exits 75, leaving the
+    # stop checkpoint for --resume. Workers that fail (a config option the config does not
+    # have) leave the launcher torchrun's status.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
+    # 8 epochs of 2 iterations: the signal lands well before the end, after iteration 1 or 2
+    status, log = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=8',
+                            stop_at='Epoch(train) [1][1/2]')
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
+    stop = Path((work / 'last_checkpoint').read_text())
+    stopped_after = re.fullmatch(r'iter_(\d+)\.pth', stop.name)
+    assert stop.parent == work and stopped_after, stop
+    assert safe_load(str(stop))['meta']['iter'] == int(stopped_after[1]) < 16
+    assert find_resumable_checkpoint(work) == str(stop)  # what --resume loads
+    assert not list(tmp_path.glob('vitdense-stopped.*'))  # the launcher's, in its TMPDIR
+
+    status, log = _torchrun(config, tmp_path / 'failed', '--cfg-options', 'no_such_key=1')
+    assert status not in (0, PREEMPTED_EXIT_CODE), log[-3000:]
+    assert "has no top-level key 'no_such_key'" in log

@@ -62,6 +62,18 @@ from vitdense.registry import HOOKS
 PREEMPTED_EXIT_CODE = 75
 
 
+#: environment variable naming the directory where each process stopped by a signal leaves
+#: the empty file ``<global rank>`` after its checkpoint is saved (set by tools/torchrun.sh)
+STOPPED_DIR_ENV = 'VITDENSE_STOPPED_DIR'
+
+
+def stopped_marker() -> Path | None:
+    """This process's file in the directory ``VITDENSE_STOPPED_DIR`` names, or None when
+    the variable is not set."""
+    directory = os.environ.get(STOPPED_DIR_ENV)
+    return Path(directory, str(get_rank())) if directory else None
+
+
 class Preempted(Exception):
     """Training stopped on a preemption signal; ``checkpoint`` holds the last iteration."""
 
@@ -220,6 +232,10 @@ class PreemptionHook(Hook):
     iteration loop's loader, whose workers start with the loop, before the hooks run, is
     restarted once. A signal during validation stops at the end of that validation
     iteration with a checkpoint of the training iteration it follows.
+
+    With :data:`STOPPED_DIR_ENV` set (by ``tools/torchrun.sh``), each process creates the
+    empty file ``<that dir>/<global rank>`` once the stop checkpoint is saved, which tells
+    the launcher that this process's non-zero exit is a stop, not a failure.
     """
 
     priority = 'LOWEST'  # after every other hook has finished the iteration (checkpoint, logs)
@@ -269,6 +285,9 @@ class PreemptionHook(Hook):
 
     def before_train(self, runner) -> None:
         self.training = True
+        marker = stopped_marker()
+        if marker is not None:
+            marker.unlink(missing_ok=True)  # an earlier run's, in a directory used again
         loop = runner.train_loop
         if shield_loader_workers(loop.dataloader, self.signals) and isinstance(
                 loop, IterBasedTrainLoop):
@@ -295,6 +314,9 @@ class PreemptionHook(Hook):
     def _stop(self, runner, step: int) -> None:
         """Save the checkpoint of ``step`` finished iterations, then raise ``Preempted``."""
         path = save_resumable(runner, step)
+        marker = stopped_marker()
+        if marker is not None:
+            marker.touch()  # every process returns from the save once the file is written
         how = self.received.name if self.received is not None else 'another process\'s signal'
         print_log(f'rank {get_rank()}: stopping after iteration {step} on {how}; process 0 '
                   f'saved {path}', logger='current', level=logging.WARNING)
