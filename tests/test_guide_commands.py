@@ -176,6 +176,7 @@ NOT_RUN = {
                              '(tests/tools/test_install.py runs its checks)',
     'source .venv/bin/activate': "shell set-up: this interpreter is that environment's python",
     'bash tools/run_tests.sh': 'runs this suite',
+    'bash tools/run_tests.sh -m "not slow"': 'runs this suite, less its slow tests',
     'time python -m pytest -q tests/configs/test_host_heads.py --durations=0':
         'runs a file of this suite, which the suite runs',
     'pip install --no-deps openmim': _NETWORK,
