@@ -98,3 +98,19 @@ class LauncherSignalHook(Hook):
     def after_val_iter(self, runner: Any, batch_idx: int, data_batch: Any = None,
                        outputs: Any = None) -> None:
         self._send('validation')
+
+
+@HOOKS.register_module()
+class KillRankOnce(Hook):
+    """SIGKILL to the process of ``rank`` after its training iteration ``iteration`` (counted
+    from 1), in the group's first start only (``TORCHELASTIC_RESTART_COUNT`` 0): a worker
+    that dies without saving, for ``torchrun --max-restarts`` to start the group again."""
+
+    def __init__(self, rank: int, iteration: int) -> None:
+        self.rank, self.iteration = rank, iteration
+
+    def after_train_iter(self, runner: Any, batch_idx: int, data_batch: Any = None,
+                         outputs: Any = None) -> None:
+        if (runner.rank == self.rank and runner.iter + 1 == self.iteration
+                and os.environ.get('TORCHELASTIC_RESTART_COUNT') == '0'):
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -490,3 +490,31 @@ def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tm
     status, log = _torchrun(config, tmp_path / 'failed', '--cfg-options', 'no_such_key=1')
     assert status not in (0, PREEMPTED_EXIT_CODE), log[-3000:]
     assert "has no top-level key 'no_such_key'" in log
+
+
+def test_torchrun_restarts_a_group_whose_worker_died_from_its_last_checkpoint(tmp_path):
+    # torchrun --max-restarts 1, and rank 1 killed (SIGKILL: no stop checkpoint) after the
+    # first iteration of epoch 2: the agent stops rank 0 and starts the group again on a new
+    # rendezvous (gloo), which resumes from the epoch-1 checkpoint without being told
+    # (TORCHELASTIC_RESTART_COUNT), repeats epoch 2's first loss and finishes.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
+    with config.open('a') as leaf:
+        leaf.write("custom_imports = dict(imports=['vitdense', 'vitdense.cls', "
+                   "'launcher_signals'], allow_failed_imports=False)\n"
+                   "custom_hooks = [dict(type='KillRankOnce', rank=1, iteration=3)]\n")
+    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': '',
+           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
+    done = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+         '--max-restarts=1', 'tools/train.py', str(config), '--work-dir', str(work),
+         '--skip-data-check', '--launcher', 'pytorch', '--cfg-options', 'train_cfg.max_epochs=3'],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert 'exitcode: -9' in text  # rank 1 died, and the group was started again
+    for rank in (0, 1):
+        assert f'rank {rank} of 2: --resume: resuming from {work / "epoch_1.pth"}' in text
+    first_losses = re.findall(r'Epoch\(train\) \[2\]\[1/2\].*loss: (\S+)', text)
+    assert len(first_losses) == 2 and first_losses[0] == first_losses[1], first_losses
+    assert 'Epoch(train) [3][2/2]' in text and (work / 'epoch_3.pth').is_file()

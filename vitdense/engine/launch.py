@@ -210,6 +210,7 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
             raise
         raise RuntimeError(f'rank 0 of {identity} cannot open the rendezvous at {port}: '
                            f'another process holds that port; {advice}') from err
+    store = _this_attempt(store)
     if rank == 0:
         found = store.compare_set(JOB_KEY, '', identity).decode()
     else:
@@ -226,6 +227,16 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
                            f'at {port} and stops instead of joining it; {advice}')
     store.set_timeout(timeout)
     return PrefixStore('default_pg', store), rank, world_size
+
+
+def _this_attempt(store: torch.distributed.Store) -> torch.distributed.Store:
+    """The keys of this start of the group: under ``torchrun --max-restarts``, a restarted
+    group's processes meet in the store of the group before (its agent's), where the dead
+    processes' addresses still stand under the keys gloo and NCCL look up (a process then
+    connects to a dead peer's port and fails, "Connection refused"); each start gets keys
+    of its own."""
+    restarts = os.environ.get('TORCHELASTIC_RESTART_COUNT')
+    return store if restarts is None else PrefixStore(f'vitdense/start_{restarts}', store)
 
 
 #: first port of the rendezvous ports derived from SLURM job ids (below Linux's ephemeral
