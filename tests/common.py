@@ -126,3 +126,23 @@ def assert_features_match(ours, reference, floor: float = 1e-5) -> None:
         assert mine.shape == theirs.shape
         assert max_relative_diff(mine, theirs) <= floor
     print(f'max relative diff {max(max_relative_diff(*pair) for pair in zip(ours, reference)):.1e}')
+
+
+def bucket_layouts(ddp: nn.parallel.DistributedDataParallel, inputs: torch.Tensor,
+                   iterations: int) -> list[list[list[str]]]:
+    """The parameter names of each bucket ``ddp`` reduces, in the order it reduces them, per
+    iteration of a forward on ``inputs`` and a backward of the output's sum; replaces the
+    wrapper's communication hook with a plain all-reduce that records the buckets."""
+    names = {p: name for name, p in ddp.module.named_parameters()}
+    layouts: list[list[list[str]]] = []
+
+    def record(_, bucket):  # unannotated: DDP compares annotations as objects
+        layouts[-1].append([names[p] for p in bucket.parameters()])
+        return torch.distributed.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+            lambda reduced: reduced.value()[0])
+    ddp.register_comm_hook(None, record)
+    for _ in range(iterations):
+        layouts.append([])
+        ddp(inputs).sum().backward()
+    return layouts
+

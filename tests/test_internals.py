@@ -5,16 +5,23 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
+import torch.distributed as dist
 from mmengine.dataset import InfiniteSampler
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner import loops as mmengine_loops
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmengine.runner.loops import _InfiniteDataloaderIterator
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from vitdense.internals import (InternalsChanged, checkpoint_loader_for, checkpoint_schemes,
-                                drop_loader_workers, indices_of_rank, new_loop_iterator,
+from vitdense.internals import (InternalsChanged, bucket_in_parameter_order,
+                                checkpoint_loader_for, checkpoint_schemes, drop_loader_workers,
+                                indices_of_rank, new_loop_iterator, reducer_parameters,
                                 replace_batch_sampler, set_loop_pass, shut_down_loader_workers)
+
+from common import bucket_layouts
 
 
 @pytest.fixture
@@ -104,16 +111,6 @@ def test_a_missing_attribute_is_named_with_the_versions():
         drop_loader_workers(SimpleNamespace())
 
 
-# DDP's reducer (vitdense/engine/distributed.py); imported here, not above, to leave the
-# module's head to the accesses listed there.
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-from vitdense.internals import bucket_in_parameter_order, reducer_parameters  # noqa: E402
-
-
 @pytest.fixture
 def one_process_group(tmp_path):
     dist.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
@@ -124,22 +121,6 @@ def one_process_group(tmp_path):
 def _layers() -> nn.Module:
     """Four 256 x 256 layers: 1 MiB of gradients."""
     return nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
-
-
-def _bucket_layouts(ddp: DistributedDataParallel, iterations: int) -> list[list[list[str]]]:
-    """The parameter names of each bucket DDP reduces, per iteration."""
-    names = {p: name for name, p in ddp.module.named_parameters()}
-    layouts: list[list[list[str]]] = []
-
-    def record(_, bucket):  # unannotated: DDP compares annotations as objects
-        layouts[-1].append([names[p] for p in bucket.parameters()])
-        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
-            lambda reduced: reduced.value()[0])
-    ddp.register_comm_hook(None, record)
-    for _ in range(iterations):
-        layouts.append([])
-        ddp(torch.randn(2, 256)).sum().backward()
-    return layouts
 
 
 class LastFirst(DistributedDataParallel):
@@ -153,16 +134,17 @@ def test_reducer_parameters_are_in_module_order_and_order_the_reducer(one_proces
     parameters, expects_sparse_gradient = reducer_parameters(DistributedDataParallel(model))
     assert parameters == list(model.parameters()) and expects_sparse_gradient == [False] * 8
     # DDP's first iteration reduces one bucket, in the order the override chose
-    first_bucket = _bucket_layouts(LastFirst(_layers()), iterations=1)[0]
+    first_bucket = bucket_layouts(LastFirst(_layers()), torch.randn(2, 256), iterations=1)[0]
     assert first_bucket == [[name for name, _ in reversed(list(model.named_parameters()))]]
 
 
 def test_bucket_in_parameter_order_regroups_before_the_first_backward(one_process_group):
     names = [name for name, _ in _layers().named_parameters()]
-    plain = _bucket_layouts(DistributedDataParallel(_layers(), bucket_cap_mb=0.25), 2)
+    plain = bucket_layouts(DistributedDataParallel(_layers(), bucket_cap_mb=0.25),
+                           torch.randn(2, 256), iterations=2)
     assert plain[0] == [names] and plain[1] != plain[0]  # one bucket, then regrouped
     ddp = DistributedDataParallel(_layers(), bucket_cap_mb=0.25)
     bucket_in_parameter_order(ddp)
-    layouts = _bucket_layouts(ddp, 3)
+    layouts = bucket_layouts(ddp, torch.randn(2, 256), iterations=3)
     assert layouts[0] == layouts[1] == layouts[2] and len(layouts[0]) > 1
     assert sum(layouts[0], []) == names  # in the reducer's (module) order

@@ -24,6 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from vitdense.engine import CPUDistributedDataParallel
 
+from common import bucket_layouts
+
 
 @pytest.fixture
 def gloo_group(tmp_path):
@@ -178,27 +180,12 @@ class Layers(nn.Module):
         return self.layers(inputs)
 
 
-def _bucket_layouts(wrapped: DistributedDataParallel, names: dict, iterations: int) -> list:
-    """The parameter names of each bucket, in the order DDP reduces them, per iteration."""
-    layouts: list[list[list[str]]] = []
-
-    def record(_, bucket):  # unannotated: DDP compares annotations as objects, these are strings
-        layouts[-1].append([names[p] for p in bucket.parameters()])
-        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
-            lambda reduced: reduced.value()[0])
-    wrapped.register_comm_hook(None, record)
-    for _ in range(iterations):
-        layouts.append([])
-        wrapped(torch.randn(2, 256)).sum().backward()
-    return layouts
-
-
 @pytest.mark.parametrize('options', [{}, dict(find_unused_parameters=True)])
 def test_buckets_keep_one_layout_last_layers_first(gloo_group, options):
     model = Layers()
     names = {p: name for name, p in model.named_parameters()}
     wrapped = CPUDistributedDataParallel(model, bucket_cap_mb=0.5, **options)
-    layouts = _bucket_layouts(wrapped, names, iterations=3)
+    layouts = bucket_layouts(wrapped, torch.randn(2, 256), iterations=3)
     assert layouts[0] == layouts[1] == layouts[2]
     assert len(layouts[0]) > 1 and sorted(sum(layouts[0], [])) == sorted(names.values())
     assert 'layers.7.bias' in layouts[0][0]  # ready first in backward
@@ -206,5 +193,6 @@ def test_buckets_keep_one_layout_last_layers_first(gloo_group, options):
     # The premise: torch's DDP starts with one bucket and regroups after the first iteration.
     model = Layers()
     names = {p: name for name, p in model.named_parameters()}
-    torch_layouts = _bucket_layouts(DistributedDataParallel(model, bucket_cap_mb=0.5), names, 2)
+    torch_layouts = bucket_layouts(DistributedDataParallel(model, bucket_cap_mb=0.5),
+                                   torch.randn(2, 256), iterations=2)
     assert len(torch_layouts[0]) == 1 and torch_layouts[1] != torch_layouts[0]
