@@ -463,6 +463,12 @@ def log_to_tensorboard(cfg: Config) -> None:
         backends.append(dict(type='TensorboardVisBackend'))
 
 
+def torchrun_restarts() -> int:
+    """How many times torchrun (``--max-restarts``) started this process's group again
+    (``TORCHELASTIC_RESTART_COUNT``); 0 outside torchrun."""
+    return int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)
+
+
 def apply_resume(cfg: Config, resume: str | None) -> None:
     """Set up ``--resume`` (``'auto'``: the newest loadable checkpoint of the work dir), one
     decision for the whole job.
@@ -479,7 +485,7 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
     resumes as with ``'auto'``: it continues from the work dir's last checkpoint instead of
     training from iteration 0 over the checkpoints of the group before it.
     """
-    restarts = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)
+    restarts = torchrun_restarts()
     if resume is None and restarts > 0:
         print_log(f'torchrun restarted this group ({restarts} restart(s)): resuming from the '
                   'work dir\'s last checkpoint, as with --resume', logger='current',
@@ -523,7 +529,7 @@ def refuse_to_start_over(cfg: Config) -> None:
     config that resumes by itself (``resume = True``) continue instead (:func:`apply_resume`,
     mmengine), so they are let through.
     """
-    if int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0) > 0 or cfg.get('resume'):
+    if torchrun_restarts() > 0 or cfg.get('resume'):
         return
     found: list = [find_resumable_checkpoint(cfg.work_dir) if get_rank() == 0 else None]
     if get_world_size() > 1:
