@@ -66,7 +66,7 @@ def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None
     and a log line every 25 iterations; the schedule is the recipe's."""
     from mmengine.config import Config
 
-    from vitdense.engine.launch import point_at_data_root
+    from vitdense.engine.tool_config import point_at_data_root
     if family == 'resnet18' and layout != 'multilayer':
         raise ValueError('ResNet-18 runs in the multi-layer layout only')
     cfg = Config.fromfile(

@@ -56,7 +56,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.compat import mmcv_ext as torch_native
 from vitdense.demo_data import make_demo_coco
 from vitdense.engine.hosts import build_model
-from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.tool_config import load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
@@ -240,7 +240,7 @@ def op_speed(compiled: ModuleType, repeats: int = 30) -> list[dict]:
 def demo_training(compiled: ModuleType, iters: int, data_root: Path, seed: int) -> dict:
     if not (data_root / 'annotations' / 'instances_val.json').exists():
         make_demo_coco(data_root)
-    cfg, _ = load_config(str(CONFIG), None, 'none', str(ROOT / 'work_dirs/benchmark_mmcv_ops'))
+    cfg = load_config(str(CONFIG), None, 'none', str(ROOT / 'work_dirs/benchmark_mmcv_ops'))
     point_at_data_root(cfg, str(data_root))
     for loader in (cfg.train_dataloader, cfg.val_dataloader):
         loader.update(num_workers=0, persistent_workers=False)

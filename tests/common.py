@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from torch import nn
 
+from vitdense.engine.hosts import host_of
+from vitdense.engine.tool_config import load_config
 from vitdense.models import backbone_families
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +41,14 @@ TINY_BACKBONES = {
     name: dict(type=f'vitdense.{family.__name__}',
                arch=dict(TINY_ARCH, **TINY_ARCH_EXTRAS.get(name, {})))
     for name, family in backbone_families().items()}
+
+
+def load_tool_config(*args, **kwargs) -> Config:
+    """A config as tools/train.py loads it (:func:`load_config`'s arguments), its host
+    library imported."""
+    cfg = load_config(*args, **kwargs)
+    host_of(cfg)
+    return cfg
 
 
 def free_port() -> int:

@@ -90,9 +90,10 @@ SLOW_SECONDS = 2.0
 #: the tests (node ids, or their beginnings) that start groups of processes (distributed
 #: trainings, launchers, SLURM tasks on a port drawn from the job id): one worker runs them
 #: one after the other, so that two of them never share the two cores, nor a port
-PROCESS_GROUPS = ('tests/engine/test_distributed.py::', 'tests/engine/test_launch.py::',
-                  'tests/engine/test_nonfinite.py::', 'tests/engine/test_preemption.py::',
-                  'tests/engine/test_rendezvous.py::', 'tests/engine/test_resume.py::',
+PROCESS_GROUPS = ('tests/engine/wrappers/test_distributed.py::', 'tests/engine/test_launch.py::',
+                  'tests/engine/test_resume_choice.py::', 'tests/engine/hooks/test_nonfinite.py::',
+                  'tests/engine/hooks/test_preemption.py::', 'tests/engine/test_rendezvous.py::',
+                  'tests/engine/hooks/test_resume.py::',
                   'tests/tools/test_slurm.py::',
                   'tests/tools/test_train.py::test_dist_train_two_cpu_processes')
 #: files whose tests the workers take one at a time (by default a worker takes a whole

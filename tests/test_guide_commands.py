@@ -169,8 +169,9 @@ def quoted_commands(guide: str) -> list[GuideCommand]:
 # ------------------------------------------------------------------ what is not run, and why
 _NETWORK = 'downloads from the package index (no network here)'
 _FAULTS = ('a trial trains a reference and a faulted run, then resumes (one trial: 100 s of CPU '
-           'here); tests/engine/test_resume.py, test_preemption.py, test_launch.py, '
-           'test_preflight.py and tests/test_interrupted_save.py test the mechanisms it counts')
+           'here); tests/engine/hooks/test_resume.py and test_preemption.py, '
+           'tests/engine/test_resume_choice.py, test_launch.py and test_preflight.py and '
+           'tests/test_interrupted_save.py test the mechanisms it counts')
 NOT_RUN = {
     'bash tools/install.sh': 'reinstalls the environment this suite runs in, from the network '
                              '(tests/tools/test_install.py runs its checks)',
@@ -212,9 +213,9 @@ NOT_RUN = {
         'srun, with its preemption signal)',
     'OMP_NUM_THREADS=1 python -m benchmarks.preemption --out /tmp/preemption':
         'minutes: 3 runs of 3 epochs on 1 process and on 2 nodes x 2 processes '
-        '(tests/engine/test_preemption.py preempts and resumes 1 and 2 processes)',
+        '(tests/engine/hooks/test_preemption.py preempts and resumes 1 and 2 processes)',
     'OMP_NUM_THREADS=1 python -m benchmarks.benchmark_ddp_exactness':
-        'minutes: ViT-S iterations at 2 and 4 gloo processes (tests/engine/test_distributed.py '
+        'minutes: ViT-S iterations at 2 and 4 gloo processes (tests/engine/wrappers/test_distributed.py '
         'checks the exactness and the bucket layout)',
     'python tools/mmcv_ops_inventory.py --out inventory.json':
         '~8 minutes: loads every config of mmdet and mmseg (tests/tools/'

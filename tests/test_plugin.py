@@ -94,7 +94,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from mmengine.runner import Runner
-from vitdense.engine.launch import add_safety_hooks, point_at_data_root
+from vitdense.engine.tool_config import add_safety_hooks, point_at_data_root
 from vitdense.internals import checkpoint_schemes
 
 

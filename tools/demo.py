@@ -30,9 +30,10 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine import train_on_time_budget
 from vitdense.demo_data import make_demo_coco
-from vitdense.engine.launch import (add_safety_hooks, apply_resume, load_config,
-                                    point_at_data_root)
+from vitdense.engine.hosts import host_of
 from vitdense.engine.preflight import check_data
+from vitdense.engine.resume_choice import apply_resume
+from vitdense.engine.tool_config import add_safety_hooks, load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
@@ -80,7 +81,8 @@ def main() -> None:
         make_demo_coco(data_root)
         print(f'wrote the demo COCO set to {data_root}')
     work_dir = Path(args.work_dir).resolve()
-    cfg, host = load_config(str(CONFIG), None, 'none', str(work_dir))
+    cfg = load_config(str(CONFIG), None, 'none', str(work_dir))
+    host = host_of(cfg)
     point_at_data_root(cfg, str(data_root))
     train_on_time_budget(cfg, args.minutes)
     add_safety_hooks(cfg)

@@ -16,9 +16,9 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
-from vitdense.engine.hosts import HOSTS
-from vitdense.engine.launch import (add_test_metric, join_job, load_config, parse_tool_args,
-                                    run_tool, tool_parser)
+from vitdense.engine.hosts import HOSTS, host_of
+from vitdense.engine.launch import join_job, run_tool
+from vitdense.engine.tool_config import add_test_metric, load_config, parse_tool_args, tool_parser
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,8 +49,9 @@ def use_tta(cfg: Config) -> None:
 
 def main() -> None:
     args = parse_args()
-    cfg, host = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
-                            args.dist_timeout)
+    cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
+                      args.dist_timeout)
+    host = host_of(cfg)
     join_job(cfg)
     cfg.load_from = args.checkpoint
     if args.show_dir:

@@ -47,6 +47,6 @@ STATUS=0
 wait "$TORCHRUN" || STATUS=$?
 STOPPED=$(find "$VITDENSE_STOPPED_DIR" -mindepth 1 -maxdepth 1 | wc -l | tr -d " ")
 if [ "$STATUS" != 0 ] && [ "$STOPPED" = "$NPROC" ]; then
-  exit 75  # PREEMPTED_EXIT_CODE of vitdense/engine/preemption.py
+  exit 75  # PREEMPTED_EXIT_CODE of vitdense/engine/hooks/preemption.py
 fi
 exit "$STATUS"

@@ -17,11 +17,13 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.engine.launch import (add_safety_hooks, apply_resume, join_job, load_config,
-                                    log_to_tensorboard, parse_tool_args, refuse_to_start_over,
-                                    run_tool, tool_parser)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
+from vitdense.engine.hosts import host_of
+from vitdense.engine.launch import join_job, run_tool
 from vitdense.engine.preflight import check_data
+from vitdense.engine.resume_choice import apply_resume, refuse_to_start_over
+from vitdense.engine.tool_config import (add_safety_hooks, load_config, log_to_tensorboard,
+                                         parse_tool_args, tool_parser)
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,8 +51,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    cfg, _ = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
-                         args.dist_timeout)
+    cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
+                      args.dist_timeout)
+    host_of(cfg)
     join_job(cfg)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'

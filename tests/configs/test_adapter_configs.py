@@ -10,9 +10,9 @@ from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco
 from vitdense.engine.hosts import build_model
-from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.tool_config import point_at_data_root
 
-from common import REPO_ROOT
+from common import REPO_ROOT, load_tool_config
 
 FAMILIES = ('vit', 'cait', 'xcit', 'convit')
 #: the full recipes with the parameters (millions, one decimal) of the paper's Tables 1 and 4
@@ -45,7 +45,7 @@ def test_full_adapter_config_builds_with_the_papers_parameters(config):
 
 
 def _demo_run(config: str, data_root: Path, work_dir: Path) -> Config:
-    cfg, _ = load_config(str(REPO_ROOT / config), None, 'none', str(work_dir))
+    cfg = load_tool_config(str(REPO_ROOT / config), None, 'none', str(work_dir))
     point_at_data_root(cfg, data_root)
     cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)
     cfg.val_dataloader.update(num_workers=0, persistent_workers=False)

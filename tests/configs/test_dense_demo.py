@@ -10,16 +10,16 @@ from mmengine.registry import DATASETS, MODELS, DefaultScope
 from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco
-from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.tool_config import point_at_data_root
 
-from common import REPO_ROOT
+from common import REPO_ROOT, load_tool_config
 
 DET = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
 SEG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 
 
 def _short_run(config: str, data_root: Path, work_dir: Path, iters: int) -> Config:
-    cfg, _ = load_config(str(REPO_ROOT / config), None, 'none', str(work_dir))
+    cfg = load_tool_config(str(REPO_ROOT / config), None, 'none', str(work_dir))
     point_at_data_root(cfg, data_root)
     cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)
     cfg.val_dataloader.update(num_workers=0, persistent_workers=False)
@@ -61,7 +61,7 @@ def test_demo_recipe_learns_and_is_evaluated(config, make, metrics, tmp_path):
 
 def test_missing_dataset_names_the_path(tmp_path):
     for config in (DET, SEG):
-        cfg, _ = load_config(str(REPO_ROOT / config), None, 'none', str(tmp_path))
+        cfg = load_tool_config(str(REPO_ROOT / config), None, 'none', str(tmp_path))
         point_at_data_root(cfg, tmp_path / 'no_such_set')
         with DefaultScope.overwrite_default_scope(cfg.default_scope), \
                 pytest.raises(Exception, match='no_such_set'):
@@ -73,7 +73,7 @@ def test_missing_dataset_names_the_path(tmp_path):
     (dict(arch='small_13'), 'small_13'),
 ])
 def test_unknown_backbone_names_it(backbone, message, tmp_path):
-    cfg, _ = load_config(str(REPO_ROOT / DET), None, 'none', str(tmp_path))
+    cfg = load_tool_config(str(REPO_ROOT / DET), None, 'none', str(tmp_path))
     cfg.model.backbone.update(backbone)
     with DefaultScope.overwrite_default_scope(cfg.default_scope), \
             pytest.raises(KeyError, match=message):

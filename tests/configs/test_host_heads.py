@@ -20,7 +20,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco
-from vitdense.engine.launch import point_at_data_root
+from vitdense.engine.tool_config import point_at_data_root
 
 from common import CONFIGS
 

@@ -13,9 +13,9 @@ from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade
 from vitdense.engine.hosts import build_model
-from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.tool_config import point_at_data_root
 
-from common import CONFIGS
+from common import CONFIGS, load_tool_config
 
 CLASS_TOKEN_OPTIONS = {'model.backbone.output_cls_token': True,
                        'model.decode_head.use_cls_token': True}
@@ -24,7 +24,7 @@ FAMILIES = {'xcit': ('xcit-s12-p16', 384), 'vit': ('vit-s-p16', 384),
 
 
 def _load(path: Path, work_dir: Path, cfg_options: Optional[dict] = None):
-    cfg, _ = load_config(str(path), cfg_options, 'none', str(work_dir))
+    cfg = load_tool_config(str(path), cfg_options, 'none', str(work_dir))
     return cfg
 
 

@@ -17,9 +17,9 @@ from torch import nn
 
 from vitdense.demo_data import make_demo_ade
 from vitdense.engine.hosts import build_model
-from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.tool_config import point_at_data_root
 
-from common import CONFIGS, REPO_ROOT, RegressToOne
+from common import CONFIGS, REPO_ROOT, RegressToOne, load_tool_config
 
 DEMO_SEG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 #: one recipe of each dense base (the family leaves inherit their test parts unchanged)
@@ -38,7 +38,7 @@ DENSE_RECIPES = {
 
 
 def _config(name: str, tmp_path: Path):
-    cfg, _ = load_config(str(CONFIGS / 'xcit' / name), None, 'none', str(tmp_path))
+    cfg = load_tool_config(str(CONFIGS / 'xcit' / name), None, 'none', str(tmp_path))
     return cfg
 
 
@@ -92,7 +92,7 @@ def pointwise_tta(tmp_path_factory):
     demo image read through the config's tta_pipeline."""
     tmp_path = tmp_path_factory.mktemp('tta')
     data_root = make_demo_ade(tmp_path / 'data', num_train=0, num_val=1, size=64)
-    cfg, _ = load_config(str(REPO_ROOT / DEMO_SEG), None, 'none', str(tmp_path / 'work'))
+    cfg = load_tool_config(str(REPO_ROOT / DEMO_SEG), None, 'none', str(tmp_path / 'work'))
     point_at_data_root(cfg, data_root)
     torch.manual_seed(0)
     cfg.model.backbone = dict(type='mmengine.PointwiseTTATestBackbone')
@@ -190,7 +190,7 @@ def test_instance_tta_keeps_each_detection_mask_flipped_back():
 # ---------------------------------------------------------------- sliding windows
 @pytest.fixture(scope='module')
 def demo_segmentor(tmp_path_factory):
-    cfg, _ = load_config(str(REPO_ROOT / DEMO_SEG), None, 'none',
+    cfg = load_tool_config(str(REPO_ROOT / DEMO_SEG), None, 'none',
                          str(tmp_path_factory.mktemp('slide')))
     torch.manual_seed(0)
     return build_model(cfg, 'count').eval()

@@ -12,10 +12,10 @@ from mmengine.registry import DefaultScope
 from PIL import ImageFile
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco
-from vitdense.engine.launch import load_config, point_at_data_root
 from vitdense.engine.preflight import CheckedDataset, DataError, check_data
+from vitdense.engine.tool_config import point_at_data_root
 
-from common import REPO_ROOT
+from common import REPO_ROOT, load_tool_config
 
 ADE = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 COCO = str(REPO_ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py')
@@ -27,7 +27,7 @@ def ade(tmp_path) -> Path:
 
 
 def _config(path: str, data_root: Path, work_dir: Path):
-    cfg, _ = load_config(path, None, 'none', str(work_dir))
+    cfg = load_tool_config(path, None, 'none', str(work_dir))
     point_at_data_root(cfg, data_root)
     cfg.train_dataloader.batch_size = 2
     return cfg

@@ -12,11 +12,11 @@ import torch
 from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_imagenet
-from vitdense.engine.launch import load_config, point_at_data_root
+from vitdense.engine.tool_config import point_at_data_root
 from vitdense.models import SimpleFeaturePyramid, backbone_families
 from vitdense.registry import MODELS
 
-from common import REPO_ROOT
+from common import REPO_ROOT, load_tool_config
 
 DEMO_CONFIGS = {
     'classifier': 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
@@ -61,7 +61,7 @@ def test_it_builds_in_every_layout(toy_family):
 @pytest.mark.parametrize('layout', DEMO_CONFIGS)
 def test_it_trains_in_the_demo_configs(toy_family, layout, tmp_path):
     config = str(REPO_ROOT / DEMO_CONFIGS[layout])
-    cfg, _ = load_config(config, None, 'none', str(tmp_path / 'work'))
+    cfg = load_tool_config(config, None, 'none', str(tmp_path / 'work'))
     cfg.model.backbone.type = 'vitdense.ToyFormer'
     if layout == 'classifier':
         data_root = make_demo_imagenet(tmp_path / 'data', num_train=1, num_val=1, size=64)

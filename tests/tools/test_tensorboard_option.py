@@ -8,7 +8,7 @@ from mmengine.registry import VISUALIZERS, init_default_scope
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from vitdense.engine.hosts import host_of
-from vitdense.engine.launch import log_to_tensorboard
+from vitdense.engine.tool_config import log_to_tensorboard
 
 from common import REPO_ROOT
 

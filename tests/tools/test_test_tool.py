@@ -11,9 +11,8 @@ from mmengine.config import Config
 from tools.test import use_tta
 from vitdense.demo_data import make_demo_coco
 from vitdense.engine.hosts import build_model
-from vitdense.engine.launch import load_config
 
-from common import CHECKOUT_ENV, REPO_ROOT
+from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config
 
 DEMO_DET = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
 
@@ -44,7 +43,7 @@ def test_tta_without_the_config_keys_names_them(keys, missing):
 
 def test_demo_mask_rcnn_is_evaluated_with_tta(tmp_path):
     data_root = make_demo_coco(tmp_path / 'data', num_train=0, num_val=2, size=96)
-    cfg, _ = load_config(str(REPO_ROOT / DEMO_DET), None, 'none', str(tmp_path / 'build'))
+    cfg = load_tool_config(str(REPO_ROOT / DEMO_DET), None, 'none', str(tmp_path / 'build'))
     torch.manual_seed(0)
     checkpoint = tmp_path / 'untrained.pth'
     torch.save(dict(state_dict=build_model(cfg, 'train').state_dict()), checkpoint)

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from mmengine.config import Config
 from torch.overrides import TorchFunctionMode
 
-from vitdense.engine.fsdp import SHARDED_BLOCKS
+from vitdense.engine.wrappers.fsdp import SHARDED_BLOCKS
 from vitdense.engine.hosts import build_model
 
 from .complexity import load_config

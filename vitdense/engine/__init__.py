@@ -1,20 +1,21 @@
-"""Training machinery shared by the dense and classification recipes."""
-from .checkpoint_hook import SafeCheckpointHook
+"""Training machinery shared by the dense and classification recipes, laid out as mmengine's:
+``hooks/`` (what a Runner calls during training), ``optim/`` (optimisers and their
+constructors), ``wrappers/`` (model wrappers for several processes), and beside them the
+launch of a tool's process (:mod:`~vitdense.engine.launch`), its command line and config
+(:mod:`~vitdense.engine.tool_config`), the resume decision
+(:mod:`~vitdense.engine.resume_choice`), the host libraries (:mod:`~vitdense.engine.hosts`),
+compilation and the data checks."""
 from .compile import CompileHook, compile_model
-from .distributed import CPUDistributedDataParallel
-from .fsdp import FullyShardedModel, ShardedRunner
-from .lamb import ShardedLamb
-from .nonfinite import NonFiniteGuardHook, NonFiniteLossError
-from .optim_constructor import LayerDecayOptimWrapperConstructor
-from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionHook
+from .hooks import (PREEMPTED_EXIT_CODE, ExactResumeHook, NonFiniteGuardHook, NonFiniteLossError,
+                    Preempted, PreemptionHook, SafeCheckpointHook, TimeBudgetHook,
+                    TimeBudgetLogProcessor, find_resumable_checkpoint, train_on_time_budget)
+from .optim import LayerDecayOptimWrapperConstructor, ShardedLamb
 from .preflight import CheckedDataset, DataError, check_data
-from .resume import ExactResumeHook, find_resumable_checkpoint
-from .time_budget import TimeBudgetHook, TimeBudgetLogProcessor, train_on_time_budget
+from .wrappers import CPUDistributedDataParallel, FullyShardedModel, ShardedRunner
 
 __all__ = ['CPUDistributedDataParallel', 'CheckedDataset', 'CompileHook', 'DataError',
            'ExactResumeHook', 'FullyShardedModel', 'LayerDecayOptimWrapperConstructor',
            'NonFiniteGuardHook', 'NonFiniteLossError', 'PREEMPTED_EXIT_CODE', 'Preempted',
            'PreemptionHook', 'SafeCheckpointHook', 'ShardedLamb', 'ShardedRunner',
-           'TimeBudgetHook',
-           'TimeBudgetLogProcessor', 'check_data', 'compile_model', 'find_resumable_checkpoint',
-           'train_on_time_budget']
+           'TimeBudgetHook', 'TimeBudgetLogProcessor', 'check_data', 'compile_model',
+           'find_resumable_checkpoint', 'train_on_time_budget']

@@ -1,18 +1,13 @@
-"""What the command-line tools share: one config, any of three host libraries.
-
-A vitdense config names its host library in ``default_scope`` (``mmdet``, ``mmseg`` or
-``mmpretrain``); :mod:`vitdense.engine.hosts` imports and registers it by name, so this module
-itself imports none of them.
+"""A tool's process in its job: the launch entry point (:func:`run_tool`), joining the job's
+process group (torchrun, SLURM, Open MPI; never another job's), the parent-death signal and
+the wake-up of stopped siblings. Only a launched tool's ``main`` calls these
+(:func:`join_job`); importing vitdense or loading a config changes nothing of the process.
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import datetime
-import difflib
 import gc
-import inspect
-import logging
 import os
 import os.path as osp
 import re
@@ -21,90 +16,13 @@ import sys
 from typing import Callable, Mapping, MutableMapping
 
 import torch
-from mmengine.config import Config, ConfigDict, DictAction
-from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank, get_world_size,
-                           init_dist)
+from mmengine.config import Config, ConfigDict
+from mmengine.dist import get_rank, init_dist
 from mmengine.logging import print_log
-from mmengine.runner import Runner
 from torch.distributed import PrefixStore
 from torch.distributed.constants import default_pg_timeout
 
-from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
-from vitdense.engine.hosts import Host, host_of
-from vitdense.engine.preemption import Preempted
-from vitdense.engine.resume import find_resumable_checkpoint, remove_interrupted_saves
-
-
-def tool_parser(description: str) -> argparse.ArgumentParser:
-    """The arguments every OpenMMLab train/test tool takes: config, work dir, overrides, launcher"""
-    parser = argparse.ArgumentParser(description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('config', help='config file')
-    parser.add_argument('--work-dir', help='where logs, checkpoints and metrics go')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, key=value (e.g. train_cfg.max_iters=10)')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local-rank', '--local_rank', type=int, default=0)
-    parser.add_argument('--dist-timeout', type=float, metavar='SECONDS',
-                        help='how long a process waits for the others in a collective '
-                             'before failing (torch default: 30 min)')
-    return parser
-
-
-def parse_tool_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Parse, and export LOCAL_RANK for launchers that pass it as an argument."""
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
-
-
-# Top-level keys that Runner.from_cfg reads besides the config's own.
-RUNNER_KEYS = frozenset(inspect.signature(Runner.__init__).parameters) - {'self', 'cfg'} | {
-    'runner_type', 'launcher', 'custom_imports', 'default_scope', 'model_wrapper_cfg'}
-
-
-def check_cfg_options(cfg: Config, cfg_options: dict, path: str) -> None:
-    """Refuse ``--cfg-options`` whose top-level key neither the config nor the Runner knows.
-
-    ``merge_from_dict`` accepts any key, so ``train_dataloder.batch_size=2`` would silently
-    add an unused entry and train with the configured batch size.
-    """
-    known = set(cfg.keys()) | RUNNER_KEYS
-    for option in cfg_options:
-        top = option.split('.')[0]
-        if top not in known:
-            nearest = difflib.get_close_matches(top, sorted(known), n=1, cutoff=0.5)
-            hint = f'; did you mean {nearest[0]!r}?' if nearest else ''
-            raise KeyError(f'--cfg-options {option}: {path} has no top-level key {top!r} '
-                           f'and the Runner reads none of that name{hint}')
-
-
-def load_config(path: str, cfg_options: dict | None, launcher: str,
-                work_dir: str | None, dist_timeout: float | None = None) -> tuple[Config, Host]:
-    """Read a config, apply ``--cfg-options``, the launcher and the work dir, load its host.
-
-    The work dir is, by priority, ``work_dir``, the config's own, ``work_dirs/<config name>``.
-    ``dist_timeout`` (seconds) bounds how long a process waits for the others. Nothing of
-    the process changes: a launched tool then joins its job with :func:`join_job`.
-    """
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'config file not found: {path}')
-    cfg = Config.fromfile(path)
-    if cfg_options:
-        check_cfg_options(cfg, cfg_options, path)
-        cfg.merge_from_dict(cfg_options)
-    cfg.launcher = launcher
-    if dist_timeout is not None:
-        if dist_timeout <= 0:
-            raise ValueError(f'--dist-timeout must be positive, got {dist_timeout}')
-        cfg.setdefault('env_cfg', ConfigDict()).setdefault('dist_cfg', ConfigDict())
-        cfg.env_cfg.dist_cfg.timeout = dist_timeout
-    if work_dir is not None:
-        cfg.work_dir = work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('work_dirs', osp.splitext(osp.basename(path))[0])
-    return cfg, host_of(cfg)
+from vitdense.engine.hooks.preemption import Preempted
 
 
 def join_job(cfg: Config) -> None:
@@ -151,6 +69,8 @@ def open_process_group(cfg: Config, launcher: str) -> None:
 
 #: the rendezvous store's key that holds the identity of the job whose process 0 opened it
 JOB_KEY = 'vitdense/job'
+
+
 #: how long a process other than 0 waits for the job's identity in a store that process 0
 #: opened (it writes it as soon as the store listens)
 IDENTITY_WAIT = datetime.timedelta(seconds=30)
@@ -424,7 +344,7 @@ def close_process_group() -> None:
 
 def run_tool(main: Callable[[], None]) -> None:
     """The tools' launch entry point: run a tool's ``main`` and close the process group; exit
-    with :data:`~vitdense.engine.preemption.PREEMPTED_EXIT_CODE` when a preemption signal
+    with :data:`~vitdense.engine.hooks.preemption.PREEMPTED_EXIT_CODE` when a preemption signal
     stopped training after its checkpoint was saved, else return. A worker of a launched job
     (its process group open, :func:`join_job`) that fails wakes its stopped siblings
     (:func:`wake_siblings`) before the error propagates."""
@@ -443,159 +363,7 @@ def run_tool(main: Callable[[], None]) -> None:
         sys.exit(status)
 
 
-def add_safety_hooks(cfg: Config, max_nonfinite: int = 5) -> None:
-    """Exact resume (random state in checkpoints), the non-finite step guard and the save on
-    preemption signals, unless the config has them already."""
-    hooks = list(cfg.get('custom_hooks') or [])
-    present = {str(hook.get('type')).split('.')[-1] for hook in hooks}
-    wanted = dict(ExactResumeHook=dict(type='vitdense.ExactResumeHook'),
-                  NonFiniteGuardHook=dict(type='vitdense.NonFiniteGuardHook',
-                                          max_consecutive=max_nonfinite),
-                  PreemptionHook=dict(type='vitdense.PreemptionHook'))
-    cfg.custom_hooks = hooks + [hook for name, hook in wanted.items() if name not in present]
-
-
-def log_to_tensorboard(cfg: Config) -> None:
-    """Also write the run's scalars as TensorBoard events (``<work_dir>/<time>/vis_data``),
-    beside the backends the config already has."""
-    backends = cfg.visualizer.setdefault('vis_backends', [])
-    if not any(backend.get('type') == 'TensorboardVisBackend' for backend in backends):
-        backends.append(dict(type='TensorboardVisBackend'))
-
-
 def torchrun_restarts() -> int:
     """How many times torchrun (``--max-restarts``) started this process's group again
     (``TORCHELASTIC_RESTART_COUNT``); 0 outside torchrun."""
     return int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)
-
-
-def apply_resume(cfg: Config, resume: str | None) -> None:
-    """Set up ``--resume`` (``'auto'``: the newest loadable checkpoint of the work dir), one
-    decision for the whole job.
-
-    Process 0 chooses the checkpoint and sends its path to the others; every process checks
-    that it can read that file, and if any cannot, every process stops with an error naming
-    the file and those processes (e.g. node-local work dirs that hold different checkpoints),
-    so no process ever starts from other weights than the rest. A named checkpoint must exist
-    and load. With ``'auto'`` and nothing to resume, the run says so loudly and starts from
-    iteration 0, so one command line both starts and continues a run. Every process prints
-    what it resumes from (mmengine's logger shows process 0 only).
-
-    A group that torchrun restarted (``--max-restarts``; ``TORCHELASTIC_RESTART_COUNT`` > 0)
-    resumes as with ``'auto'``: it continues from the work dir's last checkpoint instead of
-    training from iteration 0 over the checkpoints of the group before it.
-    """
-    restarts = torchrun_restarts()
-    if resume is None and restarts > 0:
-        print_log(f'torchrun restarted this group ({restarts} restart(s)): resuming from the '
-                  'work dir\'s last checkpoint, as with --resume', logger='current',
-                  level=logging.WARNING)
-        resume = 'auto'
-    if resume is None:
-        return
-    choice: list = [_choose_checkpoint(cfg.work_dir, resume) if get_rank() == 0 else None]
-    if get_world_size() > 1:
-        broadcast_object_list(choice, src=0)
-    path, error, fingerprint = choice[0]
-    if error is not None:
-        raise FileNotFoundError(error)
-    if get_world_size() == 1 and path is not None:
-        safe_load(path, map_location='cpu', mmap=True)  # its own error names the file
-    problems = all_gather_object(_cannot_read(path, fingerprint)) if get_world_size() > 1 else []
-    failed = {rank: problem for rank, problem in enumerate(problems) if problem}
-    if failed:
-        raise RuntimeError(f'--resume: process 0 chose {path}, which rank(s) '
-                           f'{sorted(failed)} cannot read ({"; ".join(failed.values())}); '
-                           'give every node the same work dir (a shared file system) or copy '
-                           'the checkpoint to each node, then resume again')
-    if path is None:
-        print_log(f'--resume: NOTHING TO RESUME in work dir {osp.abspath(cfg.work_dir)} '
-                  '(no checkpoint there that loads); training starts from iteration 0',
-                  logger='current', level=logging.WARNING)
-    where = f'rank {get_rank()} of {get_world_size()}: ' if get_world_size() > 1 else ''
-    print(f'{where}--resume: ' + (f'resuming from {path}' if path else
-                                  'nothing to resume, starting from iteration 0'), flush=True)
-    cfg.resume, cfg.load_from = path is not None, path
-
-
-def refuse_to_start_over(cfg: Config) -> None:
-    """Stop a run that would train from iteration 0 in a work dir holding a checkpoint that
-    loads, before it overwrites that run's checkpoints; one decision for the whole job.
-
-    Process 0 looks for the newest loadable checkpoint and sends its path to the others, so
-    every process stops with the same error, which names the checkpoint and the options of
-    ``tools/train.py`` that continue it (``--resume auto``) or start over on purpose
-    (``--resume none``, or another ``--work-dir``). A group that torchrun restarted and a
-    config that resumes by itself (``resume = True``) continue instead (:func:`apply_resume`,
-    mmengine), so they are let through.
-    """
-    if torchrun_restarts() > 0 or cfg.get('resume'):
-        return
-    found: list = [find_resumable_checkpoint(cfg.work_dir) if get_rank() == 0 else None]
-    if get_world_size() > 1:
-        broadcast_object_list(found, src=0)
-    if found[0] is not None:
-        raise FileExistsError(
-            f'work dir {cfg.work_dir} holds the checkpoint {found[0]}: training would start '
-            'from iteration 0 and overwrite that run. Add --resume auto to continue it, or '
-            '--resume none to start over in this work dir (its checkpoints are overwritten), '
-            'or pass another --work-dir')
-
-
-Choice = tuple[str | None, str | None, tuple | None]
-
-
-def _choose_checkpoint(work_dir: str, resume: str) -> Choice:
-    """(checkpoint to resume from or None, error or None, its fingerprint), on process 0."""
-    if resume == 'auto':
-        if osp.isdir(work_dir):
-            remove_interrupted_saves(work_dir)
-        path = find_resumable_checkpoint(work_dir)
-    elif not osp.isfile(resume):
-        return None, f'--resume {resume}: no such checkpoint file', None
-    else:
-        path = resume
-    return path, None, None if path is None else _fingerprint(path)
-
-
-def _fingerprint(path: str) -> tuple:
-    """Size and iteration of a checkpoint: a file of that name on another node that is not
-    the same checkpoint differs in one of them."""
-    meta = safe_load(path, map_location='cpu', mmap=True).get('meta') or {}
-    return osp.getsize(path), meta.get('iter')
-
-
-def _cannot_read(path: str | None, fingerprint: tuple | None) -> str | None:
-    """Why this process cannot load the checkpoint process 0 chose, or None when it can (or
-    there is none)."""
-    rank = f'rank {get_rank()}'
-    if path is None:
-        return None
-    if not osp.isfile(path):
-        return f'{rank}: no such file'
-    try:
-        mine = _fingerprint(path)
-    except (CorruptCheckpointError, UnsafeCheckpointError, OSError) as err:
-        return f'{rank}: {err}'
-    if mine != fingerprint:
-        return (f'{rank}: its file of that name is another checkpoint (size, iteration '
-                f'{mine}, process 0 has {fingerprint})')
-    return None
-
-
-def point_at_data_root(cfg: Config, data_root: str | os.PathLike) -> None:
-    """Read every split from ``data_root``; evaluators with an annotation file (COCO) read
-    the file of the same name from ``data_root/annotations``."""
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        cfg[loader].dataset.data_root = str(data_root)
-    for evaluator in ('val_evaluator', 'test_evaluator'):
-        if 'ann_file' in cfg[evaluator]:
-            name = osp.basename(cfg[evaluator].ann_file)
-            cfg[evaluator].ann_file = osp.join(str(data_root), 'annotations', name)
-
-
-def add_test_metric(cfg: Config, metric: dict) -> None:
-    """Append ``metric`` to the test evaluator (a dict or a list of dicts)."""
-    evaluator = cfg.test_evaluator
-    metrics = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
-    cfg.test_evaluator = metrics + [metric]

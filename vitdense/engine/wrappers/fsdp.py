@@ -10,12 +10,12 @@ mmengine's ``FlexibleRunner`` + ``FSDPStrategy`` (torch's first FSDP):
   global clip, mmengine's ``clip_grad``) are norms of shards: the recipe changes silently.
   FSDP2's parameters are ``DTensor`` s: a norm of one is the norm of the full tensor (torch's
   ``clip_grad_norm_`` reduces across ranks), and code mixing in plain tensors raises instead
-  of computing on a shard (mmpretrain's ``Lamb`` does; :class:`~vitdense.engine.lamb.
+  of computing on a shard (mmpretrain's ``Lamb`` does; :class:`~vitdense.engine.optim.lamb.
   ShardedLamb` is the same update written for both).
 - mmengine 0.10.7's strategy resume crashes (``FSDP.optim_state_dict_to_load`` called with
   the old argument order) or, with sharded folders, restarts from iteration 0, and its saves
   bypass the atomic writer. Under the ``Runner`` the hooks of our runtimes keep working:
-  atomic saves and safe loads (:class:`~vitdense.engine.checkpoint_hook.SafeCheckpointHook`),
+  atomic saves and safe loads (:class:`~vitdense.engine.hooks.checkpoint.SafeCheckpointHook`),
   exact resume, the non-finite guard, ``--resume``.
 
 Checkpoints hold full tensors, in the layout a DDP run writes (the model's keys, the

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
-from vitdense.engine.resume import remove_interrupted_saves, seed_batches
+from vitdense.engine.hooks.resume import remove_interrupted_saves, seed_batches
 
 from common import IterationClock, RegressToOne, free_port
 

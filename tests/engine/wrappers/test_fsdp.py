@@ -13,8 +13,8 @@ from torch import nn
 
 from benchmarks import fsdp_parity
 from vitdense.engine import FullyShardedModel, ShardedLamb
-from vitdense.engine.fsdp import check_sharded_optimizer
-from vitdense.engine.launch import check_cfg_options
+from vitdense.engine.wrappers.fsdp import check_sharded_optimizer
+from vitdense.engine.tool_config import check_cfg_options
 
 from common import CONFIGS, RegressToOne
 

@@ -20,8 +20,8 @@ The signal only sets a flag. At the end of the iteration in progress (or of the 
 iteration in progress) every process takes part in one all-reduce of the flag, so all of
 them stop after the same iteration even when the signal reached one of them only; all save
 through the atomic writer
-(:func:`~vitdense.engine.checkpoint_hook.save_resumable`, random state and sampler position
-included via :class:`~vitdense.engine.resume.ExactResumeHook`) and :class:`Preempted` is
+(:func:`~vitdense.engine.hooks.checkpoint.save_resumable`, random state and sampler position
+included via :class:`~vitdense.engine.hooks.resume.ExactResumeHook`) and :class:`Preempted` is
 raised. ``tools/train.py`` catches it and exits with :data:`PREEMPTED_EXIT_CODE`; under
 SLURM process 0 first asks for the job to be requeued (``scontrol requeue``), and the
 requeued job's ``--resume`` continues from that iteration. The process's exit skips the
@@ -52,8 +52,8 @@ from mmengine.logging import print_log
 from mmengine.runner import IterBasedTrainLoop
 from torch.utils.data import DataLoader
 
-from vitdense.engine.checkpoint_hook import save_resumable
-from vitdense.engine.resume import restart_loop_iterator
+from vitdense.engine.hooks.checkpoint import save_resumable
+from vitdense.engine.hooks.resume import restart_loop_iterator
 from vitdense.internals import drop_loader_workers, shut_down_loader_workers
 from vitdense.registry import HOOKS
 

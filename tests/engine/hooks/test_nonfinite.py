@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from vitdense.checkpoint_io import safe_load
-from vitdense.engine.nonfinite import NonFiniteGuardHook, NonFiniteLossError
+from vitdense.engine.hooks.nonfinite import NonFiniteGuardHook, NonFiniteLossError
 
 from common import free_port
 

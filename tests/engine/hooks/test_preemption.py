@@ -28,10 +28,10 @@ from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_imagenet
 from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, PreemptionHook,
                              find_resumable_checkpoint)
-from vitdense.engine.launch import load_config, point_at_data_root
-from vitdense.engine.preemption import shield_loader_workers
+from vitdense.engine.hooks.preemption import shield_loader_workers
+from vitdense.engine.tool_config import point_at_data_root
 
-from common import CHECKOUT_ENV, REPO_ROOT, free_port
+from common import CHECKOUT_ENV, REPO_ROOT, free_port, load_tool_config
 from launcher_signals import ForkSignalledAtStart
 from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
@@ -173,7 +173,7 @@ def demo_classifier_run(work_dir: Path, data_root: Path, signal_after: int | Non
                'default_hooks.checkpoint.max_keep_ckpts': -1,
                'optim_wrapper.optimizer.type': 'AdamW', 'randomness.seed': 0,
                'randomness.deterministic': True}
-    cfg, _ = load_config(str(DEMO_CLASSIFIER), options, 'none', str(work_dir))
+    cfg = load_tool_config(str(DEMO_CLASSIFIER), options, 'none', str(work_dir))
     point_at_data_root(cfg, data_root)
     cfg.update(resume=bool(resume), load_from=str(resume) if isinstance(resume, Path) else None,
                experiment_name=f'demo{next(RUN_IDS)}',

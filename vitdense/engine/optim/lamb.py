@@ -3,7 +3,7 @@ that the ViT A2 configs use, with every norm taken over the full tensor when the
 are sharded.
 
 mmpretrain's ``Lamb`` (timm's) accumulates its global gradient norm in a plain tensor, which
-a sharded parameter's gradient (a ``DTensor`` under :class:`~vitdense.engine.fsdp.
+a sharded parameter's gradient (a ``DTensor`` under :class:`~vitdense.engine.wrappers.fsdp.
 FullyShardedModel`) cannot be added to. This class makes the same update (same defaults,
 same global clip at ``max_grad_norm``, same trust ratio ``||w|| / ||update||``, skipped on
 parameters without weight decay unless ``always_adapt``) with the norms reduced to plain

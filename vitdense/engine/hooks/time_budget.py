@@ -18,7 +18,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.runner import LogProcessor
 
-from vitdense.engine.checkpoint_hook import save_resumable
+from vitdense.engine.hooks.checkpoint import save_resumable
 from vitdense.registry import HOOKS, LOG_PROCESSORS
 
 
@@ -36,7 +36,7 @@ class TimeBudgetHook(Hook):
     the budget is used up (mmengine's ``save_last`` only fires at ``max_iters``, which a
     budgeted run never reaches). They count among the checkpoints the run's
     ``SafeCheckpointHook`` keeps, which alone removes those beyond its ``max_keep_ckpts``
-    (:func:`~vitdense.engine.checkpoint_hook.save_resumable`); a run without one in the
+    (:func:`~vitdense.engine.hooks.checkpoint.save_resumable`); a run without one in the
     work dir keeps them all. The log line's ``eta`` is the budget left and ``budget_used``
     the fraction spent (the iteration count has no end to measure from);
     :class:`TimeBudgetLogProcessor` puts the minutes spent and budgeted in its header.

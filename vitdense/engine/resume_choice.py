@@ -1,0 +1,128 @@
+"""Which checkpoint a launched tool resumes from: one decision for the whole job, made by
+process 0 and checked by every process (``tools/train.py --resume``)."""
+from __future__ import annotations
+
+import logging
+import os.path as osp
+
+from mmengine.config import Config
+from mmengine.dist import all_gather_object, broadcast_object_list, get_rank, get_world_size
+from mmengine.logging import print_log
+
+from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
+from vitdense.engine.hooks.resume import find_resumable_checkpoint, remove_interrupted_saves
+from vitdense.engine.launch import torchrun_restarts
+
+
+def apply_resume(cfg: Config, resume: str | None) -> None:
+    """Set up ``--resume`` (``'auto'``: the newest loadable checkpoint of the work dir), one
+    decision for the whole job.
+
+    Process 0 chooses the checkpoint and sends its path to the others; every process checks
+    that it can read that file, and if any cannot, every process stops with an error naming
+    the file and those processes (e.g. node-local work dirs that hold different checkpoints),
+    so no process ever starts from other weights than the rest. A named checkpoint must exist
+    and load. With ``'auto'`` and nothing to resume, the run says so loudly and starts from
+    iteration 0, so one command line both starts and continues a run. Every process prints
+    what it resumes from (mmengine's logger shows process 0 only).
+
+    A group that torchrun restarted (``--max-restarts``; ``TORCHELASTIC_RESTART_COUNT`` > 0)
+    resumes as with ``'auto'``: it continues from the work dir's last checkpoint instead of
+    training from iteration 0 over the checkpoints of the group before it.
+    """
+    restarts = torchrun_restarts()
+    if resume is None and restarts > 0:
+        print_log(f'torchrun restarted this group ({restarts} restart(s)): resuming from the '
+                  'work dir\'s last checkpoint, as with --resume', logger='current',
+                  level=logging.WARNING)
+        resume = 'auto'
+    if resume is None:
+        return
+    choice: list = [_choose_checkpoint(cfg.work_dir, resume) if get_rank() == 0 else None]
+    if get_world_size() > 1:
+        broadcast_object_list(choice, src=0)
+    path, error, fingerprint = choice[0]
+    if error is not None:
+        raise FileNotFoundError(error)
+    if get_world_size() == 1 and path is not None:
+        safe_load(path, map_location='cpu', mmap=True)  # its own error names the file
+    problems = all_gather_object(_cannot_read(path, fingerprint)) if get_world_size() > 1 else []
+    failed = {rank: problem for rank, problem in enumerate(problems) if problem}
+    if failed:
+        raise RuntimeError(f'--resume: process 0 chose {path}, which rank(s) '
+                           f'{sorted(failed)} cannot read ({"; ".join(failed.values())}); '
+                           'give every node the same work dir (a shared file system) or copy '
+                           'the checkpoint to each node, then resume again')
+    if path is None:
+        print_log(f'--resume: NOTHING TO RESUME in work dir {osp.abspath(cfg.work_dir)} '
+                  '(no checkpoint there that loads); training starts from iteration 0',
+                  logger='current', level=logging.WARNING)
+    where = f'rank {get_rank()} of {get_world_size()}: ' if get_world_size() > 1 else ''
+    print(f'{where}--resume: ' + (f'resuming from {path}' if path else
+                                  'nothing to resume, starting from iteration 0'), flush=True)
+    cfg.resume, cfg.load_from = path is not None, path
+
+
+def refuse_to_start_over(cfg: Config) -> None:
+    """Stop a run that would train from iteration 0 in a work dir holding a checkpoint that
+    loads, before it overwrites that run's checkpoints; one decision for the whole job.
+
+    Process 0 looks for the newest loadable checkpoint and sends its path to the others, so
+    every process stops with the same error, which names the checkpoint and the options of
+    ``tools/train.py`` that continue it (``--resume auto``) or start over on purpose
+    (``--resume none``, or another ``--work-dir``). A group that torchrun restarted and a
+    config that resumes by itself (``resume = True``) continue instead (:func:`apply_resume`,
+    mmengine), so they are let through.
+    """
+    if torchrun_restarts() > 0 or cfg.get('resume'):
+        return
+    found: list = [find_resumable_checkpoint(cfg.work_dir) if get_rank() == 0 else None]
+    if get_world_size() > 1:
+        broadcast_object_list(found, src=0)
+    if found[0] is not None:
+        raise FileExistsError(
+            f'work dir {cfg.work_dir} holds the checkpoint {found[0]}: training would start '
+            'from iteration 0 and overwrite that run. Add --resume auto to continue it, or '
+            '--resume none to start over in this work dir (its checkpoints are overwritten), '
+            'or pass another --work-dir')
+
+
+Choice = tuple[str | None, str | None, tuple | None]
+
+
+def _choose_checkpoint(work_dir: str, resume: str) -> Choice:
+    """(checkpoint to resume from or None, error or None, its fingerprint), on process 0."""
+    if resume == 'auto':
+        if osp.isdir(work_dir):
+            remove_interrupted_saves(work_dir)
+        path = find_resumable_checkpoint(work_dir)
+    elif not osp.isfile(resume):
+        return None, f'--resume {resume}: no such checkpoint file', None
+    else:
+        path = resume
+    return path, None, None if path is None else _fingerprint(path)
+
+
+def _fingerprint(path: str) -> tuple:
+    """Size and iteration of a checkpoint: a file of that name on another node that is not
+    the same checkpoint differs in one of them."""
+    meta = safe_load(path, map_location='cpu', mmap=True).get('meta') or {}
+    return osp.getsize(path), meta.get('iter')
+
+
+def _cannot_read(path: str | None, fingerprint: tuple | None) -> str | None:
+    """Why this process cannot load the checkpoint process 0 chose, or None when it can (or
+    there is none)."""
+    rank = f'rank {get_rank()}'
+    if path is None:
+        return None
+    if not osp.isfile(path):
+        return f'{rank}: no such file'
+    try:
+        mine = _fingerprint(path)
+    except (CorruptCheckpointError, UnsafeCheckpointError, OSError) as err:
+        return f'{rank}: {err}'
+    if mine != fingerprint:
+        return (f'{rank}: its file of that name is another checkpoint (size, iteration '
+                f'{mine}, process 0 has {fingerprint})')
+    return None
