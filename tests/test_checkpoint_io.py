@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -382,13 +383,19 @@ def test_history_buffer_state_sets_only_what_mmengine_writes(state, tmp_path, st
 
 
 def test_history_buffer_state_as_mmengine_writes_it_loads(tmp_path, statistics_table):
-    buffer = HistoryBuffer()
+    buffer = HistoryBuffer(max_length=5)
     buffer.update(3.0)
+    buffer.update(4.5, count=2)
     path = tmp_path / 'hub.pth'
-    torch.save({'buffer': buffer}, path)  # mmengine's own pickling: the full statistics table
-    loaded = safe_load(path)['buffer']
-    assert type(loaded) is HistoryBuffer and loaded.statistics('mean') == 3.0
-    assert 'statistics_methods' not in loaded.__dict__
+    # mmengine's own pickling (the full statistics table), where the message hub keeps it
+    torch.save({'message_hub': {'log_scalars': OrderedDict(loss=buffer)}}, path)
+    before = dict(statistics_table)
+    loaded = safe_load(path)['message_hub']['log_scalars']['loss']
+    assert type(loaded) is HistoryBuffer and loaded.statistics('mean') == 2.5
+    assert loaded.max_length == 5 and 'statistics_methods' not in loaded.__dict__
+    for ours, saved in zip(loaded.data, buffer.data):
+        assert ours.dtype == saved.dtype and np.array_equal(ours, saved)
+    assert statistics_table == before
 
 
 def test_allow_list_is_exactly_what_mmengine_and_timm_checkpoints_need():

@@ -102,15 +102,18 @@ _HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
 _HISTORY_BUFFER_STATE = {'max_length', '_log_history', '_count_history', 'statistics_methods'}
 
 
-class _HistoryBufferFromFile(HistoryBuffer):
-    """What a file's ``mmengine.logging.history_buffer.HistoryBuffer`` unpickles as.
+class _HistoryBufferFromFile:
+    """What a file's ``mmengine.logging.history_buffer.HistoryBuffer`` unpickles as: the
+    file's state, checked, until :func:`from_plain` builds the ``HistoryBuffer`` from it.
 
     mmengine's ``HistoryBuffer.__setstate__`` merges the file's ``statistics_methods`` into a
     table shared by the class (a file could make every later ``statistics('mean')`` return
     the max) and puts any other key of the state on the instance. This stand-in accepts the
     state mmengine writes and nothing else (each statistic named by its own method, the
-    history arrays, ``max_length``), leaves the class table alone and becomes a plain
-    ``HistoryBuffer``.
+    history arrays, ``max_length``); the buffer is then made by ``HistoryBuffer``'s own
+    constructor, which leaves the class table as it is. (torch's weights-only unpickler keeps
+    the object it created for the file's class, so the buffer cannot be made during
+    unpickling: :func:`safe_load` hands what it loaded to :func:`from_plain`.)
     """
 
     def __setstate__(self, state: Any) -> None:
@@ -120,14 +123,19 @@ class _HistoryBufferFromFile(HistoryBuffer):
                     for name, method in methods.items()) and
                 isinstance(state.get('max_length'), int) and
                 all(isinstance(state.get(key), np.ndarray)
-                    for key in ('_log_history', '_count_history'))):
+                    for key in ('_log_history', '_count_history')) and
+                state['_log_history'].shape == state['_count_history'].shape):
             raise pickle.UnpicklingError(
                 'Unsupported state: a HistoryBuffer state other than mmengine writes '
                 f'(keys {sorted(state) if isinstance(state, dict) else type(state).__name__}, '
                 f'statistics {methods!r:.200})')
-        self.__dict__.update({key: value for key, value in state.items()
-                              if key != 'statistics_methods'})
-        self.__class__ = HistoryBuffer
+        self.log_history: np.ndarray = state['_log_history']
+        self.count_history: np.ndarray = state['_count_history']
+        self.max_length: int = state['max_length']
+
+    def history_buffer(self) -> HistoryBuffer:
+        """The ``HistoryBuffer`` the file holds, with its numbers, dtypes and length."""
+        return HistoryBuffer(self.log_history, self.count_history, self.max_length)
 
 
 def _history_buffer_getattr(obj: Any, name: str) -> Callable:
@@ -305,9 +313,9 @@ def _numpy_as_tensor(value: np.ndarray | np.generic) -> torch.Tensor | None:
 
 def _to_plain(obj: Any) -> Any:
     if isinstance(obj, HistoryBuffer):
+        logs, counts = obj.data
         return {PLAIN_TAG: 'HistoryBuffer', 'max_length': int(obj.max_length),
-                'log_history': to_plain(obj._log_history),
-                'count_history': to_plain(obj._count_history)}
+                'log_history': to_plain(logs), 'count_history': to_plain(counts)}
     if isinstance(obj, (np.ndarray, np.generic)):
         data = _numpy_as_tensor(obj)
         if data is not None:
@@ -317,6 +325,8 @@ def _to_plain(obj: Any) -> Any:
 
 
 def _from_plain(obj: Any) -> Any:
+    if isinstance(obj, _HistoryBufferFromFile):
+        return obj.history_buffer()
     if not (isinstance(obj, dict) and PLAIN_TAG in obj):
         return _KEEP
     kind = obj[PLAIN_TAG]
@@ -324,12 +334,10 @@ def _from_plain(obj: Any) -> Any:
         array = obj['data'].cpu().numpy()  # Runner.resume maps the whole file to its device
         return array if kind == 'ndarray' else array[()]
     if kind == 'HistoryBuffer' and isinstance(obj.get('max_length'), int):
-        buffer = HistoryBuffer(max_length=obj['max_length'])
         logs, counts = from_plain(obj['log_history']), from_plain(obj['count_history'])
         if isinstance(logs, np.ndarray) and isinstance(counts, np.ndarray) and \
                 logs.shape == counts.shape:
-            buffer._log_history, buffer._count_history = logs, counts
-            return buffer
+            return HistoryBuffer(logs, counts, obj['max_length'])
     raise ValueError(f'not plain checkpoint data vitdense writes: {PLAIN_TAG}={kind!r} with '
                      f'keys {sorted(obj)}')
 
@@ -342,7 +350,8 @@ def to_plain(obj: Any) -> Any:
 
 
 def from_plain(obj: Any) -> Any:
-    """What :func:`to_plain` was given; data without its dicts is returned as it is."""
+    """What :func:`to_plain` was given, and the ``HistoryBuffer`` s of a file mmengine wrote
+    built from the states :func:`safe_load` checked; other data is returned as it is."""
     return _walk(obj, _from_plain)
 
 
