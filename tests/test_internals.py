@@ -8,18 +8,21 @@ import pytest
 import torch
 import torch.distributed as dist
 from mmengine.dataset import InfiniteSampler
+from mmengine.dist import utils as mmengine_dist_utils
+from mmengine.runner import Runner
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner import loops as mmengine_loops
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
-from vitdense.internals import (InternalsChanged, bucket_in_parameter_order,
+from vitdense.internals import (InternalsChanged, before_every_save, bucket_in_parameter_order,
                                 checkpoint_loader_for, checkpoint_schemes, drop_loader_workers,
-                                indices_of_rank, new_loop_iterator, reducer_parameters,
-                                replace_batch_sampler, set_loop_pass, shut_down_loader_workers)
+                                indices_of_rank, load_batches_with, new_loop_iterator,
+                                reducer_parameters, replace_batch_sampler, set_loop_pass,
+                                shut_down_loader_workers)
 
 from common import bucket_layouts
 
@@ -103,6 +106,76 @@ def test_shut_down_loader_workers_ends_a_persistent_loaders_workers():
     assert all(worker.is_alive() for worker in workers)
     shut_down_loader_workers(SimpleNamespace(dataloader=loader))
     assert not any(worker.is_alive() for worker in workers)
+
+
+class _Squares(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i * i
+
+
+class _TaggedIndices(list):
+    """A batch's indices with a tag, as vitdense's seeded batch sampler hands them out."""
+
+    tag: str
+
+
+def _tagged(indices: list[int], tag: str) -> _TaggedIndices:
+    batch = _TaggedIndices(indices)
+    batch.tag = tag
+    return batch
+
+
+@pytest.mark.parametrize('workers', [0, 1])
+def test_load_batches_with_is_what_torchs_loader_loads_each_batch_with(workers):
+    dataset = _Squares()
+    loader = DataLoader(dataset, batch_sampler=[_tagged([0, 1], 'a'), _tagged([3], 'b')],
+                        num_workers=workers, collate_fn=list)
+    put_back = load_batches_with(
+        dataset, lambda indices: [f'{indices.tag}{dataset[i]}' for i in indices])
+    assert list(loader) == [['a0', 'a1'], ['b9']], (
+        "torch's loader no longer loads a batch with the dataset's __getitems__, called with "
+        'the list the batch sampler handed out')
+    put_back()
+    assert '__getitems__' not in vars(dataset)
+    assert list(loader) == [[0, 1], [9]]
+
+
+class _Saves:
+    """What a runner's ``save_checkpoint`` was called with, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def save_checkpoint(self, *args, **kwargs) -> None:
+        self.calls.append(('save', args, kwargs))
+
+
+def test_before_every_save_runs_first_on_every_call_until_put_back():
+    runner = _Saves()
+    put_back = before_every_save(runner, lambda: runner.calls.append('before'))
+    runner.save_checkpoint('out', 'iter_2.pth', meta=dict(iter=2))
+    assert runner.calls == ['before', ('save', ('out', 'iter_2.pth'), {'meta': {'iter': 2}})]
+    put_back()
+    assert 'save_checkpoint' not in vars(runner)
+    runner.save_checkpoint('out', 'iter_3.pth')
+    assert runner.calls[1:] == [('save', ('out', 'iter_2.pth'), {'meta': {'iter': 2}}),
+                                ('save', ('out', 'iter_3.pth'), {})]
+
+
+class _NoRunner:
+    def __getattr__(self, name: str):
+        raise AssertionError(f"mmengine's Runner.save_checkpoint ran on process 1 (read {name}): "
+                             'every process reaches its hooks, and before_every_save is '
+                             'not needed any more')
+
+
+def test_runner_save_checkpoint_returns_at_once_on_other_processes(monkeypatch):
+    # why before_every_save exists: no part of mmengine's save runs on a process but 0
+    monkeypatch.setattr(mmengine_dist_utils, 'get_rank', lambda group=None: 1)
+    assert Runner.save_checkpoint(_NoRunner(), 'out', 'iter_2.pth') is None
 
 
 def test_a_missing_attribute_is_named_with_the_versions():

@@ -1,11 +1,14 @@
-"""Accesses to private attributes of torch and mmengine, one function each.
+"""Accesses to private attributes of torch and mmengine, and the methods vitdense replaces on
+one object of theirs, one function each.
 
-Each function names the one private attribute it touches and why no public way exists; each
-checks the attribute is there and, if a release has removed it, raises
-:class:`InternalsChanged` naming the attribute and the versions installed, instead of an
-``AttributeError`` deep in a training loop. ``tests/test_internals.py`` checks every access
-against the installed torch and mmengine (and what vitdense assumes of it), so an upgrade
-that breaks one fails there first, by name.
+Each function names the one private attribute it touches, or the method it replaces, and why
+no public way exists; each checks the attribute is there and, if a release has removed it,
+raises :class:`InternalsChanged` naming the attribute and the versions installed, instead of
+an ``AttributeError`` deep in a training loop. A replaced method is replaced on the one
+object only, and the function returns what puts the object's own back.
+``tests/test_internals.py`` checks every access and replacement against the installed torch
+and mmengine (and what vitdense assumes of them), so an upgrade that breaks one fails there
+first, by name.
 """
 from __future__ import annotations
 
@@ -128,3 +131,56 @@ def bucket_in_parameter_order(ddp: torch.nn.parallel.DistributedDataParallel) ->
     ``static_graph``)."""
     _require(ddp.reducer, '_push_all_rebuilt_params')
     ddp.reducer._push_all_rebuilt_params()
+
+
+#: no attribute of the instance's own (:func:`_replace_method`)
+_NOTHING = object()
+
+
+def _replace_method(obj: Any, name: str, method: Callable) -> Callable[[], None]:
+    """Set ``method`` as attribute ``name`` of the instance ``obj``, where Python looks before
+    the class; return what puts back the instance's own attribute, or removes ours."""
+    own = vars(obj).get(name, _NOTHING)
+    setattr(obj, name, method)
+
+    def put_back() -> None:
+        if vars(obj).get(name) is method:
+            if own is _NOTHING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
+    return put_back
+
+
+def load_batches_with(dataset: Any, fetch: Callable[[list], list]) -> Callable[[], None]:
+    """Have torch's loaders load each batch of ``dataset`` with ``fetch`` (the batch
+    sampler's index list in, the samples out), in the training process and in loader
+    workers alike; returns what puts the dataset's own loading back.
+
+    ``fetch`` becomes the ``__getitems__`` of this dataset object, which torch's map-style
+    fetcher calls, where a dataset has it, with the very list the batch sampler handed out
+    (in a worker, its pickled copy). torch has no public per-batch loading hook:
+    ``worker_init_fn`` runs once per worker, ``collate_fn`` after the samples are loaded,
+    and a built loader refuses a new ``dataset``, which a wrapper would need (and hooks that
+    change the dataset's pipeline would then change the wrapper's). ``fetch`` loads the
+    samples itself, with the ``__getitems__`` the dataset had if it had one."""
+    return _replace_method(dataset, '__getitems__', fetch)
+
+
+def before_every_save(runner: Any, before: Callable[[], None]) -> Callable[[], None]:
+    """Have every process call ``before`` as it enters ``runner.save_checkpoint``, before the
+    save itself; returns what puts the runner's own method back.
+
+    mmengine's ``Runner.save_checkpoint`` is ``master_only``: on every process but 0 it
+    returns at once, and the hook it calls, ``before_save_checkpoint``, runs on process 0
+    only, so no hook runs on every process at a save. Every saver calls the method on every
+    process (``CheckpointHook``'s interval, last and best saves, vitdense's saves on a stop
+    signal or a spent time budget), so it is replaced on this runner by one that calls
+    ``before`` first: the one place where a collective (gathering every process's random
+    state) runs at every save, whichever saver made it."""
+    save = runner.save_checkpoint
+
+    def save_after_before(*args: Any, **kwargs: Any) -> Any:
+        before()
+        return save(*args, **kwargs)
+    return _replace_method(runner, 'save_checkpoint', save_after_before)

@@ -209,13 +209,17 @@ def test_resume_skips_the_evaluation_the_checkpoint_was_followed_by(tmp_path):
 def _rank_of_two(rank: int, port: int, work_dir: str, out: str, kill_after: int | None,
                  resume: bool) -> None:
     """One process of a two-process run (forked: it inherits the imports); writes its
-    losses and final weights to ``out/rank<rank>.pth``."""
+    losses, final weights and the methods replaced on its runner or training set that are
+    left after the run to ``out/rank<rank>.pth``."""
     torch.set_num_threads(1)  # a forked child must not enter its parent's OpenMP pool
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE='2')
     dist.init_process_group('gloo')  # mmengine's init_dist wants a GPU per process
     record, runner = run(Path(work_dir), kill_after=kill_after, resume=resume, distributed=True)
-    torch.save(dict(losses=record.losses, weights=runner.model.module.state_dict()),
+    left = [name for name, obj in (('save_checkpoint', runner),
+                                   ('__getitems__', runner.train_dataloader.dataset))
+            if name in vars(obj)]
+    torch.save(dict(losses=record.losses, weights=runner.model.module.state_dict(), left=left),
                Path(out) / f'rank{rank}.pth')
     dist.destroy_process_group()
 
@@ -242,6 +246,8 @@ def test_every_process_resumes_its_own_random_stream(tmp_path):
             assert torch.equal(loss, full[rank]['losses'][i]), f'rank {rank}, iteration {i}'
     for key, value in full[0]['weights'].items():
         assert torch.equal(value, resumed[0]['weights'][key]), key
+    # the hook's replacements last as long as the run
+    assert [process['left'] for process in full + resumed] == [[]] * 4
 
 
 def test_without_random_state_resume_differs(tmp_path, full_run):

@@ -48,8 +48,9 @@ from torch.utils.data import DataLoader, get_worker_info
 
 from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
                                     safe_load, to_plain)
-from vitdense.internals import (drop_loader_workers, indices_of_rank, new_loop_iterator,
-                                replace_batch_sampler, set_loop_pass)
+from vitdense.internals import (before_every_save, drop_loader_workers, indices_of_rank,
+                                load_batches_with, new_loop_iterator, replace_batch_sampler,
+                                set_loop_pass)
 from vitdense.registry import HOOKS
 
 RNG_KEY = 'rng_state'
@@ -149,11 +150,14 @@ class _SeededBatches:
     (:class:`_SeededFetch`), so a batch's augmentations depend on neither the worker that
     loads it nor what that worker loaded before: a run resumed in the middle of a pass,
     whose workers start afresh, draws what the uninterrupted run drew. ``passes`` is the
-    number of the next pass (set on resume).
+    number of the next pass (set on resume); ``unseed_dataset`` puts the dataset's own
+    loading back.
     """
 
-    def __init__(self, batch_sampler: Any, seed: int, rank: int) -> None:
+    def __init__(self, batch_sampler: Any, seed: int, rank: int,
+                 unseed_dataset: Callable[[], None]) -> None:
         self.batch_sampler, self.seed, self.rank = batch_sampler, seed, rank
+        self.unseed_dataset = unseed_dataset
         self.passes = 0
 
     def __iter__(self) -> Iterator[_SeededIndices]:
@@ -176,9 +180,9 @@ def batch_seed(key: tuple[int, ...]) -> int:
 
 
 class _SeededFetch:
-    """A dataset's ``__getitems__`` (what torch's loader calls with a batch's indices):
-    seeds python's, numpy's and torch's generators from the batch's seed key, then loads
-    the samples (with the dataset's own ``__getitems__`` if it has one). In the training
+    """How a dataset loads a batch (:func:`~vitdense.internals.load_batches_with`): seeds
+    python's, numpy's and torch's generators from the batch's seed key, then loads the
+    samples (with the dataset's own ``__getitems__`` if it has one). In the training
     process itself (a loader without workers) the generators are put back afterwards, so
     loading draws nothing from the training stream, as loading in a worker does not."""
 
@@ -210,11 +214,12 @@ def seed_batches(loader: DataLoader, seed: int, rank: int) -> _SeededBatches | N
     (seeded from ``seed`` and ``rank``), not from the training process's torch generator:
     a loader with persistent workers draws that seed once, one without at every pass, and
     a resumed run's fresh workers once more. None, and nothing changed, for a loader
-    without a batch sampler."""
+    without a batch sampler. The batch sampler returned puts the dataset's own loading
+    back with ``unseed_dataset``."""
     if loader.batch_sampler is None:
         return None
-    loader.dataset.__getitems__ = _SeededFetch(loader.dataset)
-    seeded = _SeededBatches(loader.batch_sampler, seed, rank)
+    unseed_dataset = load_batches_with(loader.dataset, _SeededFetch(loader.dataset))
+    seeded = _SeededBatches(loader.batch_sampler, seed, rank, unseed_dataset)
     replace_batch_sampler(loader, seeded)  # past torch's guard, as below
     loader.generator = torch.Generator().manual_seed(batch_seed((seed, rank)))
     drop_loader_workers(loader)  # persistent workers started before hold the dataset as it was
@@ -292,8 +297,10 @@ class ExactResumeHook(Hook):
     training stream as it was: a run that resumes past an evaluation it did not repeat still
     draws the same numbers. In a multi-process run the state of every process is gathered
     when a checkpoint is saved (process 0 alone writes it, so the gathering happens as
-    ``runner.save_checkpoint`` is entered, where every process is) and each process restores
-    its own: with ``randomness.diff_rank_seed=True`` the processes draw different numbers.
+    ``runner.save_checkpoint`` is entered, where every process is:
+    :func:`~vitdense.internals.before_every_save`) and each process restores its own: with
+    ``randomness.diff_rank_seed=True`` the processes draw different numbers. After the run
+    the runner and the training set are as they were.
     """
 
     priority = 'VERY_LOW'
@@ -303,19 +310,27 @@ class ExactResumeHook(Hook):
         self.outside_eval: dict | None = None
         self.every_rank: list[dict] | None = None
         self.seeded: _SeededBatches | None = None
+        self.unpatch_save: Callable[[], None] | None = None
 
     def before_train(self, runner) -> None:
         """Seed the training loader's workers per batch; in a multi-process run, have every
         checkpoint save gather the random state of every process."""
         self.seeded = seed_batches(runner.train_loop.dataloader, runner.seed, get_rank())
-        if get_world_size() == 1:
-            return
-        save = runner.save_checkpoint
+        if get_world_size() > 1:
+            self.unpatch_save = before_every_save(runner, self._gather_every_rank)
 
-        def save_with_every_rank_state(*args: Any, **kwargs: Any) -> None:
-            self.every_rank = all_gather_object(self.training_stream())  # every process saves
-            save(*args, **kwargs)
-        runner.save_checkpoint = save_with_every_rank_state
+    def _gather_every_rank(self) -> None:
+        """Every process's training stream, gathered on every process as it saves."""
+        self.every_rank = all_gather_object(self.training_stream())
+
+    def after_run(self, runner) -> None:
+        """Put the runner's own ``save_checkpoint`` and the training set's own loading
+        back (a test run after training calls this again: nothing is left to put back)."""
+        if self.unpatch_save is not None:
+            self.unpatch_save()
+            self.unpatch_save = None
+        if self.seeded is not None:
+            self.seeded.unseed_dataset()
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """The random state as plain data (numpy's key array as a tensor), whichever of this
