@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from vitdense.checkpoint_io import (ALLOWED_GLOBALS, PLAIN_TAG, CorruptCheckpointError,
                                    UnsafeCheckpointError, atomic_write, from_plain,
                                    load_from_local, safe_load, to_plain, use_safe_loading)
-from vitdense.internals import checkpoint_loader_for
+from vitdense.internals import checkpoint_loader_for, checkpoint_schemes
 
 from common import RegressToOne
 
@@ -111,8 +111,7 @@ def test_plain_data_round_trips_exactly():
     assert torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(path.getvalue())) == []
     back = from_plain(torch.load(io.BytesIO(path.getvalue())))
     assert isinstance(back['hub'], HistoryBuffer) and back['hub'].max_length == 5
-    for got, want in [(back['hub']._log_history, buffer._log_history),
-                      (back['hub']._count_history, buffer._count_history),
+    for got, want in [*zip(back['hub'].data, buffer.data),
                       *zip(back['scalars'], data['scalars']), *zip(back['arrays'], data['arrays'])]:
         assert type(got) is type(want) and got.dtype == want.dtype
         assert got.shape == want.shape and np.array_equal(got, want)
@@ -123,7 +122,7 @@ def test_plain_data_round_trips_exactly():
 @pytest.fixture
 def mmengine_local_loader():
     """mmengine's own local scheme, restored to what it was after the test."""
-    before = CheckpointLoader._schemes['']
+    before = checkpoint_schemes()['']
     CheckpointLoader.register_scheme('', mmengine_checkpoint.load_from_local, force=True)
     yield
     CheckpointLoader.register_scheme('', before, force=True)
