@@ -11,6 +11,13 @@ run and one thread, interleaved rounds:
   ``ClsDataPreprocessor`` (normalisation, Mixup / CutMix);
 * the loader cores one GPU needs with each pipeline at each family's estimated GPU rate.
 
+``device``: on ``--device`` (a GPU where there is one), the shipped split's device part
+(``DeviceAugmentPreprocessor`` of the DeiT recipe: crop, flip, RandAugment, erasing,
+normalisation, Mixup / CutMix) on a batch of decoded ImageNet-sized images as the workers hand
+it on, against one ViT-S/16 training step at 224² on that batch (the ViT-S config's model and
+optimizer; bf16 autocast on a GPU, float32 on the CPU), interleaved rounds; the device part's
+share of the step is what the split costs the GPU (the floor: 5 % on a GPU).
+
 ``coco``: the COCO training pipelines (the Mask R-CNN 3x recipe's DETR augmentation, ViTDet's
 large-scale jitter at 1024) on generated 640² images with 1-4 masked objects, as images per
 core-second, and the GPU rate above which each needs more than 4 loader cores per GPU.
@@ -19,6 +26,7 @@ core-second, and the GPU rate above which each needs more than 4 loader cores pe
 split pipeline and with the all-CPU pipeline, each for several seeds; top-1 at the end.
 
     python -m benchmarks.benchmark_data_pipeline speed [--images 120] [--batch 64]
+    python -m benchmarks.benchmark_data_pipeline device [--batch 128] [--rounds 10] [--gpu-decode]
     python -m benchmarks.benchmark_data_pipeline coco [--images 40]
     python -m benchmarks.benchmark_data_pipeline accuracy [--family xcit] [--seeds 0 1 2]
 """
@@ -28,22 +36,27 @@ import argparse
 import copy
 import io
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import numpy as np
 import torch
 from mmengine.config import Config
 from mmengine.dataset import Compose, pseudo_collate
-from mmengine.registry import init_default_scope
+from mmengine.logging import MMLogger
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope, init_default_scope
 from mmengine.runner import Runner
 from PIL import Image
 
 import vitdense  # noqa: F401  (vitdense registries)
 import vitdense.cls  # noqa: F401  (LoadImageTensor, DeviceAugmentPreprocessor)
 from benchmarks.benchmark_cls_demo import DEMO_CONFIGS
+from benchmarks.benchmark_lib import environment
+from vitdense.engine.hosts import build_model, host_of
 from vitdense.registry import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,11 +88,13 @@ def to_all_cpu(cfg: Config) -> Config:
     return cfg
 
 
-def make_jpegs(folder: Path, count: int, seed: int = 0) -> list[str]:
-    """``count`` JPEGs (quality 90) of ImageNet's sizes with photo-like detail and grain."""
+def make_jpegs(folder: Path, count: int, seed: int = 0,
+               image_sizes: dict[tuple[int, int], float] = IMAGE_SIZES) -> list[str]:
+    """``count`` JPEGs (quality 90) with photo-like detail and grain, their (height, width)
+    drawn from ``image_sizes`` (ImageNet's by default)."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    sizes, weights = list(IMAGE_SIZES), list(IMAGE_SIZES.values())
+    sizes, weights = list(image_sizes), list(image_sizes.values())
     paths = []
     for i in range(count):
         h, w = sizes[rng.choice(len(sizes), p=weights)]
@@ -110,6 +125,25 @@ def worker_pipelines(cfg: Config) -> dict[str, Compose]:
             'split (decode on GPU)': Compose(on_gpu), 'all-CPU (mmpretrain)': Compose(all_cpu)}
 
 
+def device_preprocessor(cfg: Config) -> torch.nn.Module:
+    """The recipe's ``DeviceAugmentPreprocessor`` with its Mixup / CutMix, as its model has it."""
+    return MODELS.build(dict(cfg.data_preprocessor,
+                             batch_augments=dict(augments=cfg.model.train_cfg.augments)))
+
+
+def worker_batch(pipeline: Compose, paths: Sequence[str], num_classes: int = 1000) -> dict:
+    """The batch a loader hands on: each image through the worker ``pipeline`` with a class
+    label (so that Mixup / CutMix run), collated as mmengine's ``pseudo_collate`` does."""
+    return pseudo_collate([pipeline(dict(img_path=path, gt_label=i % num_classes))
+                           for i, path in enumerate(paths)])
+
+
+def fresh(batch: dict) -> dict:
+    """``batch`` with copies of its data samples: the preprocessor writes the mixed scores
+    into them, and the next call must start from the labels again."""
+    return dict(batch, data_samples=copy.deepcopy(batch['data_samples']))
+
+
 def speed(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     np.random.seed(0)
@@ -123,20 +157,17 @@ def speed(args: argparse.Namespace) -> dict:
             samples[name].append(len(paths) / seconds)
     worker = {name: statistics.median(rates) for name, rates in samples.items()}
 
-    batch = pseudo_collate([pipelines['split (decode in worker)'](dict(img_path=p))
-                            for p in paths[:args.batch]])
-    cpu_batch = pseudo_collate([pipelines['all-CPU (mmpretrain)'](dict(img_path=p))
-                                for p in paths[:args.batch]])
-    model_cfg = cfg.data_preprocessor.copy()
-    batch_augments = dict(augments=Config.fromfile(ROOT / RECIPE).model.train_cfg.augments)
-    device_part = MODELS.build(dict(model_cfg, batch_augments=batch_augments))
+    batch = worker_batch(pipelines['split (decode in worker)'], paths[:args.batch])
+    cpu_batch = worker_batch(pipelines['all-CPU (mmpretrain)'], paths[:args.batch])
+    device_part = device_preprocessor(cfg)
     cpu_cfg = to_all_cpu(copy.deepcopy(cfg)).data_preprocessor
     cpu_part = MODELS.build(dict(cpu_cfg, type='mmpretrain.ClsDataPreprocessor',
-                                 batch_augments=batch_augments))
+                                 batch_augments=dict(augments=cfg.model.train_cfg.augments)))
     device_seconds, cpu_seconds_ = [], []
     for _ in range(args.rounds):
-        device_seconds.append(cpu_seconds(lambda: device_part(batch, training=True)))
-        cpu_seconds_.append(cpu_seconds(lambda: cpu_part(cpu_batch, training=True)))
+        data, cpu_data = fresh(batch), fresh(cpu_batch)
+        device_seconds.append(cpu_seconds(lambda: device_part(data, training=True)))
+        cpu_seconds_.append(cpu_seconds(lambda: cpu_part(cpu_data, training=True)))
     per_batch = {'split': statistics.median(device_seconds),
                  'all-CPU': statistics.median(cpu_seconds_)}
     result = dict(images=len(paths), mean_kib=float(np.mean([Path(p).stat().st_size
@@ -167,6 +198,129 @@ def report(result: dict) -> None:
         cores = ' | '.join(f'{rate / r:.1f}' for r in worker.values())
         print(f'| {family} ({rate:.0f}) | {cores} |')
     print(json.dumps(result))
+
+
+VIT_S_CONFIG = 'configs/vit/vit-s-p16_8xb256-a2_in1k.py'  # the ViT-S/16 recipe users train
+DEVICE_PART_FLOOR = 0.05  # the most of a ViT-S step the device part may take on a GPU
+GPU_DECODE_ON_CPU = ('--gpu-decode skipped: decoding on the device times torchvision\'s '
+                     "decode_jpeg(device='cuda') (nvJPEG), and this run is on the CPU")
+
+
+def vit_s_training(device: torch.device) -> tuple[Callable[[], ContextManager],
+                                                  Callable[[dict], None]]:
+    """The ViT-S/16 config's model and optimizer on ``device``, as the Runner trains them:
+    its precision context (bf16 autocast on a GPU, float32 on the CPU) and its training step
+    on a preprocessed batch (forward, loss, backward, optimizer step: mmengine's
+    ``BaseModel.train_step`` after the data preprocessor)."""
+    cfg = Config.fromfile(ROOT / VIT_S_CONFIG)
+    model = build_model(cfg, 'train', device=device).train()
+    wrapper_cfg = cfg.optim_wrapper
+    if device.type == 'cuda':
+        wrapper_cfg = dict(wrapper_cfg, type='AmpOptimWrapper', dtype='bfloat16')
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # not a line per parameter group
+    try:
+        with DefaultScope.overwrite_default_scope(cfg.default_scope):
+            wrapper = build_optim_wrapper(model, wrapper_cfg)
+    finally:
+        logger.setLevel(level)
+
+    def step(data: dict) -> None:
+        with wrapper.optim_context(model):
+            losses = model(data['inputs'], data['data_samples'], mode='loss')
+        parsed, _ = model.parse_losses(losses)
+        wrapper.update_params(parsed)
+    return lambda: wrapper.optim_context(model), step
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
+    """``fn()`` and its seconds: on a GPU between CUDA events recorded around it after a
+    synchronisation (the host's launches and the device's work), on the CPU wall time."""
+    if device.type != 'cuda':
+        start = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    begin.record()
+    out = fn()
+    end.record()
+    end.synchronize()
+    return out, begin.elapsed_time(end) / 1e3
+
+
+def device_part_vs_step(device: torch.device, batch: int, rounds: int, folder: Path,
+                        image_sizes: dict[tuple[int, int], float] = IMAGE_SIZES,
+                        gpu_decode: bool = False) -> dict:
+    """Seconds of the recipe's device part on a worker batch of ``batch`` JPEGs of
+    ``image_sizes`` (and, with ``gpu_decode`` on a GPU, of the same part decoding the bytes
+    itself) against the ViT-S step on its output, in ``rounds`` interleaved rounds after one
+    untimed round; medians, and the device part's share of the step."""
+    cfg = Config.fromfile(ROOT / RECIPE)
+    host_of(cfg)
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        pipelines = worker_pipelines(cfg)
+        paths = make_jpegs(folder, batch, image_sizes=image_sizes)
+        classes = cfg.data_preprocessor.num_classes
+        batches = {'device part': worker_batch(pipelines['split (decode in worker)'], paths,
+                                               classes)}
+        skipped = None
+        if gpu_decode and device.type == 'cuda':
+            batches['device part, GPU decode'] = worker_batch(
+                pipelines['split (decode on GPU)'], paths, classes)
+        elif gpu_decode:
+            skipped = GPU_DECODE_ON_CPU
+            print(skipped)
+        part = device_preprocessor(cfg).to(device)
+        precision, step = vit_s_training(device)
+        seconds: dict[str, list[float]] = {name: [] for name in [*batches, 'ViT-S step']}
+        for _ in range(rounds + 1):  # the first round warms up (allocator, kernels)
+            for name, data in batches.items():
+                data = fresh(data)
+                with precision():
+                    out, elapsed = timed(lambda: part(data, training=True), device)
+                seconds[name].append(elapsed)
+            seconds['ViT-S step'].append(timed(lambda: step(out), device)[1])
+    medians = {name: statistics.median(values[1:]) for name, values in seconds.items()}
+    step_s = medians.pop('ViT-S step')
+    return dict(
+        device=str(device), recipe=RECIPE, vit_s_config=VIT_S_CONFIG,
+        step_dtype='bfloat16' if device.type == 'cuda' else 'float32',
+        batch=batch, rounds=rounds,
+        image_sizes={f'{h}x{w}': share for (h, w), share in image_sizes.items()},
+        input=list(out['inputs'].shape[1:]), vit_s_step_ms=1e3 * step_s,
+        device_part_ms={name: 1e3 * s for name, s in medians.items()},
+        device_part_percent={name: 100 * s / step_s for name, s in medians.items()},
+        floor_percent=100 * DEVICE_PART_FLOOR, gpu_decode_skipped=skipped,
+        samples_ms={name: [1e3 * s for s in values[1:]] for name, values in seconds.items()})
+
+
+def device_report(result: dict) -> None:
+    """The medians and the device part's share of the step, as a table."""
+    print(f"\nBatch of {result['batch']} on {result['device']} "
+          f"({result.get('gpu', result['cpu'])}), median of {result['rounds']} interleaved "
+          f"rounds; ViT-S/16 step {result['vit_s_step_ms']:.1f} ms ({result['step_dtype']})")
+    print('| device part | ms | % of the ViT-S step |')
+    print('|---|---|---|')
+    for name, ms in result['device_part_ms'].items():
+        print(f"| {name} | {ms:.1f} | {result['device_part_percent'][name]:.1f} % |")
+    if result['device'] == 'cpu':
+        print(f"On the CPU: a check that the measurement runs; the {result['floor_percent']:.0f} "
+              '% floor is for a GPU.')
+
+
+def device(args: argparse.Namespace) -> dict:
+    sizes = {tuple(args.image_size): 1.0} if args.image_size else IMAGE_SIZES
+    result = device_part_vs_step(torch.device(args.device), args.batch, args.rounds,
+                                 Path(args.work_dir) / 'device_jpegs', sizes, args.gpu_decode)
+    result.update(environment(args.device, torch.get_num_threads()))
+    device_report(result)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + '\n')
+    return result
 
 
 COCO_PIPELINES = {
@@ -250,6 +404,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p_speed.add_argument('--images', type=int, default=120)
     p_speed.add_argument('--batch', type=int, default=64)
     p_speed.add_argument('--rounds', type=int, default=3)
+    p_device = sub.add_parser('device', help='device part against a ViT-S training step')
+    p_device.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p_device.add_argument('--batch', type=int, default=128)
+    p_device.add_argument('--rounds', type=int, default=10)
+    p_device.add_argument('--image-size', type=int, nargs=2, metavar=('HEIGHT', 'WIDTH'),
+                          help="every image this size (default: ImageNet's mix of sizes)")
+    p_device.add_argument('--gpu-decode', action='store_true',
+                          help='also time the device part decoding the JPEG bytes itself '
+                               '(nvJPEG; skipped on the CPU)')
+    p_device.add_argument('--out', help='write the result as JSON to this file')
     p_coco = sub.add_parser('coco', help='COCO pipelines, images per core-second')
     p_coco.add_argument('--images', type=int, default=40)
     p_acc = sub.add_parser('accuracy', help='demo accuracy, split vs all-CPU pipeline')
@@ -258,7 +422,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p_acc.add_argument('--pipelines', nargs='+', default=['split', 'all-CPU'],
                        choices=['split', 'all-CPU'])
     p_acc.add_argument('--data-root', default=str(ROOT / 'data' / 'demo_in10'))
-    for p in (p_speed, p_coco, p_acc):
+    for p in (p_speed, p_device, p_coco, p_acc):
         p.add_argument('--work-dir', default=str(ROOT / 'work_dirs' / 'benchmark_data_pipeline'))
     return parser.parse_args(argv)
 
@@ -267,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     init_default_scope('mmpretrain')
-    {'speed': speed, 'coco': coco, 'accuracy': accuracy}[args.command](args)
+    {'speed': speed, 'device': device, 'coco': coco,
+     'accuracy': accuracy}[args.command](args)
 
 
 if __name__ == '__main__':

@@ -13,6 +13,10 @@ Cases, in this order (``--list`` prints them with what ``--out`` holds of each):
 - ``talking-heads PATH GRID``: one CaiT-S24 attention layer's training step on each path
   of ``talking_heads.KERNELS`` that runs on the device, at COCO's and ADE20k's token grids
   (``--talking-heads PATH`` forces a path in the step and backbone cases too);
+- ``device-augment vs vit-s step``: the DeiT recipe's augmentation on the device
+  (``DeviceAugmentPreprocessor``, on decoded images and decoding the JPEG bytes itself) on a
+  batch of 128 ImageNet-sized images, against one ViT-S/16 training step on that batch
+  (``benchmarks/benchmark_data_pipeline.py device``): its share of the step, whose floor is 5 %;
 - ``backbone NAME TASK eager|compiled``: the backbone's training step at 224² batch 64
   (bf16 autocast, ours against timm's on the same weights) and alone at 2 × 800 × 1344
   (fp16 autocast); compiled cases time the first call (the compile) and the steady step.
@@ -47,6 +51,7 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -109,12 +114,16 @@ class Setting:
     budget_s: float  # the defaults of --budget-s and --case-limit-s
     case_limit_s: float
     talking_heads_path: Optional[str] = None  # forced in the step and backbone cases
+    augment_batch: int = 128  # the device augmentation case: images, rounds, their size
+    augment_rounds: int = 10
+    augment_image_size: Optional[tuple[int, int]] = None  # None: ImageNet's mix of sizes
 
 
 GPU = Setting('cuda', 64, 224, 2, (800, 1344), 'inductor', 5, 2, 8192, DENSE_CONFIGS, None,
               ((50, 84), (32, 32)), 300., 150.)
 CPU = Setting('cpu', 1, 32, 1, (32, 64), 'aot_eager', 1, 1, 256, SMALL_DENSE_CONFIGS, (64, 96),
-              ((4, 6),), float('inf'), 1800.)
+              ((4, 6),), float('inf'), 1800., augment_batch=2, augment_rounds=1,
+              augment_image_size=(48, 64))
 
 
 def half_types(setting: Setting) -> dict[str, torch.dtype]:
@@ -448,6 +457,19 @@ def measure_step(config: str, setting: Setting, rates: dict[str, float],
     return record
 
 
+def measure_device_augment(setting: Setting) -> dict:
+    """The DeiT recipe's device augmentation against a ViT-S/16 training step on its batch
+    (``benchmark_data_pipeline.device_part_vs_step``); on a GPU also decoding on it."""
+    from benchmarks import benchmark_data_pipeline as data_pipeline
+    sizes = ({setting.augment_image_size: 1.0} if setting.augment_image_size
+             else data_pipeline.IMAGE_SIZES)
+    with tempfile.TemporaryDirectory() as folder:
+        result = data_pipeline.device_part_vs_step(
+            torch.device(setting.device), setting.augment_batch, setting.augment_rounds,
+            Path(folder), sizes, gpu_decode=setting.device == 'cuda')
+    return dict(kind='device-augment', **result)
+
+
 def anchor_config() -> str:
     """mmdet's own ResNet-50 Mask R-CNN config (installed with mmdet)."""
     import mmdet
@@ -472,6 +494,8 @@ def report_cases(setting: Setting, models: tuple[str, ...],
             cases.append((f'talking-heads {path} {grid[0]}x{grid[1]}',
                           lambda rates, p=path, g=grid: measure_talking_heads(
                               p, g, setting, rates)))
+    cases.append(('device-augment vs vit-s step',
+                  lambda rates: measure_device_augment(setting)))
     specs = backbone_specs(models, setting)
     for compiled in (False, True) if compile_ else (False,):
         for spec in specs:
@@ -650,6 +674,15 @@ def markdown(records: list[dict]) -> str:
           _number(r.get(f'{impl} first_call_s')), *_flops(r[impl]),
           _kernels(r[impl])]
          for r in backbones for impl in ('vitdense', 'timm') if impl in r])
+    augments = [r for r in cases.values() if r.get('kind') == 'device-augment']
+    if augments:
+        lines += ['### Augmentation on the device against a ViT-S/16 step', ''] + _table(
+            ['batch', 'images', 'ViT-S step ms', 'step compute', 'device part', 'ms',
+             '% of the step', 'floor'],
+            [[str(r['batch']), ', '.join(r['image_sizes']), _number(r['vit_s_step_ms']),
+              r['step_dtype'], name, _number(ms),
+              f'{r["device_part_percent"][name]:.1f} %', f'{r["floor_percent"]:.0f} %']
+             for r in augments for name, ms in r['device_part_ms'].items()])
     failed = [[name, r['error']] for name, r in cases.items() if 'error' in r]
     if failed:
         lines += ['### Cases that failed', ''] + _table(['case', 'error'], failed)

@@ -191,3 +191,21 @@ def test_every_talking_heads_path_a_dense_step_and_the_page(tmp_path, capsys):
     assert f'| upernet_cait-d6-p8_demo-ade.py | {step["batch"]} × 64×96 | float32 |' in text
     gpu_report.main(['--out', str(out), '--docs', str(page), '--render'])  # in place
     assert page.read_text() == text
+
+
+def test_device_augment_case_records_both_timings_and_the_page_shows_its_share(tmp_path):
+    out, page = tmp_path / 'report.jsonl', tmp_path / 'gpu_report.md'
+    heading = '### Augmentation on the device against a ViT-S/16 step'
+    assert heading not in gpu_report.markdown([])  # no record, no section
+    gpu_report.main(['--device', 'cpu', '--out', str(out), '--docs', str(page), '--cases',
+                     'device-augment *'])
+    record = gpu_report.recorded_cases(out)['device-augment vs vit-s step']
+    assert 'error' not in record, record.get('traceback')
+    assert (record['kind'], record['batch'], record['image_sizes']) == (
+        'device-augment', gpu_report.CPU.augment_batch, {'48x64': 1.0})
+    part, step = record['device_part_ms']['device part'], record['vit_s_step_ms']
+    assert part > 0 and step > 0
+    assert record['device_part_percent']['device part'] == pytest.approx(100 * part / step)
+    share = record['device_part_percent']['device part']
+    assert (f'| 2 | 48x64 | {step:.3g} | float32 | device part | {part:.3g} | {share:.1f} % '
+            '| 5 % |') in page.read_text().split(heading)[1]
