@@ -1,10 +1,11 @@
 """tools/deployment/export.py as a user runs it: a backbone exported with dynamic size and
-checked on images of two sizes; wrong arguments and an existing file refused before any
-export."""
+checked on images of two sizes; wrong arguments and an existing file refused, by the same
+command line run in this process, before a model is built."""
 from __future__ import annotations
 
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ TINY = ['--cfg-options', 'model.backbone.arch.embed_dims=32', 'model.backbone.ar
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
+    """The tool in a new interpreter, as a user runs it."""
     return subprocess.run([sys.executable, str(TOOL), *args], env=CHECKOUT_ENV,
                           capture_output=True, text=True, timeout=600)
 
@@ -42,20 +44,30 @@ def test_backbone_export_is_checked_on_every_image(tmp_path):
     assert lines[-1] == 'exported model matches PyTorch'
 
 
+def _refusal(capsys, *args: str) -> str:
+    """The tool's command line run in this process (no interpreter to start): it must exit
+    with argparse's status 2 before building a model; its message."""
+    from tools.deployment import export
+
+    with pytest.raises(SystemExit) as exit_, mock.patch.object(
+            export, 'build_model', side_effect=AssertionError('a model was built')):
+        export.main([str(CONFIG), 'none', *args])
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize('args, message', [
     (['--format', 'torch-export', '--out', 'model.onnx'], 'writes a .pt2 file'),
     (['--out', 'model.onnx', '--part', 'head'], "invalid choice: 'head'"),
 ])
-def test_wrong_arguments_are_refused(tmp_path, args, message):
-    result = _run(str(CONFIG), 'none', *args)
-    assert result.returncode == 2 and message in result.stderr
+def test_wrong_arguments_are_refused(capsys, args, message):
+    assert message in _refusal(capsys, *args)
 
 
-def test_an_existing_file_is_not_overwritten(tmp_path):
+def test_an_existing_file_is_not_overwritten(tmp_path, capsys):
     out = tmp_path / 'model.onnx'
     out.write_text('keep me')
-    result = _run(str(CONFIG), 'none', '--out', str(out))
-    assert result.returncode == 2 and 'exists; pass --overwrite' in result.stderr
+    assert 'exists; pass --overwrite' in _refusal(capsys, '--out', str(out))
     assert out.read_text() == 'keep me'
 
 

@@ -19,6 +19,7 @@ CONVERTER = REPO_ROOT / 'tools/model_converters/plain_checkpoint.py'
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
+    """The converter in a new interpreter, as a user runs it."""
     return subprocess.run([sys.executable, str(CONVERTER), *args], capture_output=True,
                           text=True, env=CHECKOUT_ENV)
 
@@ -51,10 +52,11 @@ def test_old_checkpoint_is_rewritten_as_plain_data(old_checkpoint, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['iter_1.pth', 'iter_1_plain.pth']
 
 
-def test_existing_files_are_kept_unless_overwrite_is_given(old_checkpoint):
+def test_existing_files_are_kept_unless_overwrite_is_given(old_checkpoint, run_command):
     original = old_checkpoint.read_bytes()
-    result = _convert(str(old_checkpoint), str(old_checkpoint))
+    result = run_command(CONVERTER, str(old_checkpoint), str(old_checkpoint))
     assert result.returncode != 0 and f'{old_checkpoint} exists' in result.stderr
     assert old_checkpoint.read_bytes() == original
-    assert _convert(str(old_checkpoint), str(old_checkpoint), '--overwrite').returncode == 0
+    overwritten = run_command(CONVERTER, str(old_checkpoint), str(old_checkpoint), '--overwrite')
+    assert overwritten.returncode == 0, overwritten.stderr
     assert torch.serialization.get_unsafe_globals_in_checkpoint(old_checkpoint) == []

@@ -5,7 +5,7 @@ classification stage is refused unless asked to fill it; timm options that contr
 backbone are refused; no file is overwritten unless asked."""
 from __future__ import annotations
 
-import functools  # noqa: F401 (the printed calls may name it)
+import functools  # also named by the printed calls
 import json
 import re
 import subprocess
@@ -23,6 +23,7 @@ OPTIONS = dict(arch=TINY_ARCH, img_size=64)
 
 
 def _convert(*args: str) -> subprocess.CompletedProcess:
+    """The converter in a new interpreter, as a user runs it."""
     return subprocess.run([sys.executable, str(CONVERTER), 'xcit', *args],
                           capture_output=True, text=True, env=CHECKOUT_ENV)
 
@@ -31,7 +32,8 @@ def _printed_call(stdout: str) -> str:
     return re.search(r'load with (timm\.create_model\(.*\))\.load_state_dict', stdout).group(1)
 
 
-def test_a_classifier_checkpoint_is_written_for_timm_and_kept_from_overwrites(tmp_path):
+def test_a_classifier_checkpoint_is_written_for_timm_and_kept_from_overwrites(tmp_path,
+                                                                            run_command):
     torch.manual_seed(0)
     options = dict(OPTIONS, out_type='cls_token', arch=dict(TINY_ARCH, tokens_norm=False))
     backbone = perturb_(XCiT(**options))
@@ -55,25 +57,27 @@ def test_a_classifier_checkpoint_is_written_for_timm_and_kept_from_overwrites(tm
         torch.testing.assert_close(theirs(images), head(backbone(images)[0]),
                                    rtol=1e-5, atol=1e-6)
     written = dst.read_bytes()
-    again = _convert(str(src), str(dst))
+    again = run_command(CONVERTER, 'xcit', str(src), str(dst))
     assert again.returncode != 0 and 'exists; pass --overwrite' in again.stderr
     assert dst.read_bytes() == written
-    contradicting = _convert(str(src), str(tmp_path / 'other.pth'), '--timm-kwargs',
-                             json.dumps(dict(tokens_norm=True)))
+    contradicting = run_command(CONVERTER, 'xcit', str(src), str(tmp_path / 'other.pth'),
+                                '--timm-kwargs', json.dumps(dict(tokens_norm=True)))
     assert contradicting.returncode != 0 and not (tmp_path / 'other.pth').exists()
     assert 'computes other features than the backbone' in contradicting.stderr
 
 
-def test_a_dense_model_is_refused_unless_its_classification_stage_is_filled(tmp_path):
+def test_a_dense_model_is_refused_unless_its_classification_stage_is_filled(tmp_path,
+                                                                           run_command):
     src, dst = tmp_path / 'dense.pth', tmp_path / 'dense_timm.pth'
     torch.save(XCiT(**OPTIONS).state_dict(), src)
-    no_options = _convert(str(src), str(dst))
+    convert = functools.partial(run_command, CONVERTER, 'xcit', str(src), str(dst))
+    no_options = convert()
     assert no_options.returncode != 0 and "give the backbone's options" in no_options.stderr
     options = ('--options', json.dumps(OPTIONS))
-    refused = _convert(str(src), str(dst), *options)
+    refused = convert(*options)
     assert refused.returncode != 0 and not dst.exists()
     assert 'lacks 39 tensors' in refused.stderr and '--fill-missing' in refused.stderr
-    filled = _convert(str(src), str(dst), *options, '--fill-missing')
+    filled = convert(*options, '--fill-missing')
     assert filled.returncode == 0, filled.stderr
     assert "39 tensors from timm's initialisation, not trained: cls_token" in filled.stdout
     eval(_printed_call(filled.stdout)).load_state_dict(torch.load(dst), strict=True)
