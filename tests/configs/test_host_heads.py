@@ -199,11 +199,19 @@ def _float32_without_gpu(optim_wrapper: ConfigDict) -> ConfigDict:
                        if key not in ('dtype', 'loss_scale')})
 
 
+def _unformatted(cfg: Config) -> Config:
+    """``cfg``, its text not formatted by yapf: the Runner logs, dumps and saves its config's
+    text five times a case, two seconds of CPU (a third of a case's) that no one reads here.
+    (mmengine 0.10's ``Config.fromfile`` drops its ``format_python_code`` for a config with
+    ``_base_`` files.)"""
+    return Config(cfg.to_dict(), filename=cfg.filename, format_python_code=False)
+
+
 def _two_iterations(host_config: str, options: dict, demo_base: str, data_root: Path,
                     num_classes: int, was: int, work_dir: Path) -> Config:
     leaf = work_dir / 'leaf.py'
     leaf.write_text(f'_base_ = {host_config!r}\n')
-    cfg = Config.fromfile(str(leaf))
+    cfg = _unformatted(Config.fromfile(str(leaf)))
     cfg.merge_from_dict(copy.deepcopy(options), allow_list_keys=True)
     cfg.model = _demo_sized(cfg.model, num_classes, was)
     if 'roi_head' in cfg.model:
@@ -235,15 +243,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope='module', autouse=True)
-def config_text_unformatted():
-    """The Runner logs and dumps its config, formatted by yapf, five times a case (two
-    seconds of CPU, a third of a case's); unformatted here, where no one reads it."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Config, 'pretty_text', property(lambda cfg: repr(cfg.to_dict())))
-        yield
 
 
 @pytest.fixture(scope='module')
