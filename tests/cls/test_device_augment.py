@@ -193,6 +193,21 @@ def test_preprocessor_augments_a_batch_of_any_sizes_and_mixes_it() -> None:
     assert (scores.max(1).values < 1).any()  # mixed
 
 
+def test_augmentation_under_autocast_is_computed_as_without() -> None:
+    # the Runner runs the preprocessor under autocast with AMP; in bfloat16 Sharpness's
+    # convolution is 1 grey level off mmpretrain's
+    sharpness = dict(type='RandAugment', num_policies=1, magnitude_level=0, hparams={},
+                     policies=[dict(type='Sharpness', **fixed_draw('Sharpness', magnitude=0.9))])
+    preprocessor = MODELS.build(dict(PREPROCESSOR, augments=[sharpness]))
+    images = [as_rgb_batch(picture(i, 64, 64))[0] for i in range(4)]
+    torch.manual_seed(0)
+    plain = preprocessor.augment(images)
+    torch.manual_seed(0)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        under_amp = preprocessor.augment(images)
+    torch.testing.assert_close(under_amp, plain, rtol=0, atol=0)
+
+
 def test_preprocessor_without_augments_only_normalises_rgb() -> None:
     """With no augments the training batch is the normalised RGB input, evaluation as mmpretrain."""
     preprocessor = MODELS.build(dict(PREPROCESSOR, augments=[]))

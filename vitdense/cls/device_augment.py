@@ -305,7 +305,14 @@ class DeviceAugmentPreprocessor(ClsDataPreprocessor):
             raise ValueError('RandomResizedCrop must be the first device augment')
 
     def augment(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Decode (if encoded), crop and augment a batch: uint8 RGB (N, 3, S, S) on the device."""
+        """Decode (if encoded), crop and augment a batch: uint8 RGB (N, 3, S, S) on the device.
+
+        Computed in float32 also where the Runner runs the preprocessor under autocast (AMP):
+        in bfloat16 a convolution (Sharpness) or a resize would differ from mmpretrain's ops."""
+        with torch.autocast(self.device.type, enabled=False):
+            return self._augment(inputs)
+
+    def _augment(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         # A batch's draws come from torch's global generator, as Mixup / CutMix's do: the
         # runner's seed fixes them and a resumed run that restores it draws them again.
         rng = np.random.default_rng(int(torch.randint(2 ** 62, ())))
