@@ -1,20 +1,25 @@
 """What many test files share: where the checkout is, the tiny architectures every family is
-built at, and a toy model for the engine and checkpoint tests.
+built at, a toy model for the engine and checkpoint tests, and the tests' one access to
+mmengine's process-wide tables (named instances, checkpoint loaders).
 
 Importable as ``common`` from any test folder: pytest puts ``tests/``, the folder of
 ``conftest.py``, on the module path.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
+from mmengine.runner.checkpoint import CheckpointLoader
+from mmengine.utils import ManagerMixin
 from torch import nn
 
 from vitdense.engine.hosts import host_of
@@ -157,3 +162,35 @@ def bucket_layouts(ddp: nn.parallel.DistributedDataParallel, inputs: torch.Tenso
         ddp(inputs).sum().backward()
     return layouts
 
+
+# mmengine keeps some tables for the life of the process, and tests must leave them as they
+# found them. Its ManagerMixin classes (DefaultScope, Visualizer, MessageHub, MMLogger) keep
+# every instance made, by name, in the class's ``_instance_dict``, the newest the current one:
+# mmengine offers no public way to forget one (its own ``DefaultScope.overwrite_default_scope``
+# puts the table back by assigning it, around a scope it sets), and a test that builds a Runner
+# adds instances named by the time to the second, which a later run of the same name and
+# second would take over. The functions below are the tests' only access to these tables.
+
+
+@contextlib.contextmanager
+def instances_kept(manager: type[ManagerMixin]) -> Iterator[None]:
+    """Put ``manager``'s instances back as they were when the block began: those made in the
+    block are forgotten, the current one is the one before."""
+    saved = manager._instance_dict.copy()
+    try:
+        yield
+    finally:
+        manager._instance_dict = saved
+
+
+def forget_instances(manager: type[ManagerMixin]) -> None:
+    """Forget every instance of ``manager``, as a new process starts without any."""
+    manager._instance_dict.clear()
+
+
+def keep_checkpoint_loaders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mmengine's checkpoint loaders put back, at the end of the test, as they are now,
+    those the test registers forgotten: ``CheckpointLoader.register_scheme`` adds or
+    replaces a loader, and nothing public removes one, so the table itself
+    (``CheckpointLoader._schemes``) is put back."""
+    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))

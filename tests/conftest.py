@@ -3,8 +3,9 @@
 - vitdense's host fixes (``vitdense.compat``: mmcv-lite's ops) are applied, as every
   vitdense tool applies them, before any test imports mmcv.ops through mmdet or mmseg.
 - mmengine resolves each ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` config base by parsing
-  the package's ~400 metafiles (about a second) and, for ``_base_`` files, raising ValueError;
-  the answer is fixed for a session, so it is memoised (config tests resolve hundreds).
+  the package's ~400 metafiles (about a second), and config tests resolve hundreds: each
+  YAML text is parsed once a session (:class:`_YamlParsedOnce`, through mmengine's public
+  file-handler registry), and every load still gets an object of its own.
 - mmengine's default scope is process-wide and building a config's model sets it: each test
   leaves it as it found it, so no test depends on which ran before it.
 - Fixtures that several test folders use.
@@ -13,12 +14,13 @@
 """
 from __future__ import annotations
 
-import functools
+import pickle
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import pytest
-from mmengine.config import config as mmengine_config
+from mmengine.fileio import YamlHandler, register_handler
 from mmengine.registry import DefaultScope
 from PIL import Image
 
@@ -27,24 +29,21 @@ from vitdense.compat import apply_host_fixes
 apply_host_fixes()
 
 
-def _memoised(lookup):
-    answers: dict = {}
+@register_handler(['yaml', 'yml'])
+class _YamlParsedOnce(YamlHandler):
+    """mmengine's YAML handler that parses each text once: later loads of the same text get a
+    copy (unpickled) of what it parsed to, as a new parse would give."""
 
-    @functools.wraps(lookup)
-    def memoised(package_path: str, cfg_file: str) -> str:
-        key = (package_path, cfg_file)
-        if key not in answers:
-            try:
-                answers[key] = lookup(package_path, cfg_file)
-            except ValueError as error:
-                answers[key] = error
-        if isinstance(answers[key], ValueError):
-            raise answers[key]
-        return answers[key]
-    return memoised
+    def __init__(self) -> None:
+        self.parsed: dict[str, bytes] = {}  # a text's parse, pickled
 
-
-mmengine_config._get_external_cfg_path = _memoised(mmengine_config._get_external_cfg_path)
+    def load_from_fileobj(self, file: IO, **kwargs: Any) -> Any:
+        if kwargs:  # a loader of the caller's choice: parsed as asked
+            return super().load_from_fileobj(file, **kwargs)
+        text = file.read()
+        if text not in self.parsed:
+            self.parsed[text] = pickle.dumps(super().load_from_fileobj(text))
+        return pickle.loads(self.parsed[text])
 
 
 @pytest.fixture
@@ -69,9 +68,9 @@ def iteration_clock(monkeypatch):
 
 
 def _restore_default_scope():
-    saved = DefaultScope._instance_dict.copy()
-    yield
-    DefaultScope._instance_dict = saved
+    from common import instances_kept
+    with instances_kept(DefaultScope):
+        yield
 
 
 #: mmengine's default scope restored after each test, as its own
