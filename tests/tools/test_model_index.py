@@ -1,6 +1,7 @@
 """The model index (model-index.yml, configs/*/metafile.yml) covers every shipped config, its
 parameter counts are the built models', its FLOPs the analytic multiply-add counts and,
 at the papers' rounding, the papers' (or the difference is stated), and docs/model_zoo.md is generated from it."""
+import functools
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,18 @@ from common import REPO_ROOT
 CONFIGS = [str(p.relative_to(REPO_ROOT)) for p in model_index.shipped_configs()]
 
 
+@functools.cache
 def _entries() -> dict:
+    """The index's models by config, parsed once for the module (its tests only read them)."""
     return {model['Config']: model for family in model_index.COLLECTIONS
             for model in model_index.load_metafile(family)['Models']}
+
+
+@functools.cache
+def _config(config: str) -> Config:
+    """A shipped config as the tools read it, loaded once for the module: the tests that
+    build its model and the one that reads its precision share it."""
+    return complexity.load_config(str(REPO_ROOT / config))
 
 
 def test_every_shipped_config_is_in_the_index_once():
@@ -40,8 +50,7 @@ def test_every_shipped_config_is_in_the_index_once():
 @pytest.mark.parametrize('config', CONFIGS)
 def test_index_parameters_are_the_built_models(config):
     """Built on the meta device: the full-size models without memory or initialisation."""
-    cfg = complexity.load_config(str(REPO_ROOT / config))
-    model = build_model(cfg, 'count', device='meta')
+    model = build_model(_config(config), 'count', device='meta')
     assert _entries()[config]['Metadata']['Parameters'] == complexity.count_parameters(model)
 
 
@@ -180,8 +189,7 @@ def test_every_dense_config_fits_32_gib_per_gpu():
     config trains in: 32 GB GPUs, as the official XCiT dense recipes."""
     for config in DENSE:
         memory = _entries()[config]['Metadata']['Training Memory']
-        cfg = complexity.load_config(str(REPO_ROOT / config))
-        amp = cfg.optim_wrapper.get('type') == 'AmpOptimWrapper'
+        amp = _config(config).optim_wrapper.get('type') == 'AmpOptimWrapper'
         assert memory['Precision'] == ('AMP float16' if amp else 'float32'), config
         assert memory['Peak AMP (GiB)' if amp else 'Peak FP32 (GiB)'] <= 32, config
 
