@@ -66,11 +66,10 @@ def test_detectron2_checkpoint_converts_to_the_vitdet_config(tmp_path):
         assert torch.equal(model.state_dict()[key], value), key
 
 
-def test_objects_other_than_arrays_are_refused(tmp_path):
+def test_objects_other_than_arrays_are_refused(tmp_path, run_command):
     src = tmp_path / 'evil.pkl'
     src.write_bytes(pickle.dumps(dict(model={'x': print})))
-    result = subprocess.run([sys.executable, str(CONVERTER), str(src), str(tmp_path / 'o.pth')],
-                            capture_output=True, text=True, env=CHECKOUT_ENV)
+    result = run_command(CONVERTER, str(src), str(tmp_path / 'o.pth'))
     assert result.returncode != 0
     assert (f'refused to load {src}: builtins.print is not a numpy array part'
             in result.stderr.splitlines()[-1])
