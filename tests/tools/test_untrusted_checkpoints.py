@@ -17,7 +17,7 @@ from vitdense.checkpoint_io import UnsafeCheckpointError, use_safe_loading
 
 from vitdense.demo_data import make_demo_imagenet
 
-from common import REPO_ROOT
+from common import REPO_ROOT, keep_checkpoint_loaders
 
 CONFIG = REPO_ROOT / 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py'
 TOOLS = REPO_ROOT / 'tools'
@@ -108,7 +108,7 @@ def test_a_scheme_that_cannot_be_read_weights_only_is_refused(tmp_path, monkeypa
     marker = tmp_path / 'payload-ran'
     evil = tmp_path / 'remote.pth'
     torch.save(dict(meta=_RunsCode(os.system, f'touch {marker}')), evil)
-    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
+    keep_checkpoint_loaders(monkeypatch)
     CheckpointLoader.register_scheme(
         'fake-remote://', lambda name, map_location=None: torch.load(
             str(tmp_path / name[len('fake-remote://'):]), map_location))
