@@ -63,7 +63,8 @@ def picture_grid(drawn: list[Path], out: Path, columns: int = 4) -> None:
     cv2.imwrite(str(out), np.vstack(rows))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the demo with ``argv`` as its command line (``sys.argv``'s arguments by default)."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--minutes', type=float, default=10.0, help='training time budget')
@@ -74,7 +75,7 @@ def main() -> None:
                         help='validation images in predictions.png')
     parser.add_argument('--resume', action='store_true',
                         help='continue the run in --work-dir from its newest checkpoint')
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     data_root = Path(args.data_root)
     if not (data_root / 'annotations' / 'instances_val.json').exists():

@@ -2,41 +2,46 @@
 its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture; resumed
 after it finished, it trains no further."""
 import re
-import subprocess
-import sys
 
 import cv2
+from mmengine.visualization import Visualizer
 
+from tools import demo
 from vitdense.demo_data import make_demo_coco
 
-from common import CHECKOUT_ENV, REPO_ROOT
+from common import forget_instances, instances_kept
 
 
-def test_demo_trains_evaluates_and_draws(tmp_path):
+def _demo(capsys, *argv: str) -> str:
+    """What ``python tools/demo.py ARGV`` prints, run in this process (no interpreter start:
+    the imports take as long as the run). As a new process, it starts without the visualizers
+    of earlier runs: mmengine keeps them by a name that is a time to the second, and a run
+    started in the same second as another would take over the other's."""
+    with instances_kept(Visualizer):
+        forget_instances(Visualizer)
+        demo.main(list(argv))
+    return capsys.readouterr().out
+
+
+def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
     data_root = make_demo_coco(tmp_path / 'coco', num_train=4, num_val=3, size=96)
     work = tmp_path / 'work'
-    result = subprocess.run(
-        [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
-         '--work-dir', str(work), '--num-pictures', '2'],
-        cwd=REPO_ROOT, capture_output=True, text=True, env=CHECKOUT_ENV)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    argv = ('--minutes', '0.05', '--data-root', str(data_root), '--work-dir', str(work),
+            '--num-pictures', '2')
+    out = _demo(capsys, *argv)
     rows = (work / 'metrics.md').read_text().splitlines()
     assert [row.split('|')[1].strip() for row in rows[2:]] == ['bbox', 'segm']
     for row in rows[2:]:
         assert all(0 <= float(v) <= 1 or v.strip() == '-1.000' for v in row.split('|')[2:-1])
-    assert 'predictions.png' in result.stdout and '| segm |' in result.stdout
+    assert 'predictions.png' in out and '| segm |' in out
     picture = cv2.imread(str(work / 'predictions.png'))
     assert picture is not None and picture.shape[1] >= 2 * 96
 
     # A finished run resumed goes on with no budget left: it trains nothing more (same
     # iteration count, same checkpoint) and evaluates again.
-    iterations = re.search(r'backbone, (\d+) iterations', result.stdout).group(1)
+    iterations = re.search(r'backbone, (\d+) iterations', out).group(1)
     assert (work / 'last_checkpoint').read_text().endswith(f'iter_{iterations}.pth')
-    resumed = subprocess.run(
-        [sys.executable, 'tools/demo.py', '--minutes', '0.05', '--data-root', str(data_root),
-         '--work-dir', str(work), '--num-pictures', '2', '--resume'],
-        cwd=REPO_ROOT, capture_output=True, text=True, env=CHECKOUT_ENV)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert 'nothing left to train' in resumed.stdout
-    assert f'backbone, {iterations} iterations' in resumed.stdout
+    resumed = _demo(capsys, *argv, '--resume')
+    assert 'nothing left to train' in resumed
+    assert f'backbone, {iterations} iterations' in resumed
     assert [p.name for p in work.glob('*.pth')] == [f'iter_{iterations}.pth']
