@@ -1,6 +1,7 @@
 """tools/train.py, tools/test.py and tools/dist_train.sh as a user runs them: train, resume,
 evaluate with saved predictions and pictures, and train with 2 CPU processes (gloo)."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,13 +56,15 @@ def _losses(work_dir: Path) -> dict[int, float]:
 
 
 def test_train_resume_and_test(data_root, tmp_path):
-    # A run stopped after iteration 2 and resumed repeats the uninterrupted 4-iteration run
-    # exactly: the losses of iterations 3-4 and the final weights.
+    # A run stopped after iteration 2 (its checkpoint of iteration 2 alone in a work dir) and
+    # resumed repeats the uninterrupted 4-iteration run exactly: the losses of iterations 3-4
+    # and the final weights.
     full = tmp_path / 'full'
-    _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', full, *_options(data_root, 4))
+    _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', full, *_options(data_root, 4),
+         'default_hooks.checkpoint.interval=2', 'default_hooks.checkpoint.max_keep_ckpts=2')
     work = tmp_path / 'work'
-    _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', work, *_options(data_root, 2))
-    assert (work / 'iter_2.pth').exists()
+    work.mkdir()
+    shutil.copy(full / 'iter_2.pth', work)
     log = _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', work, '--resume',
                *_options(data_root, 4))
     assert f'resuming from {work / "iter_2.pth"}' in log and (work / 'iter_4.pth').exists()
