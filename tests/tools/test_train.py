@@ -43,7 +43,7 @@ def _options(data_root: Path, iters: int) -> list:
 def _run(*args: str, env: dict | None = None) -> str:
     """Run a tool; its idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY``
     changes no result): a second thread spinning on a core that the suite's other worker
-    uses would take its time, four times the CPU of the run itself."""
+    uses would take its time, up to four times the CPU of the run itself."""
     result = subprocess.run([str(a) for a in args], cwd=REPO_ROOT, capture_output=True, text=True,
                             env={**CHECKOUT_ENV, 'OMP_WAIT_POLICY': 'PASSIVE', **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -131,9 +131,11 @@ def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tm
                _options(data_root, 20) + ['model.decode_head.dropout_ratio=0',
                                           'model.auxiliary_head.dropout_ratio=0']
                ) + ['train_cfg.val_begin=21']
-    runs = [('eager', 2, ()), ('compiled', 2, ('--compile', 'aot_eager'))]
+    # one thread each, as the suite runs every process: a second thread waits for a core
+    # that the suite's other worker holds
+    runs = [('eager', 1, ()), ('compiled', 1, ('--compile', 'aot_eager'))]
     if config == CONFIG:  # the spread that bounds UperNet's later iterations
-        runs.append(('one-thread', 1, ()))
+        runs.append(('two-threads', 2, ()))
     losses, logs = {}, {}
     for name, threads, compile_options in runs:
         logs[name] = _run(sys.executable, 'tools/train.py', config, '--work-dir',
@@ -145,12 +147,12 @@ def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tm
     compiled = _relative_gaps(losses['compiled'], losses['eager'])
     # Equal arithmetic: within 1e-4 at every iteration for Mask R-CNN, and for UperNet over
     # the first ten. Later, AdamW's first steps (nearly the gradient's sign) turn rounding
-    # into real differences: eager itself, on one thread instead of two, moves UperNet's
-    # losses by up to ~1e-3 by iteration 20 (measured 9.5e-4, where the compiled run moves
-    # 7.3e-4). The compiled run stays within that spread.
+    # into real differences: eager itself, on two threads instead of one, moves UperNet's
+    # losses by up to ~5e-4 by iteration 20 (measured 5.3e-4, where the compiled run moves
+    # 1.5e-4). The compiled run stays within that spread.
     close = list(compiled) if config == DET_CONFIG else range(1, 11)
     assert all(compiled[i] <= 1e-4 for i in close), compiled
     if config == CONFIG:
-        one_thread = _relative_gaps(losses['one-thread'], losses['eager'])
-        assert max(compiled.values()) <= max(1e-4, 2 * max(one_thread.values())), (
-            compiled, one_thread)
+        spread = _relative_gaps(losses['two-threads'], losses['eager'])
+        assert max(compiled.values()) <= max(1e-4, 2 * max(spread.values())), (compiled,
+                                                                              spread)
