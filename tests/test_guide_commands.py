@@ -28,8 +28,9 @@ What the test fills in, and nothing else:
 
 Every other command runs. ``NOT_RUN`` lists, each with its reason, the commands that cannot
 run here (a GPU, the network, a second host, SLURM's queue, the environment the suite runs
-in), and the measurements that take minutes whatever their size (and the tests that check
-what they measure). A new command in a guide is run; a listed command no guide has any more
+in), the measurements that take minutes whatever their size (and the tests that check
+what they measure), and the commands that another test runs as written, with these bounds and
+checks of its own. A new command in a guide is run; a listed command no guide has any more
 fails ``test_every_listed_command_is_in_a_guide``.
 
 Cost, measured on the project's 2-core machine with nothing else running: 49 commands run,
@@ -176,6 +177,9 @@ NOT_RUN = {
     'bash tools/install.sh': 'reinstalls the environment this suite runs in, from the network '
                              '(tests/tools/test_install.py runs its checks)',
     'source .venv/bin/activate': "shell set-up: this interpreter is that environment's python",
+    'python tools/demo.py': 'run as written, with the bounds below and on a demo set at '
+                            'data/demo_coco, by tests/tools/test_demo.py, which checks its '
+                            'table and picture and resumes it',
     'bash tools/run_tests.sh': 'runs this suite',
     'bash tools/run_tests.sh -m "not slow"': 'runs this suite, less its slow tests',
     'time python -m pytest -q tests/configs/test_host_heads.py --durations=0':

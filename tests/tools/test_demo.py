@@ -2,6 +2,7 @@
 its budget, is scored by mmdet's COCO evaluator and leaves the table and the picture; resumed
 after it finished, it trains no further."""
 import re
+import shlex
 
 import cv2
 from mmengine.visualization import Visualizer
@@ -10,6 +11,12 @@ from tools import demo
 from vitdense.demo_data import make_demo_coco
 
 from common import forget_instances, instances_kept
+from test_guide_commands import bounds, guide_commands
+
+#: README's command (``python tools/demo.py``) with the guide test's bounds, as its argv
+README_ARGV = next(shlex.split(command.expanded + bounds('README.md', command.expanded))[2:]
+                   for command in guide_commands('README.md')
+                   if command.expanded.startswith('python tools/demo.py'))
 
 
 def _demo(capsys, *argv: str) -> str:
@@ -23,12 +30,13 @@ def _demo(capsys, *argv: str) -> str:
     return capsys.readouterr().out
 
 
-def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
-    data_root = make_demo_coco(tmp_path / 'coco', num_train=4, num_val=3, size=96)
-    work = tmp_path / 'work'
-    argv = ('--minutes', '0.05', '--data-root', str(data_root), '--work-dir', str(work),
-            '--num-pictures', '2')
-    out = _demo(capsys, *argv)
+def test_demo_trains_evaluates_and_draws(tmp_path, capsys, monkeypatch):
+    # README's command as tests/test_guide_commands.py would run it (its NOT_RUN names this
+    # test), from a folder whose data/demo_coco holds a small demo set
+    make_demo_coco(tmp_path / 'data/demo_coco', num_train=4, num_val=3, size=96)
+    monkeypatch.chdir(tmp_path)
+    out = _demo(capsys, *README_ARGV)
+    work = tmp_path / 'work_dirs/demo_mask-rcnn_xcit'
     rows = (work / 'metrics.md').read_text().splitlines()
     assert [row.split('|')[1].strip() for row in rows[2:]] == ['bbox', 'segm']
     for row in rows[2:]:
@@ -41,7 +49,7 @@ def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
     # iteration count, same checkpoint) and evaluates again.
     iterations = re.search(r'backbone, (\d+) iterations', out).group(1)
     assert (work / 'last_checkpoint').read_text().endswith(f'iter_{iterations}.pth')
-    resumed = _demo(capsys, *argv, '--resume')
+    resumed = _demo(capsys, *README_ARGV, '--resume')
     assert 'nothing left to train' in resumed
     assert f'backbone, {iterations} iterations' in resumed
     assert [p.name for p in work.glob('*.pth')] == [f'iter_{iterations}.pth']
