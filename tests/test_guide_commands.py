@@ -66,7 +66,7 @@ from PIL import Image
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_imagenet
 
-from common import CHECKOUT_ENV, REPO_ROOT
+from common import CHECKOUT_ENV, REPO_ROOT, forget_instances
 
 GUIDES = ['README.md'] + sorted(f'docs/{page.name}' for page in (REPO_ROOT / 'docs').glob('*.md'))
 FENCED = re.compile(r'^```(\w*)\n(.*?)^```', re.S | re.M)
@@ -260,7 +260,7 @@ def _make_cait_checkpoint(path: Path, checkpoints: Checkpoints) -> None:
     from vitdense.models import CaiT
     from vitdense.models.backbones.timm_export import backbone_options
     config = Config.fromfile(str(REPO_ROOT / 'configs/cait/cait-xxs24_8xb128_in1k.py'))
-    meta = {'cfg': config.pretty_text}
+    meta = {'cfg': config.dump()}
     backbone = CaiT(**backbone_options({'meta': meta})).state_dict()
     torch.save({'meta': meta, 'state_dict': {f'backbone.{k}': v for k, v in backbone.items()}},
                path)
@@ -357,7 +357,7 @@ def _run_python(argv: list[str]) -> None:
     starts without the visualizers of earlier runs, as a new process would: mmengine keeps
     them by experiment name, a time to the second, so a run started in the same second as
     another would take over the other's (a segmentor's visualizer in a detector's run)."""
-    Visualizer._instance_dict.clear()
+    forget_instances(Visualizer)
     saved = sys.argv, dict(os.environ), torch.get_num_threads()
     torch.set_num_threads(1)  # as the shell's commands: OMP_NUM_THREADS=1
     try:

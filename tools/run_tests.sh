@@ -18,6 +18,9 @@ bash "$ROOT/tools/install.sh" --deploy
 cd "$ROOT"
 # a worker per core: a second thread per worker would only take the other's core
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# and a tool that a test starts with more threads lets the idle ones sleep instead of spinning
+# on the core the other worker holds
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 # loadgroup: a worker takes a file (or the group tests/conftest.py gives it) at a time, the
 # longest first (conftest's order, kept by --no-loadscope-reorder)
 PARALLEL=()
