@@ -300,7 +300,8 @@ class ExactResumeHook(Hook):
     ``runner.save_checkpoint`` is entered, where every process is:
     :func:`~vitdense.internals.before_every_save`) and each process restores its own: with
     ``randomness.diff_rank_seed=True`` the processes draw different numbers. After the run
-    the runner and the training set are as they were.
+    the runner's ``save_checkpoint`` and the training set's loading are their own again (the
+    training loader keeps its seeded batch sampler).
     """
 
     priority = 'VERY_LOW'
