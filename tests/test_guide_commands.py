@@ -181,6 +181,10 @@ NOT_RUN = {
                             'data/demo_coco, by tests/tools/test_demo.py, which checks its '
                             'table and picture and resumes it',
     'bash tools/run_tests.sh': 'runs this suite',
+    'python tools/data/make_demo_data.py coco': 'would write the full demo set over the one '
+                                                'this module made small '
+                                                '(tests/tools/data/test_make_demo_data.py '
+                                                'runs the tool)',
     'bash tools/run_tests.sh -m "not slow"': 'runs this suite, less its slow tests',
     'time python -m pytest -q tests/configs/test_host_heads.py --durations=0':
         'runs a file of this suite, which the suite runs',

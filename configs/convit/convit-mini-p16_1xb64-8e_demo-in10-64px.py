@@ -1,6 +1,6 @@
 # Demo: the ConViT ImageNet recipe end to end on the 10-class demo set (64x64, patch 16) with a
 # small ConViT (d=128, 6 blocks of which 4 GPSA, 4 heads).
-# Generate the data first: python tools/data/gen_demo_imagenet.py data/demo_in10
+# Generate the data first: python tools/data/make_demo_data.py imagenet
 _base_ = ['../xcit/xcit-mini-p16_1xb64-8e_demo-in10-64px.py']
 
 model = dict(

@@ -1,6 +1,6 @@
 # Demo: the "Three things" A2 ViT recipe (BCE, LAMB, Mixup 0.1 / CutMix 1.0) end to end on the
 # 10-class demo set (64x64, patch 16) with a small ViT (d=128, 6 blocks, 4 heads).
-# Generate the data first: python tools/data/gen_demo_imagenet.py data/demo_in10
+# Generate the data first: python tools/data/make_demo_data.py imagenet
 _base_ = [
     '../_base_/models/a2_cls_in1k.py',
     '../_base_/datasets/demo_in10_bs64_64px.py',

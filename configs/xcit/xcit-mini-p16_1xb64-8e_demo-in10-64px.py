@@ -1,6 +1,6 @@
 # Demo: the XCiT ImageNet recipe end to end on the 10-class demo set (64x64, patch 16: a 4x4
 # grid) with a small XCiT (d=128, 6 XCA blocks, 4 heads) that trains in minutes on 2 cores.
-# Generate the data first: python tools/data/gen_demo_imagenet.py data/demo_in10
+# Generate the data first: python tools/data/make_demo_data.py imagenet
 _base_ = [
     '../_base_/models/deit_cls_in1k.py',
     '../_base_/datasets/demo_in10_bs64_64px.py',

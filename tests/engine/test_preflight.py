@@ -101,3 +101,20 @@ def test_jpeg_with_bytes_after_its_end_passes(ade, tmp_path):
     image = sorted((ade / 'images' / 'training').iterdir())[1]
     image.write_bytes(image.read_bytes() + b'appended by a camera' * 10)
     check_data(_config(ADE, ade, tmp_path))
+
+
+@pytest.mark.parametrize('config, kind', [(COCO, 'coco'), (ADE, 'ade')])
+def test_missing_demo_set_names_the_command_that_writes_it(config, kind, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the configs' own relative data_root, absent here
+    cfg = load_tool_config(config, None, 'none', str(tmp_path / 'work'))
+    with pytest.raises(DataError, match=rf'the demo {kind} set is not at data/demo_{kind}/?: '
+                                        rf'write it with `python tools/data/make_demo_data\.py '
+                                        rf'{kind}`'):
+        check_data(cfg)
+
+
+def test_missing_demo_set_elsewhere_names_its_folder(tmp_path):
+    root = tmp_path / 'data' / 'demo_ade'
+    with pytest.raises(DataError, match=rf'write it with `python tools/data/make_demo_data\.py '
+                                        rf'ade --out {root}`'):
+        check_data(_config(ADE, root, tmp_path))

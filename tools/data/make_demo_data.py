@@ -1,33 +1,49 @@
-"""Write the seeded demo datasets used by the ``*_demo-*`` configs.
+"""Write the seeded demo data sets that the ``*_demo-*`` configs read.
 
-    python tools/data/make_demo_data.py coco            # -> data/demo_coco (400 + 100 images)
-    python tools/data/make_demo_data.py ade --seed 1    # -> data/demo_ade
+    python tools/data/make_demo_data.py coco        # -> data/demo_coco (400 + 100 images)
+    python tools/data/make_demo_data.py ade         # -> data/demo_ade (400 + 100 images)
+    python tools/data/make_demo_data.py imagenet    # -> data/demo_in10 (300 + 50 per class)
 """
 import argparse
+import inspect
 
-from vitdense.demo_data import make_demo_ade, make_demo_coco
+from vitdense.demo_data import DEMO_SET_MAKERS, default_folder
 
-_MAKERS = {'coco': (make_demo_coco, 'data/demo_coco', 160),
-           'ade': (make_demo_ade, 'data/demo_ade', 128)}
+#: options of the shape sets (coco, ade) only
+SHAPE_OPTIONS = ('max_objects', 'random_colours')
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('kind', choices=sorted(_MAKERS), help='COCO instances or ADE20k layout')
-    parser.add_argument('--out', help='output folder (default data/demo_<kind>)')
-    parser.add_argument('--num-train', type=int, default=400)
-    parser.add_argument('--num-val', type=int, default=100)
-    parser.add_argument('--size', type=int, help='image side in pixels (coco 160, ade 128)')
-    parser.add_argument('--max-objects', type=int, default=4)
+    parser.add_argument('kind', choices=sorted(DEMO_SET_MAKERS),
+                        help='COCO instances, ADE20k semantic maps or ImageNet classes')
+    parser.add_argument('--out', help='output folder (default: the demo configs\' data_root)')
+    parser.add_argument('--num-train', type=int,
+                        help='training images (imagenet: per class); default 400 (300)')
+    parser.add_argument('--num-val', type=int,
+                        help='validation images (imagenet: per class); default 100 (50)')
+    parser.add_argument('--size', type=int, help='image side in pixels (coco 160, ade 128, '
+                                                 'imagenet 72)')
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--max-objects', type=int, help='shapes per image (coco, ade; default 4)')
     parser.add_argument('--random-colours', action='store_true',
-                        help='shapes in any colour (default: shades of a colour per class)')
-    args = parser.parse_args()
-    make, default_out, default_size = _MAKERS[args.kind]
-    out = make(args.out or default_out, num_train=args.num_train, num_val=args.num_val,
-               size=args.size or default_size, seed=args.seed, max_objects=args.max_objects,
-               class_colours=not args.random_colours)
+                        help='shapes in any colour (coco, ade; default: shades of a colour '
+                             'per class)')
+    args = parser.parse_args(argv)
+    make = DEMO_SET_MAKERS[args.kind]
+    takes = inspect.signature(make).parameters
+    given = {name: value for name, value in vars(args).items()
+             if name in SHAPE_OPTIONS and value not in (None, False)}
+    if given and 'max_objects' not in takes:
+        parser.error(f'--{"/--".join(n.replace("_", "-") for n in given)}: the {args.kind} '
+                     f'demo set has no shapes to place')
+    options = {'num_train': args.num_train, 'num_val': args.num_val, 'size': args.size,
+               'seed': args.seed, 'max_objects': args.max_objects}
+    options = {name: value for name, value in options.items() if value is not None}
+    if args.random_colours:
+        options['class_colours'] = False
+    out = make(args.out or default_folder(args.kind), **options)
     print(f'wrote {args.kind} demo set: {out}')
 
 

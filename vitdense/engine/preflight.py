@@ -27,6 +27,7 @@ from mmengine.registry import DefaultScope
 from PIL import Image, ImageFile
 from torch.utils.data import Dataset
 
+from vitdense.demo_data import default_folder, demo_set_at
 from vitdense.registry import DATASETS
 
 
@@ -132,6 +133,17 @@ class CheckedDataset(Dataset):
         return getattr(self.dataset, name)
 
 
+def _missing_demo_set(data_root: str | None) -> str | None:
+    """The message for a demo set's folder that does not exist, naming the command that writes
+    it; None for any other folder (whose own files are checked one by one)."""
+    kind = demo_set_at(data_root)
+    if kind is None or osp.isdir(data_root):
+        return None
+    out = '' if osp.normpath(data_root) == default_folder(kind) else f' --out {data_root}'
+    return (f'the demo {kind} set is not at {data_root}: write it with '
+            f'`python tools/data/make_demo_data.py {kind}{out}`')
+
+
 def check_annotation_file(path: str) -> None:
     """The file exists and is not empty (whether it parses, the data set's build tells)."""
     if not osp.isfile(path):
@@ -189,9 +201,12 @@ def _check_split(cfg: Config, split: str, num_batches: int, skip_bad: bool) -> N
     ann_files = [leaf.ann_file if osp.isabs(leaf.ann_file)
                  else osp.join(leaf.get('data_root') or '', leaf.ann_file)
                  for leaf in _dataset_cfgs(cfg[split].dataset) if leaf.get('ann_file')]
+    leaf = _dataset_cfgs(cfg[split].dataset)[0]
+    missing_set = _missing_demo_set(leaf.get('data_root'))
+    if missing_set:
+        raise DataError(missing_set)
     for ann_file in ann_files:
         check_annotation_file(ann_file)
-    leaf = _dataset_cfgs(cfg[split].dataset)[0]
     where = (f'data_root={leaf.get("data_root")!r}, ann_file={leaf.get("ann_file")!r}, '
              f'data_prefix={leaf.get("data_prefix")!r}')
     image_dir = _image_dir(leaf)

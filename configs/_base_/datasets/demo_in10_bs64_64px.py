@@ -1,4 +1,4 @@
-# The seeded demo ImageNet (tools/data/gen_demo_imagenet.py: 10 procedurally drawn classes,
+# The seeded demo ImageNet (tools/data/make_demo_data.py imagenet: 10 procedurally drawn classes,
 # 72x72 images in the ImageNet layout under data/demo_in10) with the DeiT augmentation scaled
 # to 64x64: the random-resized crop keeps at least 35% of the image so a shape stays visible;
 # evaluation crop ratio 0.875. Repeated augmentation is off: it exists to place an image's
