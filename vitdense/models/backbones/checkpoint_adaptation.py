@@ -43,10 +43,11 @@ def checkpoint_weights(checkpoint: dict) -> dict:
 
 class CheckpointAdaptation(CheckpointDiagnosis):
     """Reading foreign checkpoints, for a ``ColumnarBackbone`` (a ``BaseModule`` with
-    ``dense``, ``out_type``, ``arch_name``, ``embed_dims``, ``num_layers``, ``patch_size``):
-    keys through the family's table (``checkpoint_keys``), tensors fitted to the model, the
-    load exact or refused (the refusal written by :class:`CheckpointDiagnosis`), and
-    ``Pretrained`` initialisation through it.
+    ``dense``, ``out_type``, ``arch_name``, ``embed_dims``, ``num_layers``, ``patch_size``,
+    ``peft``): keys through the family's table (``checkpoint_keys``), tensors fitted to the
+    model, the load exact or refused (the refusal written by :class:`CheckpointDiagnosis`),
+    and ``Pretrained`` initialisation through it. A model with peft adapters reads plain
+    checkpoints (the adapters keep their initialisation) and its own.
     """
 
     #: the family's checkpoint keys (timm's, read both ways; other layouts'; tensors merged
@@ -126,8 +127,17 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         error says what the checkpoint is and which option loads it.
         """
         state_dict = checkpoint_weights(state_dict)
+        expected, adapters = self.state_dict(), {}
+        if self.peft is not None:
+            # keys are checked in the plain layout; the adapters' tensors, which a plain
+            # checkpoint lacks, keep their initialisation unless the checkpoint has them
+            state_dict, adapters = self.peft.split_checkpoint(state_dict)
+            expected, expected_adapters = self.peft.split_checkpoint(expected)
+            unknown = sorted(adapters.keys() - expected_adapters.keys())
+            if unknown:
+                raise ValueError(f'the checkpoint has adapter tensors that this model\'s '
+                                 f'{self.peft} does not build: {", ".join(unknown[:6])}')
         converted = self.fit_checkpoint_tensors(self.convert_checkpoint(state_dict))
-        expected = self.state_dict()
         unused = sorted(k for k in converted if k not in expected and (
             self.built_by_other_modes(k) or truncate and self._beyond_depth(k)))
         for key in unused:
@@ -148,7 +158,7 @@ class CheckpointAdaptation(CheckpointDiagnosis):
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
-        return converted
+        return {**converted, **adapters}
 
     def fit_checkpoint_tensors(self, converted: dict) -> dict:
         """Converted checkpoint tensors a family brings to this model's shapes before they
