@@ -18,6 +18,8 @@ from mmengine.config import Config
 from torch import nn
 
 from ..checkpoint_io import load_checkpoint, save_plain
+from ..engine.hooks.peft_checkpoint import META_KEY as PEFT_BASES
+from ..engine.hooks.peft_checkpoint import fill_frozen_base
 from ..engine.hosts import build_model
 from ..models.backbones.checkpoint_adaptation import checkpoint_weights
 
@@ -73,7 +75,8 @@ def _backbone_outputs(model: nn.Module, image: torch.Tensor) -> list[torch.Tenso
 def merge_peft_checkpoint(cfg: Config, checkpoint: str | os.PathLike,
                           out: str | os.PathLike) -> MergeReport:
     """Merge the adapters of ``checkpoint`` (a whole model of ``cfg``, whose backbone has a
-    ``peft`` option) and write the plain checkpoint to ``out`` (its ``meta`` kept, with
+    ``peft`` option; where :class:`~vitdense.engine.PeftCheckpointHook` left the frozen base
+    out, it is read back) and write the plain checkpoint to ``out`` (its ``meta`` kept, with
     ``peft_merged_from``), atomically; an existing ``out`` is refused (FileExistsError),
     before any work and again at the write. Raises ValueError when the merged model does
     not give the adapted one's outputs (:data:`MERGE_TOLERANCE`)."""
@@ -82,6 +85,8 @@ def merge_peft_checkpoint(cfg: Config, checkpoint: str | os.PathLike,
     plain_cfg = config_without_peft(cfg)
     source = load_checkpoint(os.fspath(checkpoint), map_location='cpu')
     adapted = build_model(cfg, 'count')
+    # a checkpoint that PeftCheckpointHook wrote holds no frozen base: read it back
+    fill_frozen_base(adapted, source)
     adapted.load_state_dict(checkpoint_weights(source), strict=True)
     adapted.eval()
     image = torch.randn(2, 3, *CHECK_SIZE, generator=torch.Generator().manual_seed(0))
@@ -99,6 +104,8 @@ def merge_peft_checkpoint(cfg: Config, checkpoint: str | os.PathLike,
         raise ValueError(f'the merged model\'s backbone outputs differ from the adapted '
                          f'model\'s by {difference:.2e} (relative), more than '
                          f'{MERGE_TOLERANCE:.0e}: nothing written')
-    meta = dict(source.get('meta') or {}, peft_merged_from=os.fspath(checkpoint))
+    meta = {key: value for key, value in (source.get('meta') or {}).items()
+            if key != PEFT_BASES}
+    meta['peft_merged_from'] = os.fspath(checkpoint)
     save_plain(dict(meta=meta, state_dict=state_dict), out, overwrite=False)
     return MergeReport(merged_layers, len(state_dict), difference)

@@ -1,6 +1,6 @@
 """tools/model_converters/merge_peft.py on the path a user takes: the LoRA demo recipe loads
-its trunk from the demo UperNet's checkpoint, trains (trunk frozen), and the merge tool writes
-a plain checkpoint that the demo config without ``peft`` loads strictly and that computes
+its trunk from the demo UperNet's checkpoint, trains (trunk frozen) and checkpoints what
+trains (vitdense.PeftCheckpointHook), and the merge tool writes a plain checkpoint that the demo config without ``peft`` loads strictly and that computes
 what the adapted model does; an existing OUT is kept, a config without peft refused."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from mmengine.runner import Runner
 
 from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_ade
+from vitdense.engine.hooks.peft_checkpoint import fill_frozen_base
 from vitdense.engine.hosts import build_model
 from vitdense.engine.tool_config import point_at_data_root
 
@@ -47,14 +48,13 @@ def test_lora_run_merges_into_a_checkpoint_of_the_plain_config(tmp_path, run_com
     cfg.default_hooks.pop('visualization')
     cfg.randomness = dict(seed=0)
     Runner.from_cfg(cfg).train()
-    trained = safe_load(tmp_path / 'work' / 'iter_2.pth')['state_dict']
-    # the trunk is the demo checkpoint's, bit for bit; its adapters and the heads trained
-    for key, value in trained.items():
-        plain_key = key.replace('.base_layer.', '.')
-        if key.startswith('backbone.') and '.lora_' not in key and \
-                not key.startswith('backbone.pyramid.'):
-            assert torch.equal(value, pretrained[plain_key]), key
-    assert any(value.abs().sum() > 0 for key, value in trained.items() if '.lora_B.' in key)
+    saved = safe_load(tmp_path / 'work' / 'iter_2.pth')
+    # the checkpoint holds what trains (adapters, pyramid, heads) and names its base
+    assert saved['meta']['peft_bases']['backbone.']['path'] == str(tmp_path / 'demo.pth')
+    assert not any(key.startswith('backbone.') and '.lora_' not in key and
+                   not key.startswith('backbone.pyramid.') for key in saved['state_dict'])
+    assert any(value.abs().sum() > 0 for key, value in saved['state_dict'].items()
+               if '.lora_B.' in key)
 
     out = tmp_path / 'merged.pth'
     result = subprocess.run([sys.executable, str(MERGE), str(REPO_ROOT / LORA_DEMO),
@@ -67,7 +67,12 @@ def test_lora_run_merges_into_a_checkpoint_of_the_plain_config(tmp_path, run_com
     plain = build_model(load_tool_config(str(REPO_ROOT / DEMO), None, 'none', None), 'deploy',
                         checkpoint=str(out))  # a strict load
     adapted = build_model(cfg, 'count')
-    adapted.load_state_dict(trained, strict=True)
+    fill_frozen_base(adapted, saved)  # the trunk: the demo checkpoint's
+    for key, value in saved['state_dict'].items():
+        if key.startswith('backbone.') and key.replace('.base_layer.', '.') in pretrained \
+                and not key.startswith('backbone.pyramid.'):
+            assert torch.equal(value, pretrained[key.replace('.base_layer.', '.')]), key
+    adapted.load_state_dict(saved['state_dict'], strict=True)
     adapted.eval()
     image = torch.randn(1, 3, 64, 64)
     with torch.no_grad():

@@ -189,9 +189,15 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         """Load a checkpoint file as ``init_cfg=dict(type='Pretrained', checkpoint=...,
         prefix=..., truncate=...)`` does: ``prefix`` selects a part of a whole-model
         checkpoint (e.g. ``'backbone.'`` of a classifier); ``truncate=True`` loads a deeper
-        trunk's first blocks. Loading is exact or raises (:meth:`adapt_checkpoint`). The
-        file is read weights-only whatever the environment says (``checkpoint_io.
-        load_checkpoint`` of the package)."""
+        trunk's first blocks. Loading is exact or raises (:meth:`read_pretrained`)."""
+        adapted = self.read_pretrained(checkpoint, prefix, map_location, truncate)
+        mmengine_checkpoint.load_state_dict(self, adapted, strict=False, logger='current')
+
+    def read_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
+                        map_location: str = 'cpu', truncate: bool = False) -> dict:
+        """The tensors :meth:`load_pretrained` loads, in this model's plain layout
+        (:meth:`adapt_checkpoint`; exact or raises). The file is read weights-only whatever
+        the environment says (``checkpoint_io.load_checkpoint`` of the package)."""
         # imported here: importing the models registers no file backend (checkpoint_io does)
         from ...checkpoint_io import load_checkpoint
         logger = MMLogger.get_current_instance()
@@ -205,11 +211,10 @@ class CheckpointAdaptation(CheckpointDiagnosis):
             if not state_dict:
                 raise ValueError(f"no tensor of {checkpoint} starts with '{prefix}'")
         try:
-            adapted = self.adapt_checkpoint(state_dict, truncate=truncate)
+            return self.adapt_checkpoint(state_dict, truncate=truncate)
         except ValueError as error:
             raise ValueError(f'{checkpoint}'
                              f'{f" (prefix {prefix!r})" if prefix else ""}: {error}') from None
-        mmengine_checkpoint.load_state_dict(self, adapted, strict=False, logger='current')
 
     def adopt_position_kernel(self, state_dict: dict) -> None:
         """A model built without ``pos_antialias`` resamples its position table, at load and
