@@ -260,3 +260,18 @@ def test_lora_backbone_compiles_in_one_graph():
     for got, want in zip(outputs + list(grads.values()),
                          eager_outputs + list(eager_grads.values())):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_adapters_train_under_autocast():
+    """Mixed precision (CPU autocast, bfloat16): peft's layers cast their input to the
+    adapters' float32 weights; the adapters get finite gradients, nothing frozen gets any."""
+    model = tiny_model('cait', 'vitdet').train()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        loss = sum(level.float().square().mean() for level in model(torch.randn(2, 3, 32, 32)))
+    loss.backward()
+    grads = {name: param.grad for name, param in model.named_parameters()}
+    assert all(grad is not None and torch.isfinite(grad).all()
+               for name, grad in grads.items() if '.lora_' in name)
+    assert all(grads[name] is None for name, param in model.named_parameters()
+               if not param.requires_grad)
+    assert any(grad.abs().sum() > 0 for name, grad in grads.items() if '.lora_B.' in name)
