@@ -275,3 +275,28 @@ def test_adapters_train_under_autocast():
     assert all(grads[name] is None for name, param in model.named_parameters()
                if not param.requires_grad)
     assert any(grad.abs().sum() > 0 for name, grad in grads.items() if '.lora_B.' in name)
+
+
+def _saved_bytes(model: nn.Module, image: torch.Tensor) -> int:
+    """Bytes of the tensors that the forward keeps for backward (outside recomputed blocks)."""
+    saved = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(image)
+    return sum(saved)
+
+
+def test_activation_checkpointing_keeps_no_activations_of_the_first_block():
+    """The frozen embedding hands the first block tokens that need no gradient, but its
+    adapters do: with ``with_cp`` it is recomputed too, and the forward keeps about the
+    blocks' inputs only (not a block's worth of activations)."""
+    options = dict(TINY_BACKBONES['vit'], img_size=32, patch_size=8, pyramid=False,
+                   out_indices=(-1,), peft=LORA)
+    image = torch.randn(2, 3, 32, 32)
+    kept = _saved_bytes(MODELS.build(dict(options, with_cp=True)).train(), image)
+    tokens = image.shape[0] * 17 * TINY_BACKBONES['vit']['arch']['embed_dims'] * 4
+    assert kept <= 2 * 4 * tokens  # four blocks' inputs, with room for the output's norm
+    assert _saved_bytes(MODELS.build(options).train(), image) > 4 * kept

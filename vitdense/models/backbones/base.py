@@ -114,10 +114,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             joins, k >= ``class_token_layer`` (as mmpretrain's XCiT): ViT's with the
             embeddings, ConViT's with its GPSA blocks, CaiT's and XCiT's with the whole trunk.
         norm_eval: keep BatchNorm layers in eval mode while training.
-        with_cp: activation checkpointing while training (a block's activations are
-            recomputed in backward instead of kept: about a third more compute for those
-            blocks): True for every block, an int K for the first K blocks only (memory
-            and compute traded block by block), False for none.
+        with_cp: activation checkpointing while training with gradients recorded (a
+            block's activations are recomputed in backward instead of kept: about a third
+            more compute for those blocks): True for every block, an int K for the first K
+            blocks only (memory and compute traded block by block), False for none.
         window_size: > 0: blocks in ``window_block_indexes`` attend within windows of this
             many tokens a side, the grid zero-padded to a multiple of it (Li et al. 2022,
             §3); the others keep global attention. Families with token attention only
@@ -546,7 +546,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
 
     def _run_block(self, index: int, block: nn.Module, tokens: torch.Tensor,
                    hw: tuple[int, int], **kwargs) -> torch.Tensor:
-        if index in self.checkpointed_blocks and self.training and tokens.requires_grad:
+        # whenever gradients are recorded, not only when the tokens need one: the first
+        # block of a frozen embedding (peft adapters) gets no such tokens, yet its adapters
+        # do; a block where nothing needs a gradient saves nothing either way
+        if index in self.checkpointed_blocks and self.training and torch.is_grad_enabled():
             return checkpoint(block, tokens, hw, use_reentrant=False, **kwargs)
         return block(tokens, hw, **kwargs)
 
