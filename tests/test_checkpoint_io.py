@@ -344,6 +344,15 @@ def test_atomic_write_leaves_old_content_on_failure(tmp_path, monkeypatch):
     assert target.read_text() == 'old' and [p.name for p in tmp_path.iterdir()] == [target.name]
 
 
+def test_atomic_write_without_overwrite_keeps_an_existing_file(tmp_path):
+    target = tmp_path / 'merged.pth'
+    atomic_write(target, 'new', overwrite=False)
+    assert target.read_text() == 'new'
+    with pytest.raises(FileExistsError, match='merged.pth exists; it is kept'):
+        atomic_write(target, 'newer', overwrite=False)
+    assert target.read_text() == 'new' and [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
 def test_old_checkpoints_removed_only_after_new_one(tmp_path):
     runner = make_runner(tmp_path, max_epochs=3, max_keep_ckpts=2)
     runner.train()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vitdense and the OpenMMLab stack into .venv/ (torch 2.14.1, mmengine, mmdet, mmseg,
-# mmpretrain, timm): nothing is compiled, on CPU and GPU machines alike.
+# mmpretrain, timm, peft): nothing is compiled, on CPU and GPU machines alike.
 #
 #   bash tools/install.sh               # mmcv-lite 2.1.0 + vitdense's torch-native mmcv ops
 #   bash tools/install.sh --full-mmcv   # mmcv 2.1.0 with its compiled ops instead
@@ -138,7 +138,7 @@ elif ! have "mmcv-lite==$MMCV_VERSION"; then
   "${PIP[@]}" --quiet --only-binary=:all: "mmcv-lite==$MMCV_VERSION"
 fi
 
-step "mmdet, mmsegmentation, mmpretrain, timm, pycocotools and test tools"
+step "mmdet, mmsegmentation, mmpretrain, timm, peft, pycocotools and test tools"
 "${PIP[@]}" --quiet --only-binary=:all: -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
 
 if [ "$DEPLOY" = 1 ]; then
@@ -169,10 +169,11 @@ elif ! { have vitdense-mmcv-ext && cmp -s "$EXT/vitdense-mmcv-ext.pth" "$SITE/vi
 fi
 
 "$PY" - <<'PYEOF'
-import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm
+import torch, mmcv, mmcv.ops, mmengine, mmdet, mmseg, mmpretrain, timm, peft
 ops = mmcv.ops.get_compiler_version()
 ops = 'torch-native ops' if ops.startswith('none') else 'compiled ops (' + ops + ')'
 print('[vitdense install] ready: torch', torch.__version__, '| mmengine', mmengine.__version__,
       '| mmcv', mmcv.__version__, ops, '| mmdet', mmdet.__version__, '| mmseg',
-      mmseg.__version__, '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__)
+      mmseg.__version__, '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__,
+      '| peft', peft.__version__)
 PYEOF

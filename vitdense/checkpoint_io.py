@@ -355,13 +355,14 @@ def from_plain(obj: Any) -> Any:
     return _walk(obj, _from_plain)
 
 
-def save_plain(checkpoint: Any, path: str | os.PathLike) -> None:
+def save_plain(checkpoint: Any, path: str | os.PathLike, overwrite: bool = True) -> None:
     """Save ``checkpoint`` as plain data (:func:`to_plain`) to ``path``, atomically
-    (:func:`atomic_write`): what converters and tools write loads with ``torch.load``'s
-    defaults, and a failed save leaves ``path`` as it was."""
+    (:func:`atomic_write`, which ``overwrite=False`` makes refuse an existing ``path``): what
+    converters and tools write loads with ``torch.load``'s defaults, and a failed save leaves
+    ``path`` as it was."""
     buffer = io.BytesIO()
     torch.save(to_plain(checkpoint), buffer)
-    atomic_write(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue(), overwrite=overwrite)
 
 
 def plain_checkpoint(src: str | os.PathLike, dst: str | os.PathLike,
@@ -374,11 +375,13 @@ def plain_checkpoint(src: str | os.PathLike, dst: str | os.PathLike,
     save_plain(safe_load(src, map_location='cpu'), dst)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes | str, overwrite: bool = True) -> None:
     """Write ``data`` to ``path`` so that ``path`` holds either its old or its new content.
 
     The bytes go to a temporary file in the same folder, are fsynced, and the file is renamed
     over ``path`` (atomic on POSIX); the folder is fsynced so the rename survives a crash.
+    ``overwrite=False``: the file is linked to ``path`` instead, which fails with
+    FileExistsError if ``path`` exists, also when another process created it meanwhile.
     """
     path = os.fspath(path)
     folder = osp.dirname(osp.abspath(path))
@@ -388,7 +391,14 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise FileExistsError(f'{path} exists; it is kept') from None
+            os.remove(tmp)
     except BaseException:
         if osp.exists(tmp):
             os.remove(tmp)

@@ -1,11 +1,14 @@
 """``import vitdense.models`` needs torch, mmengine and timm only: the host libraries (mmcv,
-mmdet, mmseg, mmpretrain) and the tools' drawing and logging libraries stay unimported."""
+mmdet, mmseg, mmpretrain), the tools' drawing and logging libraries and peft (with the
+transformers it imports: seconds), which only a backbone built with ``peft`` needs, stay
+unimported."""
 import subprocess
 import sys
 
 from common import TINY_ARCH
 
-OPTIONAL = ('mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'matplotlib', 'tensorboard')
+OPTIONAL = ('mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'matplotlib', 'tensorboard', 'peft',
+            'transformers')
 
 BLOCK_AND_BUILD = f"""
 import importlib.abc, sys

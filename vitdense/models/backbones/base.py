@@ -8,7 +8,7 @@ ours. Everything else lives here once.
 """
 import re
 import warnings
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -22,6 +22,9 @@ from ..layers.branched import BranchedLinear
 from ..layers.grid import Grid
 from ..layers.pyramid import PYRAMID_STRIDES, MultiLevelPyramid, check_levels
 from .checkpoint_adaptation import CheckpointAdaptation
+
+if TYPE_CHECKING:
+    from .peft_tuning import PeftTuning
 
 OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
 #: how inputs that are not a multiple of the patch size (or of the pyramid's 32) are met
@@ -111,10 +114,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             joins, k >= ``class_token_layer`` (as mmpretrain's XCiT): ViT's with the
             embeddings, ConViT's with its GPSA blocks, CaiT's and XCiT's with the whole trunk.
         norm_eval: keep BatchNorm layers in eval mode while training.
-        with_cp: activation checkpointing while training (a block's activations are
-            recomputed in backward instead of kept: about a third more compute for those
-            blocks): True for every block, an int K for the first K blocks only (memory
-            and compute traded block by block), False for none.
+        with_cp: activation checkpointing while training with gradients recorded (a
+            block's activations are recomputed in backward instead of kept: about a third
+            more compute for those blocks): True for every block, an int K for the first K
+            blocks only (memory and compute traded block by block), False for none.
         window_size: > 0: blocks in ``window_block_indexes`` attend within windows of this
             many tokens a side, the grid zero-padded to a multiple of it (Li et al. 2022,
             §3); the others keep global attention. Families with token attention only
@@ -154,6 +157,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         arch_overrides: settings that replace those of ``arch``: how a family passes its
             own constructor options (``stem``, ...) to its builders. Its keys, as a custom
             ``arch`` dict's, are checked: an unknown one raises naming the valid ones.
+        peft: parameter-efficient fine-tuning through Hugging Face ``peft``, e.g.
+            ``dict(type='LoRA', r=16, alpha=32, targets=('qkv', 'proj', 'fc1', 'fc2'),
+            blocks=None)``: adapters on those layers of the trunk's blocks, everything a
+            pretrained checkpoint supplies frozen (:class:`.peft_tuning.PeftTuning` lists
+            the settings). None: every tensor trains.
     """
 
     arch_zoo: dict[str, dict] = {}
@@ -207,7 +215,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                  pretrained: Optional[str] = None,
                  depth: Optional[int] = None,
                  layer_scale: Optional[float] = None,
-                 arch_overrides: Optional[dict] = None) -> None:
+                 arch_overrides: Optional[dict] = None,
+                 peft: Optional[dict] = None) -> None:
         super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
         self._set_arch(arch, arch_overrides, depth, layer_scale)
         self.patch_size, self.in_channels, self.norm_eps = patch_size, in_channels, norm_eps
@@ -234,7 +243,26 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self._build_outputs(pyramid_norm_cfg)
         self._set_batch_norm(norm_cfg or dict(type='BN'))
         self._init_parameters()
+        self.peft = self._apply_peft(peft)
         self._freeze_stages()
+
+    def _apply_peft(self, peft: Optional[dict]) -> Optional['PeftTuning']:
+        """The ``peft`` option applied to the built, initialised trunk, or None."""
+        if peft is None:
+            return None
+        if not isinstance(peft, dict):
+            raise TypeError(f'peft must be a dict such as dict(type=\'LoRA\', r=16, '
+                            f'alpha=32), got {type(peft).__name__}')
+        # imported here: peft imports transformers, seconds that a backbone without it skips
+        try:
+            from .peft_tuning import PeftTuning
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(f'the peft option needs the peft package ({error}): '
+                                      f'bash tools/install.sh, or pip install peft==0.21.0 '
+                                      f'"transformers<5"') from error
+        tuning = PeftTuning(**peft)
+        tuning.apply(self, self.new_in_fine_tuning)
+        return tuning
 
     # ------------------------------------------------------------------ family hooks
     def build_patch_embed(self) -> nn.Module:
@@ -518,7 +546,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
 
     def _run_block(self, index: int, block: nn.Module, tokens: torch.Tensor,
                    hw: tuple[int, int], **kwargs) -> torch.Tensor:
-        if index in self.checkpointed_blocks and self.training and tokens.requires_grad:
+        # whenever gradients are recorded, not only when the tokens need one: the first
+        # block of a frozen embedding (peft adapters) gets no such tokens, yet its adapters
+        # do; a block where nothing needs a gradient saves nothing either way
+        if index in self.checkpointed_blocks and self.training and torch.is_grad_enabled():
             return checkpoint(block, tokens, hw, use_reentrant=False, **kwargs)
         return block(tokens, hw, **kwargs)
 
@@ -613,6 +644,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     def train(self, mode: bool = True) -> 'ColumnarBackbone':
         super().train(mode)
         self._freeze_stages()
+        if mode and self.peft is not None:
+            self.peft.keep_frozen_statistics(self)
         if mode and self.norm_eval:
             for module in self.modules():
                 if isinstance(module, _BatchNorm):

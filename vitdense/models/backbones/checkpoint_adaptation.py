@@ -43,10 +43,11 @@ def checkpoint_weights(checkpoint: dict) -> dict:
 
 class CheckpointAdaptation(CheckpointDiagnosis):
     """Reading foreign checkpoints, for a ``ColumnarBackbone`` (a ``BaseModule`` with
-    ``dense``, ``out_type``, ``arch_name``, ``embed_dims``, ``num_layers``, ``patch_size``):
-    keys through the family's table (``checkpoint_keys``), tensors fitted to the model, the
-    load exact or refused (the refusal written by :class:`CheckpointDiagnosis`), and
-    ``Pretrained`` initialisation through it.
+    ``dense``, ``out_type``, ``arch_name``, ``embed_dims``, ``num_layers``, ``patch_size``,
+    ``peft``): keys through the family's table (``checkpoint_keys``), tensors fitted to the
+    model, the load exact or refused (the refusal written by :class:`CheckpointDiagnosis`),
+    and ``Pretrained`` initialisation through it. A model with peft adapters reads plain
+    checkpoints (the adapters keep their initialisation) and its own.
     """
 
     #: the family's checkpoint keys (timm's, read both ways; other layouts'; tensors merged
@@ -126,8 +127,17 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         error says what the checkpoint is and which option loads it.
         """
         state_dict = checkpoint_weights(state_dict)
+        expected, adapters = self.state_dict(), {}
+        if self.peft is not None:
+            # keys are checked in the plain layout; the adapters' tensors, which a plain
+            # checkpoint lacks, keep their initialisation unless the checkpoint has them
+            state_dict, adapters = self.peft.split_checkpoint(state_dict)
+            expected, expected_adapters = self.peft.split_checkpoint(expected)
+            unknown = sorted(adapters.keys() - expected_adapters.keys())
+            if unknown:
+                raise ValueError(f'the checkpoint has adapter tensors that this model\'s '
+                                 f'{self.peft} does not build: {", ".join(unknown[:6])}')
         converted = self.fit_checkpoint_tensors(self.convert_checkpoint(state_dict))
-        expected = self.state_dict()
         unused = sorted(k for k in converted if k not in expected and (
             self.built_by_other_modes(k) or truncate and self._beyond_depth(k)))
         for key in unused:
@@ -148,7 +158,7 @@ class CheckpointAdaptation(CheckpointDiagnosis):
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
-        return converted
+        return {**converted, **adapters}
 
     def fit_checkpoint_tensors(self, converted: dict) -> dict:
         """Converted checkpoint tensors a family brings to this model's shapes before they
@@ -179,9 +189,15 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         """Load a checkpoint file as ``init_cfg=dict(type='Pretrained', checkpoint=...,
         prefix=..., truncate=...)`` does: ``prefix`` selects a part of a whole-model
         checkpoint (e.g. ``'backbone.'`` of a classifier); ``truncate=True`` loads a deeper
-        trunk's first blocks. Loading is exact or raises (:meth:`adapt_checkpoint`). The
-        file is read weights-only whatever the environment says (``checkpoint_io.
-        load_checkpoint`` of the package)."""
+        trunk's first blocks. Loading is exact or raises (:meth:`read_pretrained`)."""
+        adapted = self.read_pretrained(checkpoint, prefix, map_location, truncate)
+        mmengine_checkpoint.load_state_dict(self, adapted, strict=False, logger='current')
+
+    def read_pretrained(self, checkpoint: str, prefix: Optional[str] = None,
+                        map_location: str = 'cpu', truncate: bool = False) -> dict:
+        """The tensors :meth:`load_pretrained` loads, in this model's plain layout
+        (:meth:`adapt_checkpoint`; exact or raises). The file is read weights-only whatever
+        the environment says (``checkpoint_io.load_checkpoint`` of the package)."""
         # imported here: importing the models registers no file backend (checkpoint_io does)
         from ...checkpoint_io import load_checkpoint
         logger = MMLogger.get_current_instance()
@@ -195,11 +211,10 @@ class CheckpointAdaptation(CheckpointDiagnosis):
             if not state_dict:
                 raise ValueError(f"no tensor of {checkpoint} starts with '{prefix}'")
         try:
-            adapted = self.adapt_checkpoint(state_dict, truncate=truncate)
+            return self.adapt_checkpoint(state_dict, truncate=truncate)
         except ValueError as error:
             raise ValueError(f'{checkpoint}'
                              f'{f" (prefix {prefix!r})" if prefix else ""}: {error}') from None
-        mmengine_checkpoint.load_state_dict(self, adapted, strict=False, logger='current')
 
     def adopt_position_kernel(self, state_dict: dict) -> None:
         """A model built without ``pos_antialias`` resamples its position table, at load and

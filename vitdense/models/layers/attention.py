@@ -88,6 +88,10 @@ class MultiheadSelfAttention(nn.Module):
     window attention). ``rel_pos_bias``: BEiT's per-block relative position bias.
     """
 
+    #: linear layers whose weights the forward reads directly (the talking-heads kernels),
+    #: not through the layer: a wrapper around them (a peft adapter) would be bypassed
+    weights_read_directly = ('mix_logits', 'mix_weights')
+
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  attn_drop: float = 0., proj_drop: float = 0., talking_heads: bool = False,
                  num_branches: int = 1, rel_pos_grid: Optional[Grid] = None,
@@ -297,6 +301,10 @@ class GatedPositionalSelfAttention(nn.Module):
     module, so a forward changes no state (export with a dynamic grid).
     ``rel_pos_grid``: ViTDet's relative position bias on the content term.
     """
+
+    #: the positional logits read ``pos_proj``'s weight directly (see above): a wrapper
+    #: around it (a peft adapter) would be bypassed
+    weights_read_directly = ('pos_proj',)
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False,
                  proj_drop: float = 0., locality_strength: float = 1.,

@@ -1,0 +1,9 @@
+# LoRA settings of the demo LoRA recipes (`*_lora_demo-ade.py`): rank-8 adapters (alpha 16)
+# from Hugging Face peft on the qkv, output projection and FFN layers of every trunk block.
+# The trunk is frozen as loaded; the adapters, the multi-layer pyramid and the heads train.
+# A leaf adds them to its family's demo UperNet and loads the trunk from that demo's trained
+# checkpoint, where tools/train.py writes it (train the demo first, or point
+# model.backbone.init_cfg.checkpoint elsewhere with --cfg-options). The run's checkpoints
+# hold what trains and name the frozen base by path and checksum (vitdense.PeftCheckpointHook).
+demo_lora = dict(type='LoRA', r=8, alpha=16, targets=('qkv', 'proj', 'fc1', 'fc2'))
+custom_hooks = [dict(type='vitdense.PeftCheckpointHook')]
