@@ -1,10 +1,12 @@
 """ViTs users hold from other sources (EVA-02, DINOv3, CLIP, qk_norm ViTs) load into ViT and
 compute what the source library computes: small random timm models with perturbed weights,
 at their own size and a non-square one, in the classifier, pyramid and ViTDet layouts."""
+import math
 from typing import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mmengine.logging import MMLogger
 from timm.layers import resample_abs_pos_embed
 
@@ -322,6 +324,89 @@ def test_dinov2_hub_file_loads_as_timm_converts_it(caplog):
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)
+
+
+def dinov2_positions(table: torch.Tensor, hw: tuple[int, int], antialias: bool,
+                     offset: float) -> torch.Tensor:
+    """DINOv2's ``interpolate_pos_encoding`` (facebookresearch/dinov2,
+    ``dinov2/models/vision_transformer.py``), written from its code: the table (class row,
+    then M x M patch rows) kept at its own grid, else the patch rows resampled by bicubic
+    ``F.interpolate`` with the scale factor ``(side + offset) / M`` (the hub's files without
+    registers: offset 0.1, no antialiasing) or, without offset, to the size (with registers:
+    antialiased)."""
+    side = math.isqrt(table.shape[1] - 1)
+    if tuple(hw) == (side, side):
+        return table
+    grid = table[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
+    resize = dict(scale_factor=((hw[0] + offset) / side, (hw[1] + offset) / side)) \
+        if offset else dict(size=hw)
+    grid = F.interpolate(grid, mode='bicubic', antialias=antialias, **resize)
+    assert grid.shape[-2:] == hw
+    return torch.cat([table[:, :1], grid.permute(0, 2, 3, 1).flatten(1, 2)], dim=1)
+
+
+def dinov2_forward(reference: torch.nn.Module, hub: dict, images: torch.Tensor
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """DINOv2's forward (``prepare_tokens_with_masks``, its blocks, its norm) on the hub
+    file ``hub``, with the blocks of timm's ViT (DINOv2's blocks: LayerScale, fused qkv):
+    the normalised class token and every block's map of patches."""
+    registers = hub.get('register_tokens')
+    kernel = dict(antialias=True, offset=0.) if registers is not None else \
+        dict(antialias=False, offset=.1)
+    x = reference.patch_embed.proj(images)
+    hw = tuple(x.shape[-2:])
+    x = torch.cat([hub['cls_token'].expand(len(x), -1, -1), x.flatten(2).transpose(1, 2)], 1)
+    x = x + dinov2_positions(hub['pos_embed'], hw, **kernel)
+    if registers is not None:
+        x = torch.cat([x[:, :1], registers.expand(len(x), -1, -1), x[:, 1:]], dim=1)
+    maps = []
+    for block in reference.blocks:
+        x = block(x)
+        maps.append(x[:, -hw[0] * hw[1]:].transpose(1, 2).reshape(len(x), -1, *hw))
+    return reference.norm(x)[:, 0], maps
+
+
+@pytest.mark.parametrize('registers', [False, True])
+@pytest.mark.parametrize('image_hw', [(518, 518), (224, 224), (224, 308)])
+def test_dinov2_hub_file_is_resampled_as_dinov2_resamples_it(registers, image_hw, caplog):
+    """DINOv2's hub files, built as documented (``img_size=518``), compute DINOv2's own
+    forward at the file's size, at 224 and at a non-square size: the kernel of each hub file
+    (offset scale factor without registers, antialiased with them) is read from the file's
+    layout. Timm's antialiased kernel, the default for the file without registers, is off."""
+    import timm
+    reference = timm.create_model('vit_base_patch14_dinov2', num_classes=0, img_size=518,
+                                  **SMALL_TIMM).eval()
+    hub = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(hub)
+    hub['mask_token'] = torch.zeros(1, 64)
+    options = dict(patch_size=14, img_size=518, layer_scale=1e-5)
+    if registers:
+        hub['register_tokens'] = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(1))
+        options.update(reg_tokens=4, no_embed_class=True)
+    images = torch.randn(1, 3, *image_hw, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        class_token, maps = dinov2_forward(reference, hub, images)
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        classifier.load_state_dict(classifier.adapt_checkpoint(hub))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert ('scale factor offset by 0.1' in caplog.text) is not registers
+    with torch.no_grad():
+        assert (classifier(images)[0] - class_token).abs().max() <= \
+            RELATIVE_TOLERANCE * class_token.abs().max()
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(hub))
+    assert_block_maps_match(dense, maps, images)
+    if not registers and image_hw != (518, 518):
+        timm_kernel = ViT(SMALL, pyramid=False, out_indices=(0,), pos_antialias=True,
+                          **options).eval()
+        timm_kernel.load_state_dict(timm_kernel.adapt_checkpoint(hub))
+        with torch.no_grad():
+            assert (timm_kernel(images)[0] - maps[0]).abs().max() > \
+                100 * RELATIVE_TOLERANCE * maps[0].abs().max()
 
 
 def test_dinov3_hub_file_loads_as_timm_converts_it():

@@ -15,6 +15,7 @@ import torch
 from mmengine.logging import MMLogger
 from mmengine.runner import checkpoint as mmengine_checkpoint
 
+from ..layers.embed import PositionKernel
 from .checkpoint_diagnosis import BLOCK_INDEX, CheckpointDiagnosis
 from .checkpoint_keys import SHARED_KEYS, KeyTable
 
@@ -63,10 +64,11 @@ class CheckpointAdaptation(CheckpointDiagnosis):
     #: tensors of the model a checkpoint may lack: new in fine-tuning, initialised so that
     #: the checkpoint's function is kept (the dense pyramid, zero relative position tables)
     new_in_fine_tuning = r'^pyramid\.|\.attn\.rel_pos\.'
-    #: how the library of a checkpoint layout resamples position tables: (a key pattern of
-    #: the layout as saved, antialias); the first match is the kernel, at load and in
-    #: forward, of a model built without ``pos_antialias``; none: timm's antialiased bicubic
-    position_kernels: tuple[tuple[str, bool], ...] = ()
+    #: how the library of a checkpoint layout resamples position tables: (key patterns that
+    #: each match a key of the layout as saved, a pattern none matches or None, its kernel);
+    #: the first layout the checkpoint has gives the kernel, at load and in forward, of a
+    #: model built without ``pos_antialias``; none: timm's antialiased bicubic
+    position_kernels: tuple[tuple[tuple[str, ...], Optional[str], PositionKernel], ...] = ()
 
     @classmethod
     def checkpoint_table(cls) -> KeyTable:
@@ -205,17 +207,27 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         """A model built without ``pos_antialias`` resamples its position table, at load and
         in forward, as the library whose layout ``state_dict`` (keys as saved) has: the
         family's ``position_kernels``, else timm's antialiased bicubic; logged when that is
-        not the default."""
-        if self.pos_kernel_chosen or not hasattr(self.pos_embed, 'antialias'):
+        not the default, or when the model's chosen kernel is not the checkpoint's."""
+        if not hasattr(self.pos_embed, 'antialias'):
             return
-        antialias = next((antialias for pattern, antialias in self.position_kernels
-                          if any(re.match(pattern, key) for key in state_dict)), True)
-        if antialias != self.pos_antialias:
-            MMLogger.get_current_instance().info(
+        kernel = next((kernel for present, absent, kernel in self.position_kernels
+                       if all(any(re.search(p, k) for k in state_dict) for p in present)
+                       and not (absent and any(re.search(absent, k) for k in state_dict))),
+                      PositionKernel())
+        current = PositionKernel(self.pos_embed.antialias, self.pos_embed.offset)
+        if kernel == current:
+            return
+        logger = MMLogger.get_current_instance()
+        if self.pos_kernel_chosen:
+            logger.warning(
                 f'{type(self).__name__}: the checkpoint\'s library resamples position tables '
-                f'{"with" if antialias else "without"} antialiasing; so does this model (set '
-                f'pos_antialias to choose)')
-        self.pos_antialias = self.pos_embed.antialias = antialias
+                f'as {kernel}; this model resamples them as {current}, as its pos_antialias '
+                f'chooses (leave pos_antialias unset to take the checkpoint\'s)')
+            return
+        logger.info(f'{type(self).__name__}: the checkpoint\'s library resamples position '
+                    f'tables as {kernel}; so does this model (set pos_antialias to choose)')
+        self.pos_antialias = self.pos_embed.antialias = kernel.antialias
+        self.pos_embed.offset = kernel.offset
 
     def built_by_other_modes(self, key: str) -> bool:
         """Whether checkpoint tensor ``key`` belongs to a part this model's mode does not

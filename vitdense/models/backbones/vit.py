@@ -16,7 +16,8 @@ from timm.layers import resample_patch_embed
 from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import FeedForward, TransformerBlock
-from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
+from ..layers.embed import (HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed,
+                             PositionKernel)
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import SwiGLU, merge_swiglu_tensors
@@ -313,8 +314,15 @@ class ViT(ColumnarBackbone):
     #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
     classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
     #: mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
-    #: forward): ``F.interpolate`` bicubic without antialiasing
-    position_kernels = ((r'^layers\.\d+\.', False),)
+    #: forward): ``F.interpolate`` bicubic without antialiasing; DINOv2's hub models
+    #: (``interpolate_pos_encoding``): without registers (a ``mask_token``, LayerScale, the
+    #: class row in the table), plain bicubic with the scale factor offset by 0.1; with
+    #: registers, antialiased without offset, as timm
+    position_kernels = (
+        ((r'^layers\.\d+\.',), None, PositionKernel(antialias=False)),
+        ((r'^mask_token$', r'^blocks\.\d+\.ls1\.gamma$', r'^pos_embed$'), r'^register_tokens$',
+         PositionKernel(antialias=False, offset=.1)),
+    )
     timm_arguments = dict(layer_scale='init_values', no_embed_class='no_embed_class',
                           reg_tokens='reg_tokens', class_token='class_token',
                           qk_norm='qk_norm', act_layer='act_layer', pre_norm='pre_norm',
