@@ -543,33 +543,98 @@ def test_beit_pretraining_table_is_shared_by_every_block():
     assert 'blocks.0.attn.relative_position_bias.table' in model.no_weight_decay()
 
 
-def test_eva02_release_loads_as_timm_converts_it():
-    """EVA-02's own layout (SwiGLU ``w1``/``w2``/``w3`` and ``ffn_ln``, q, k, v maps with q
-    and v biases, rotary tables, the mask token and MIM head) computes what timm computes
-    from it after timm's own conversion."""
-    import timm
-    from timm.models.eva import checkpoint_filter_fn
-    reference = timm.create_model('eva02_base_patch14_224', num_classes=0,
-                                  **SMALL_TIMM).eval()
-    timm_layout = perturbed(reference.state_dict(), .05)
-    renames = {'mlp.fc1_g': 'mlp.w1', 'mlp.fc1_x': 'mlp.w2', 'mlp.fc2': 'mlp.w3',
-               'mlp.norm': 'mlp.ffn_ln', 'attn.q_proj.bias': 'attn.q_bias',
-               'attn.v_proj.bias': 'attn.v_bias'}
+def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """EVA-02's ``VisionRotaryEmbeddingFast`` buffers (baaivision/EVA, ``EVA-02/asuka/
+    rope.py``), written from its code: frequencies ``theta^(-2j / (head_dim / 2))``,
+    coordinates ``i / side * reference``, pairs interleaved, rows' angles then columns'."""
+    dim = head_dim // 2
+    frequencies = 1. / (10000 ** (torch.arange(0, dim, 2)[:dim // 2].float() / dim))
+    coordinates = torch.arange(side) / side * reference
+    angles = torch.einsum('i,f->if', coordinates, frequencies).repeat_interleave(2, dim=-1)
+    angles = torch.cat([angles[:, None].expand(side, side, -1),
+                        angles[None].expand(side, side, -1)], dim=-1).reshape(-1, head_dim)
+    return angles.cos(), angles.sin()
+
+
+#: timm's EVA-02 keys -> the official release's: B and L (``q_proj``, ``k_proj``, ``v_proj``
+#: with q and v biases apart, SwiGLU ``w1``, ``w2``, ``ffn_ln``, ``w3``), Ti and S (a fused
+#: ``qkv`` with q and v biases apart, xformers' packed SwiGLU ``w12``, ``w3``)
+EVA02_RELEASE_KEYS = {'mlp.fc1_g': 'mlp.w1', 'mlp.fc1_x': 'mlp.w2', 'mlp.fc2': 'mlp.w3',
+                      'mlp.norm': 'mlp.ffn_ln', 'mlp.fc1': 'mlp.w12',
+                      'attn.q_proj.bias': 'attn.q_bias', 'attn.v_proj.bias': 'attn.v_bias'}
+
+
+def eva02_release(timm_layout: dict, side: int, pretraining: bool) -> dict:
+    """An official EVA-02 file from timm's state dict: fine-tuned (``fc_norm``, a head) or
+    masked-image-modelling (``norm``, ``mask_token``, ``lm_head``), its rotary tables for the
+    file's ``side`` x ``side`` grid and the 16 x 16 pretraining grid, once for the model and
+    once per block, as the official model's state dict holds them."""
     released = {}
     for key, value in timm_layout.items():
-        for timm_name, release_name in renames.items():
-            key = key.replace(timm_name, release_name)
-        released[key] = value
-    released.update({'rope.freqs_cos': torch.ones(256, 32), 'mask_token': torch.zeros(1, 1, 64),
-                     'lm_head.weight': torch.zeros(8, 64)})
-    reference.load_state_dict(checkpoint_filter_fn(dict(released), reference))
-    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3),
-                **table_options('eva02_base_patch14_224')).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(released))
-    images = torch.randn(2, 3, 224, 224)
-    assert_block_maps_match(dense, reference.forward_intermediates(
-        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
-        images)
+        for timm_name, release_name in EVA02_RELEASE_KEYS.items():
+            key = key.replace(timm_name + '.', release_name + '.')
+        released[key.replace('fc_norm.', 'norm.') if pretraining else key] = value
+    cos, sin = eva02_official_rotary_tables(SMALL['embed_dims'] // SMALL['num_heads'], 16, side)
+    for prefix in [''] + [f'blocks.{i}.attn.' for i in range(SMALL['num_layers'])]:
+        released.update({f'{prefix}rope.freqs_cos': cos, f'{prefix}rope.freqs_sin': sin})
+    if pretraining:
+        released.update(mask_token=torch.zeros(1, 1, 64), **{'lm_head.weight': torch.zeros(8, 64),
+                                                             'lm_head.bias': torch.zeros(8)})
+    else:
+        released.update({'head.weight': torch.zeros(10, 64), 'head.bias': torch.zeros(10)})
+    return released
+
+
+@pytest.mark.parametrize('pretraining', [False, True])
+@pytest.mark.parametrize('timm_name', ['eva02_base_patch14_224', 'eva02_small_patch14_336',
+                                       'eva02_large_patch14_448'])
+def test_eva02_official_release_computes_what_timm_computes(timm_name, pretraining, caplog):
+    """EVA-02's official files (fine-tuned and masked-image-modelling; B / L and Ti / S
+    layouts) load with ``ViT.timm_models``' options and the file's ``img_size``: their rotary
+    tables are checked against the model's and dropped with a log line, and every block's map
+    is timm's, at the file's size, 224 and a non-square size."""
+    import timm
+    options = table_options(timm_name)
+    reference = timm.create_model(timm_name, num_classes=0, dynamic_img_size=True,
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    side = options['img_size'] // 14 if 'img_size' in options else 16
+    released = eva02_release(timm_layout, side, pretraining)
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        dense.load_state_dict(dense.adapt_checkpoint(released))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert 'rotary tables' in caplog.text and 'dropped' in caplog.text
+    for image_hw in [(side * 14, side * 14), (224, 224), (196, 280)]:
+        images = torch.randn(1, 3, *image_hw)
+        assert_block_maps_match(dense, reference.forward_intermediates(
+            images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW',
+            intermediates_only=True), images)
+
+
+def test_eva02_rotary_grid_is_read_from_the_files_tables():
+    """A model built for the file's size without ``ref_feat_shape`` (its reference grid then
+    the 24 x 24 of 336 px) is refused, the advice naming the 16 x 16 that EVA-02's tables in
+    the file are built for; tables no grid of the model computes are refused, not dropped."""
+    import timm
+    state_dict = timm.create_model('eva02_small_patch14_336', num_classes=0,
+                                   **SMALL_TIMM).state_dict()
+    released = eva02_release(state_dict, 24, pretraining=False)
+    options = dict(table_options('eva02_small_patch14_336'), ref_feat_shape=None)
+    with pytest.raises(ValueError, match=r'to load it: ref_feat_shape=\(16, 16\) \(the '
+                                         r'reference grid of the checkpoint\'s EVA-02 rotary'):
+        ViT(SMALL, pyramid=False, **options).adapt_checkpoint(released)
+    ViT(SMALL, pyramid=False, **dict(options, ref_feat_shape=(16, 16))).adapt_checkpoint(
+        released)
+    released['blocks.1.attn.rope.freqs_sin'] = released['blocks.1.attn.rope.freqs_sin'] + 1e-3
+    with pytest.raises(ValueError, match=r'unexpected: (.|\n)*rope.freqs_'):
+        ViT(SMALL, pyramid=False, **table_options('eva02_small_patch14_336')).adapt_checkpoint(
+            released)
 
 
 def test_patch_projection_is_resampled_only_where_asked():

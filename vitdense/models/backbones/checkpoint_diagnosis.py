@@ -6,6 +6,8 @@ import math
 import re
 from typing import Optional
 
+from ..layers.rotary import eva02_reference_grid
+
 BLOCK_INDEX = re.compile(r'^blocks\.(\d+)\.')
 #: the prefix of the backbone's tensors in a whole OpenMMLab model's checkpoint
 BACKBONE_PREFIX = 'backbone.'
@@ -26,7 +28,8 @@ def describe_checkpoint(state_dict: dict) -> dict:
     position table before its grid (the class token's), normalisation after pooling
     (``fc_norm``), class-attention blocks, patch size (of a linear patch projection),
     attention biases, class token, gated positional (GPSA) blocks, the FFN's hidden width
-    and whether it is gated (SwiGLU: a first map of twice the hidden width)."""
+    and whether it is gated (SwiGLU: a first map of twice the hidden width), the reference
+    grid of EVA-02's rotary tables where it keeps them."""
     from . import backbone_families  # the families import this module
     scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
               if cls.checkpoint_markers and all(
@@ -54,7 +57,11 @@ def describe_checkpoint(state_dict: dict) -> dict:
         class_token='cls_token' in state_dict,
         gpsa_blocks=sum(bool(GPSA_GATING.match(k)) for k in state_dict),
         mlp_hidden=fc2.shape[-1] if fc2 is not None else None,
-        gated_mlp=fc1 is not None and fc2 is not None and fc1.shape[-2] == 2 * fc2.shape[-1])
+        gated_mlp=fc1 is not None and fc2 is not None and fc1.shape[-2] == 2 * fc2.shape[-1],
+        rotary_grid=next((eva02_reference_grid(state_dict[k], state_dict[k[:-3] + 'sin'])
+                          for k in sorted(state_dict)
+                          if k.endswith('rope.freqs_cos') and k[:-3] + 'sin' in state_dict),
+                         None))
 
 
 def _ratio_of(hidden: int, width: int) -> float:

@@ -5,6 +5,7 @@ about Vision Transformers" (Touvron et al., 2022): parallel blocks (§3), the hM
 Class token and learned absolute positions as in the ViT paper; widths are DeiT's for
 tiny/small and ViT's for base/large/huge.
 """
+import math
 import re
 from typing import Optional, Union
 
@@ -31,6 +32,9 @@ POS_EMBEDS = ('learn', 'none')
 EVA_QV_BIAS = re.compile(r'^(blocks\.\d+\.attn)\.q_bias$')
 EVA_SPLIT_QKV = re.compile(r'^(blocks\.\d+\.attn)\.q_proj\.weight$')
 BLOCK = re.compile(r'^blocks\.(\d+)\.')
+#: EVA-02's rotary tables as saved against ours: cosines and sines of the same angles,
+#: computed in float32 in another order of operations
+ROTARY_TABLE_TOLERANCE = 1e-5
 #: timm's per-branch modules of a parallel block (``attns.<b>.norm``, ...) -> ours
 TIMM_PARALLEL_MODULES = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn',
                          ('attns', 'ls'): 'ls1', ('ffns', 'norm'): 'norm2',
@@ -100,10 +104,13 @@ SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: tensors of the sources' pretraining or other tasks that ViT has no module for, left out
 #: with a log line naming them (as timm does): DINOv2's and DINOv3's mask token, DINOv3's
 #: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
-#: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's rotary
-#: tables (recomputed) and masked-image-modelling head
-SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|rope\.|lm_head\.|neck\.|prompt_encoder\.|'
+#: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's
+#: masked-image-modelling head
+SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|lm_head\.|neck\.|prompt_encoder\.|'
                     r'mask_decoder\.)|\.qkv\.bias_mask$|relative_position_index$')
+#: EVA-02's rotary tables, which its official code keeps as buffers, once for the model and
+#: once in every block: checked against what the model computes, then dropped
+EVA_ROTARY_TABLE = re.compile(r'^(|blocks\.\d+\.attn\.)rope\.freqs_(cos|sin)$')
 #: timm's per-branch modules of a parallel block: block, group, branch, module, parameter
 PARALLEL_BRANCH = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
 #: our modules of a block, which a parallel block branches
@@ -209,8 +216,10 @@ def split_parallel_branches(state_dict: dict) -> dict:
 
 
 #: the options of the published families timm holds (their sizes: ``ViT.timm_models``):
-#: EVA-02 (Fang et al. 2023): rotary positions and SwiGLU (B and L: ``scale_mlp=True``)
-EVA02 = dict(patch_size=14, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, rope='eva02')
+#: EVA-02 (Fang et al. 2023): rotary positions and SwiGLU (B and L: ``scale_mlp=True``), its
+#: rotary reference grid the 16 x 16 of its 224-px pretraining at every fine-tuned size
+EVA02 = dict(patch_size=14, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, rope='eva02',
+             ref_feat_shape=(16, 16))
 #: DINOv3 (Siméoni et al. 2025): rotary positions alone, 4 storage tokens, LayerScale
 DINOV3 = dict(pos_embed='none', rope='dinov3', reg_tokens=4, layer_scale=1e-5,
               qkv_bias=False, norm_eps=1e-5)
@@ -364,6 +373,9 @@ class ViT(ColumnarBackbone):
         ('small', EVA02, 'eva02_small_patch14_224'),
         ('base', dict(EVA02, scale_mlp=True), 'eva02_base_patch14_224'),
         ('large', dict(EVA02, scale_mlp=True), 'eva02_large_patch14_224'),
+        ('small', dict(EVA02, img_size=336), 'eva02_small_patch14_336'),
+        ('base', dict(EVA02, scale_mlp=True, img_size=448), 'eva02_base_patch14_448'),
+        ('large', dict(EVA02, scale_mlp=True, img_size=448), 'eva02_large_patch14_448'),
         ('small', DINOV3, 'vit_small_patch16_dinov3'),
         ('base', DINOV3, 'vit_base_patch16_dinov3'),
         ('large', DINOV3, 'vit_large_patch16_dinov3'),
@@ -489,7 +501,44 @@ class ViT(ColumnarBackbone):
         for name, module in self.named_modules():
             if isinstance(module, RelativePositionBias) and f'{name}.table' in converted:
                 converted[f'{name}.table'] = module.checkpoint_table(converted[f'{name}.table'])
+        return self._drop_computed_rotary_tables(converted)
+
+    def _drop_computed_rotary_tables(self, converted: dict) -> dict:
+        """EVA-02's rotary tables (``EVA_ROTARY_TABLE``) dropped, with a log line, where
+        this model's rotary embedding computes each of them (within float rounding); else
+        kept, so that the load is refused and the advice names the reference grid they are
+        built for (``ref_feat_shape``)."""
+        tables = {key: value for key, value in converted.items() if EVA_ROTARY_TABLE.match(key)}
+        rope = self._rotary_embedding()
+        if not tables or rope is None or rope.style != 'eva02':
+            return converted
+        for key, table in tables.items():
+            rows, dims = table.shape[-2:]
+            side = math.isqrt(rows)
+            if table.dim() != 2 or side * side != rows or dims != rope.head_dim:
+                return converted
+            angles = rope.angles((side, side), table.device)
+            computed = angles.cos() if key.endswith('cos') else angles.sin()
+            if (table.float() - computed).abs().max() > ROTARY_TABLE_TOLERANCE:
+                return converted
+        for key in tables:
+            del converted[key]
+        MMLogger.get_current_instance().info(
+            f'{type(self).__name__}: the checkpoint\'s {len(tables)} rotary tables (EVA-02\'s '
+            f'buffers: {", ".join(sorted(tables)[:3])}, ...) are what this model computes '
+            f'(reference grid {rope.ref_grid}): dropped')
         return converted
+
+    def options_to_load(self, found: dict, model: dict) -> list[str]:
+        """As the base's, and EVA-02's rotary reference grid where the checkpoint's rotary
+        tables show another than the model's (or, with ``rope`` advised, would have)."""
+        options = super().options_to_load(found, model)
+        grid = found['rotary_grid']
+        if grid and found['family'] == model['family'] and \
+                grid != tuple(self.arch['ref_feat_shape'] or self.pretrain_grid):
+            options.append(f"ref_feat_shape={grid} (the reference grid of the checkpoint's "
+                           f"EVA-02 rotary tables)")
+        return options
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:
