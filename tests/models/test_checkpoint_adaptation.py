@@ -393,3 +393,25 @@ def test_openai_clip_advice_names_the_activation_no_tensor_shows(tmp_path):
         with pytest.raises(AssertionError):
             assert_features_match(_pretrained(ViT, TINY_ARCH, path, img_size=64,
                                               **options)(images), expected)
+
+
+def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
+    """timm's res-post-norm ViT has a plain ViT's tensors (its blocks' keys saved ``attn``
+    before ``norm1``) and loaded strictly into one that computes otherwise; the rope-mixed
+    ViT's learned frequencies were dropped as a pretraining tensor. Both are refused, naming
+    what no option builds, and no option is advised."""
+    rpn = tmp_path / 'rpn.pth'
+    torch.save(_timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict(), rpn)
+    with pytest.raises(ValueError, match=r'to load it: no option of ViT loads it: the '
+                                         r'checkpoint has norms after attention and FFN '
+                                         r'\(res-post-norm blocks'):
+        _pretrained(ViT, TINY_ARCH, rpn, img_size=64, qkv_bias=False, dense_class_token=False,
+                    **DENSE)
+    mixed = tmp_path / 'rope_mixed.pth'
+    torch.save(_timm_published('vit_small_patch16_rope_mixed_224', img_size=64).state_dict(),
+               mixed)
+    with pytest.raises(ValueError, match=r'no option of ViT loads it: the checkpoint has '
+                                         r'learned rotary frequencies(.|\n)*unexpected: '
+                                         r'rope.freqs'):
+        _pretrained(ViT, TINY_ARCH, mixed, img_size=64, pos_embed='none', rope='eva02',
+                    layer_scale=1e-5, **DENSE)

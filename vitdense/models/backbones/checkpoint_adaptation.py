@@ -124,8 +124,9 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         the trunk blocks beyond the model's depth. Raises ValueError when tensors have other
         shapes than the model's (position tables excepted: they are resampled) and, with
         ``strict``, when any tensor of the model is missing (those new in fine-tuning
-        excepted: ``new_in_fine_tuning``) or any checkpoint tensor is left unused: the
-        error says what the checkpoint is and which option loads it.
+        excepted: ``new_in_fine_tuning``) or any checkpoint tensor is left unused, and when
+        the checkpoint computes what no option builds (:meth:`mechanisms_not_built`): the
+        error says what the checkpoint is and which option loads it, or that none does.
         """
         state_dict = checkpoint_weights(state_dict)
         converted = self.fit_checkpoint_tensors(self.convert_checkpoint(state_dict))
@@ -141,16 +142,22 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         missing = [k for k in expected
                    if k not in converted and not re.search(self.new_in_fine_tuning, k)]
         unexpected = [k for k in converted if k not in expected]
-        if mismatched or (strict and (missing or unexpected or self.class_row_differs(
+        unbuilt = self.mechanisms_not_built(list(state_dict))
+        if unbuilt or mismatched or (strict and (missing or unexpected or self.class_row_differs(
                 converted))):
             raise ValueError(self.mismatch_message(converted, mismatched, missing,
-                                                   unexpected, state_dict))
+                                                   unexpected, state_dict, unbuilt))
         self.adopt_position_kernel(state_dict)
         if unused:
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
         return converted
+
+    def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
+        """What a checkpoint computes that no option of the family builds, as its keys (as
+        saved, in their order) show: each a phrase after "the checkpoint has" (none here)."""
+        return []
 
     def fit_checkpoint_tensors(self, converted: dict) -> dict:
         """Converted checkpoint tensors a family brings to this model's shapes before they

@@ -4,7 +4,7 @@ would load the one into the other, written when a load is refused
 """
 import math
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..layers.rotary import eva02_reference_grid
 
@@ -99,10 +99,13 @@ class CheckpointDiagnosis:
     checkpoint_layouts: tuple[tuple[str, Optional[str], dict, str], ...] = ()
 
     def mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],
-                         unexpected: list[str], saved: dict) -> str:
+                         unexpected: list[str], saved: dict,
+                         unbuilt: Sequence[str] = ()) -> str:
         """What the checkpoint is, what the model is, and the options that would load it
         (a whole model's checkpoint: described by its backbone, ``prefix`` named first);
-        ``saved``: the checkpoint's keys as saved, which show its source's layout."""
+        ``saved``: the checkpoint's keys as saved, which show its source's layout;
+        ``unbuilt``: what the checkpoint computes that no option builds, named instead of
+        any option (none would compute what the checkpoint does)."""
         whole_model = not any(k in self.state_dict() for k in converted) and any(
             k.startswith(BACKBONE_PREFIX) for k in converted)
         if whole_model:
@@ -120,6 +123,9 @@ class CheckpointDiagnosis:
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
             options += self.layout_options(saved)
+        if unbuilt:
+            options = [f'no option of {type(self).__name__} loads it: the checkpoint has '
+                       f'{", and ".join(unbuilt)}, which {type(self).__name__} does not build']
         if not options:
             options.append(f'no option of {type(self).__name__} loads it; build the model the '
                            f'checkpoint was trained as')

@@ -108,6 +108,11 @@ SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: masked-image-modelling head
 SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|lm_head\.|neck\.|prompt_encoder\.|'
                     r'mask_decoder\.)|\.qkv\.bias_mask$|relative_position_index$')
+#: learned rotary frequencies (the rope-mixed ViTs: timm's ``rope.freqs``, Naver's ``freqs``)
+LEARNED_ROTARY = re.compile(r'^(rope\.)?freqs$')
+#: the first block's norm and attention as saved in timm's layout (their order shows where
+#: the block normalises)
+BLOCK_MODULE_AS_SAVED = re.compile(r'^blocks\.0\.(norm1|attn)\.')
 #: EVA-02's rotary tables, which its official code keeps as buffers, once for the model and
 #: once in every block: checked against what the model computes, then dropped
 EVA_ROTARY_TABLE = re.compile(r'^(|blocks\.\d+\.attn\.)rope\.freqs_(cos|sin)$')
@@ -528,6 +533,25 @@ class ViT(ColumnarBackbone):
             f'buffers: {", ".join(sorted(tables)[:3])}, ...) are what this model computes '
             f'(reference grid {rope.ref_grid}): dropped')
         return converted
+
+    def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
+        """Learned rotary frequencies (``rope.freqs``, ``freqs``: timm's and Naver's
+        rope-mixed ViTs, Heo et al. 2024), and norms after attention and FFN (timm's
+        res-post-norm blocks, ``ResPostBlock``, whose keys are saved ``attn`` before
+        ``norm1``: a file whose keys are sorted shows no such order)."""
+        found = []
+        if any(LEARNED_ROTARY.match(key) for key in saved_keys):
+            found.append("learned rotary frequencies (rope.freqs: the rope-mixed ViTs)")
+        first = {}
+        for index, key in enumerate(saved_keys):
+            match = BLOCK_MODULE_AS_SAVED.match(key)
+            if match:
+                first.setdefault(match.group(1), index)
+        if saved_keys != sorted(saved_keys) and first.get('attn', -1) >= 0 and \
+                first['attn'] < first.get('norm1', -1):
+            found.append('norms after attention and FFN (res-post-norm blocks: its keys '
+                         'put attn before norm1)')
+        return found
 
     def options_to_load(self, found: dict, model: dict) -> list[str]:
         """As the base's, and EVA-02's rotary reference grid where the checkpoint's rotary
