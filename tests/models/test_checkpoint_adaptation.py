@@ -415,3 +415,18 @@ def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
                                          r'rope.freqs'):
         _pretrained(ViT, TINY_ARCH, mixed, img_size=64, pos_embed='none', rope='eva02',
                     layer_scale=1e-5, **DENSE)
+
+
+def test_an_advice_that_does_not_load_is_not_printed(tmp_path):
+    """The advice is checked before it is printed: a LayerScale checkpoint with a tensor no
+    option builds is refused without advising ``layer_scale`` (with which it would still be
+    refused), naming that tensor."""
+    state_dict = _timm_source(init_values=1e-5).state_dict()
+    state_dict['blocks.0.attn.talking.weight'] = torch.zeros(2, 2)
+    path = tmp_path / 'unknown.pth'
+    torch.save(state_dict, path)
+    with pytest.raises(ValueError, match=r"to load it: no option of ViT loads it: the options "
+                                         r"its tensors imply \(layer_scale=1e-5 .*\) leave it "
+                                         r"refused; tensors no option builds: "
+                                         r"blocks.0.attn.talking.weight\n"):
+        _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)

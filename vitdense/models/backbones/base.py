@@ -177,6 +177,13 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     #: builds no class token (a dense trunk without it, ViTDet)
     prefix_token_keys = r'^(cls_token|reg_token)$'
 
+    def __new__(cls, *args, **kwargs) -> 'ColumnarBackbone':
+        """A backbone that keeps the options it is built with (``constructor_options``), so
+        that a refused load can build the model its advice names and check it."""
+        model = super().__new__(cls)
+        object.__setattr__(model, 'constructor_options', (args, dict(kwargs)))
+        return model
+
     def __init__(self,
                  arch: Union[str, dict],
                  patch_size: int = 16,
@@ -235,6 +242,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self._set_batch_norm(norm_cfg or dict(type='BN'))
         self._init_parameters()
         self._freeze_stages()
+
+    constructor_signature = __init__
 
     # ------------------------------------------------------------------ family hooks
     def build_patch_embed(self) -> nn.Module:
