@@ -543,6 +543,44 @@ def test_beit_pretraining_table_is_shared_by_every_block():
     assert 'blocks.0.attn.relative_position_bias.table' in model.no_weight_decay()
 
 
+def test_beit_v2_pretraining_file_leaves_out_its_class_token_head(caplog):
+    """BEiT v2's pretraining file: one shared relative table, the MIM head and mask token,
+    and the class-token pretraining head (``cls_pt_layers`` blocks, ``cls_pt_norm``,
+    ``cls_pt_lm_head``), which the backbone's blocks do not feed: left out with a log line
+    naming them; every block's map is timm's with the shared table in each block."""
+    import timm
+    reference = timm.create_model('beit_base_patch16_224', num_classes=0,
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    shared = torch.randn_like(timm_layout['blocks.0.attn.relative_position_bias_table'])
+    pretraining = {key: value for key, value in timm_layout.items()
+                   if 'relative_position_bias_table' not in key}
+    for key in [k for k in timm_layout if 'relative_position_bias_table' in k]:
+        timm_layout[key] = shared
+    reference.load_state_dict(timm_layout)
+    pretraining['rel_pos_bias.relative_position_bias_table'] = shared
+    pretraining.update({key.replace('blocks.3.', 'cls_pt_layers.0.'): value.clone()
+                        for key, value in pretraining.items() if key.startswith('blocks.3.')})
+    pretraining.update({'cls_pt_norm.weight': torch.ones(64), 'cls_pt_norm.bias': torch.zeros(64),
+                        'cls_pt_lm_head.weight': torch.zeros(8, 64), 'lm_head.weight':
+                        torch.zeros(8, 64), 'mask_token': torch.zeros(1, 1, 64)})
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3),
+                **table_options('beit_base_patch16_224')).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        dense.load_state_dict(dense.adapt_checkpoint(pretraining))
+    finally:
+        logger.removeHandler(caplog.handler)
+    # the class-token head's 18 tensors (a block's 15, a norm's 2, a linear map), the MIM
+    # head's map and the mask token
+    assert 'leaves out 20 checkpoint tensors' in caplog.text and 'cls_pt_layers.0.' in caplog.text
+    images = torch.randn(1, 3, 224, 224)
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
 def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """EVA-02's ``VisionRotaryEmbeddingFast`` buffers (baaivision/EVA, ``EVA-02/asuka/

@@ -105,9 +105,10 @@ SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: with a log line naming them (as timm does): DINOv2's and DINOv3's mask token, DINOv3's
 #: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
 #: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's
-#: masked-image-modelling head
+#: masked-image-modelling head, BEiT v2's pretraining head on the class token (its
+#: ``cls_pt_layers`` blocks, norms and head: the backbone's blocks do not feed them)
 SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|lm_head\.|neck\.|prompt_encoder\.|'
-                    r'mask_decoder\.)|\.qkv\.bias_mask$|relative_position_index$')
+                    r'mask_decoder\.|cls_pt_)|\.qkv\.bias_mask$|relative_position_index$')
 #: learned rotary frequencies (the rope-mixed ViTs: timm's ``rope.freqs``, Naver's ``freqs``)
 LEARNED_ROTARY = re.compile(r'^(rope\.)?freqs$')
 #: the first block's norm and attention as saved in timm's layout (their order shows where
