@@ -581,6 +581,43 @@ def test_beit_v2_pretraining_file_leaves_out_its_class_token_head(caplog):
         images)
 
 
+def test_deit3_official_parallel_file_loads_as_timms_parallel_blocks():
+    """The official DeiT III parallel ViT (``Layer_scale_init_Block_paralx2``: ``norm11``,
+    ``attn1``, ``gamma_1_1``, ``norm21``, ``mlp1``, ``gamma_2_1`` beside the first branch's
+    modules; its table without the class row) loads with ``num_parallel=2,
+    no_embed_class=True``: the class token and every block's map are timm's
+    parallel blocks' (which compute what the official blocks compute)."""
+    import timm
+    reference = timm.create_model('vit_small_patch16_18x2_224', num_classes=0,
+                                  no_embed_class=True, dynamic_img_size=True,
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    official = {}
+    modules = {'attns.0.norm': 'norm1', 'attns.0.attn': 'attn', 'attns.0.ls.gamma': 'gamma_1',
+               'attns.1.norm': 'norm11', 'attns.1.attn': 'attn1',
+               'attns.1.ls.gamma': 'gamma_1_1', 'ffns.0.norm': 'norm2', 'ffns.0.mlp': 'mlp',
+               'ffns.0.ls.gamma': 'gamma_2', 'ffns.1.norm': 'norm21', 'ffns.1.mlp': 'mlp1',
+               'ffns.1.ls.gamma': 'gamma_2_1'}
+    for key, value in timm_layout.items():
+        for timm_name, official_name in modules.items():
+            key = key.replace(f'.{timm_name}', f'.{official_name}')
+        official[key] = value
+    options = dict(table_options('vit_small_patch16_18x2_224'), depth=4, no_embed_class=True)
+    images = torch.randn(1, 3, 160, 224)
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    classifier.load_state_dict(classifier.adapt_checkpoint(official))
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(official))
+    with torch.no_grad():
+        expected = reference.forward_features(images)[:, 0]
+        assert (classifier(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
 def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """EVA-02's ``VisionRotaryEmbeddingFast`` buffers (baaivision/EVA, ``EVA-02/asuka/

@@ -117,6 +117,16 @@ BLOCK_MODULE_AS_SAVED = re.compile(r'^blocks\.0\.(norm1|attn)\.')
 #: EVA-02's rotary tables, which its official code keeps as buffers, once for the model and
 #: once in every block: checked against what the model computes, then dropped
 EVA_ROTARY_TABLE = re.compile(r'^(|blocks\.\d+\.attn\.)rope\.freqs_(cos|sin)$')
+#: the official DeiT III parallel block's modules (after the LayerScale renames) -> timm's
+#: per-branch modules; a block is parallel when it has the second branch's first norm
+OFFICIAL_PARALLEL_MODULES = {
+    'norm1': 'attns.0.norm', 'attn': 'attns.0.attn', 'ls1.gamma': 'attns.0.ls.gamma',
+    'norm11': 'attns.1.norm', 'attn1': 'attns.1.attn', 'gamma_1_1': 'attns.1.ls.gamma',
+    'norm2': 'ffns.0.norm', 'mlp': 'ffns.0.mlp', 'ls2.gamma': 'ffns.0.ls.gamma',
+    'norm21': 'ffns.1.norm', 'mlp1': 'ffns.1.mlp', 'gamma_2_1': 'ffns.1.ls.gamma'}
+OFFICIAL_PARALLEL_MODULE = re.compile(
+    rf'^(blocks\.\d+)\.({"|".join(re.escape(m) for m in OFFICIAL_PARALLEL_MODULES)})(\..+|$)')
+OFFICIAL_SECOND_BRANCH = re.compile(r'^(blocks\.\d+)\.norm11\.')
 #: timm's per-branch modules of a parallel block: block, group, branch, module, parameter
 PARALLEL_BRANCH = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
 #: our modules of a block, which a parallel block branches
@@ -184,6 +194,20 @@ def add_zero_patch_bias(state_dict: dict) -> dict:
     weight = state_dict.get('patch_embed.proj.weight')
     if weight is not None and 'patch_embed.proj.bias' not in state_dict:
         state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])
+    return state_dict
+
+
+def name_official_parallel_branches(state_dict: dict) -> dict:
+    """The official DeiT III parallel blocks (``Layer_scale_init_Block_paralx2``: a second
+    branch's ``norm11``, ``attn1``, ``gamma_1_1``, ``norm21``, ``mlp1``, ``gamma_2_1``) named
+    as timm's per-branch modules, which :func:`stack_parallel_branches` then stacks."""
+    parallel = {match.group(1) for match in map(OFFICIAL_SECOND_BRANCH.match, state_dict)
+                if match}
+    for key in list(state_dict):
+        match = OFFICIAL_PARALLEL_MODULE.match(key)
+        if match and match.group(1) in parallel:
+            block, module, rest = match.groups()
+            state_dict[f'{block}.{OFFICIAL_PARALLEL_MODULES[module]}{rest}'] = state_dict.pop(key)
     return state_dict
 
 
@@ -323,6 +347,7 @@ class ViT(ColumnarBackbone):
                  TensorRule(merge_hub_registers, to_timm=None),
                  TensorRule(flatten_position_grid, to_timm=None),
                  TensorRule(add_zero_patch_bias, to_timm=None),
+                 TensorRule(name_official_parallel_branches, to_timm=None),
                  TensorRule(stack_parallel_branches, split_parallel_branches)),
         left_out=SOURCE_ONLY_KEYS)
     no_weight_decay_names = ('table',)  # BEiT's relative position tables
