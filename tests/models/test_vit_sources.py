@@ -618,6 +618,65 @@ def test_deit3_official_parallel_file_loads_as_timms_parallel_blocks():
         images)
 
 
+#: timm's CLIP keys -> OpenAI's (``clip/model.py``'s ``VisionTransformer`` under ``visual.``)
+OPENAI_CLIP_NAMES = {'patch_embed.proj.': 'conv1.', 'norm_pre.': 'ln_pre.', 'norm.': 'ln_post.',
+                     'blocks.': 'transformer.resblocks.', '.norm1.': '.ln_1.',
+                     '.norm2.': '.ln_2.', '.attn.qkv.': '.attn.in_proj_', '.attn.proj.':
+                     '.attn.out_proj.', '.mlp.fc1.': '.mlp.c_fc.', '.mlp.fc2.': '.mlp.c_proj.'}
+
+
+def openai_clip_state_dict(timm_layout: dict) -> dict:
+    """OpenAI's CLIP state dict from timm's: the image tower under ``visual.`` (its class
+    token and position table without the batch axis, ``in_proj_weight``), its projection, and
+    a text tower's tensors."""
+    released = {}
+    for key, value in timm_layout.items():
+        if key == 'cls_token':
+            key, value = 'class_embedding', value.reshape(-1)
+        elif key == 'pos_embed':
+            key, value = 'positional_embedding', value[0]
+        for timm_name, openai_name in OPENAI_CLIP_NAMES.items():
+            key = key.replace(timm_name, openai_name) if timm_name[0] == '.' or \
+                key.startswith(timm_name) else key
+        released[f'visual.{key.replace("in_proj_.", "in_proj_")}'] = value
+    width = timm_layout['cls_token'].shape[-1]
+    released.update({'visual.proj': torch.randn(width, 16), 'logit_scale': torch.ones(()),
+                     'token_embedding.weight': torch.randn(10, 32),
+                     'positional_embedding': torch.randn(77, 32),
+                     'transformer.resblocks.0.attn.in_proj_weight': torch.randn(96, 32),
+                     'ln_final.weight': torch.ones(32), 'text_projection': torch.randn(32, 16)})
+    return released
+
+
+@pytest.mark.parametrize('image_hw', [(224, 224), (160, 160), (192, 288)])
+def test_openai_clip_state_dict_loads_its_image_tower(image_hw):
+    """OpenAI's CLIP state dict (``visual.*``: ``conv1``, ``class_embedding``,
+    ``positional_embedding``, ``ln_pre``, ``transformer.resblocks`` of ``in_proj`` /
+    ``c_fc`` / ``c_proj``, ``ln_post``) loads with CLIP's options and QuickGELU, its
+    projection and text tower left out: the class token and every block's map are timm's
+    (timm converts OpenAI's file to these tensors), at the file's size, another square size
+    and a non-square one."""
+    import timm
+    reference = timm.create_model('vit_base_patch16_clip_quickgelu_224', num_classes=0,
+                                  dynamic_img_size=True, **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    released = openai_clip_state_dict(timm_layout)
+    options = table_options('vit_base_patch16_clip_quickgelu_224')
+    images = torch.randn(1, 3, *image_hw)
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    classifier.load_state_dict(classifier.adapt_checkpoint(released))
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(released))
+    with torch.no_grad():
+        expected = reference.forward_features(images)[:, 0]
+        assert (classifier(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
 def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
                                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """EVA-02's ``VisionRotaryEmbeddingFast`` buffers (baaivision/EVA, ``EVA-02/asuka/

@@ -78,6 +78,26 @@ OPENMMLAB_VIT_KEYS: tuple[Alias, ...] = (
     Alias('.attn.gamma1.weight$', '.ls1.gamma$'),
     Alias('.ffn.gamma2.weight$', '.ls2.gamma$'),
 )
+#: OpenAI's CLIP state dict (``visual.``: ``conv1`` without bias, ``class_embedding`` and
+#: ``positional_embedding`` without their batch axis, ``ln_pre`` / ``ln_post``, residual
+#: blocks of torch's ``nn.MultiheadAttention`` and ``c_fc`` / ``c_proj``) -> ours; its
+#: image projection and text tower are left out (``OPENAI_CLIP_ONLY_KEYS``)
+OPENAI_CLIP_KEYS: tuple[Alias, ...] = (
+    Alias('^visual.conv1.', '^patch_embed.proj.'),
+    Alias('^visual.class_embedding$', '^cls_token$'),
+    Alias('^visual.positional_embedding$', '^pos_embed.weight$'),
+    Alias('^visual.ln_pre.', '^norm_pre.'),
+    Alias('^visual.ln_post.', '^norm.'),
+    Alias('^visual.transformer.resblocks.', '^blocks.'),
+    Alias('^blocks.{i}.ln_{n:1|2}.', '^blocks.{i}.norm{n}.'),
+    Alias('^blocks.{i}.attn.in_proj_{param:weight|bias}$', '^blocks.{i}.attn.qkv.{param}$'),
+    Alias('^blocks.{i}.attn.out_proj.', '^blocks.{i}.attn.proj.'),
+    Alias('^blocks.{i}.mlp.c_fc.', '^blocks.{i}.mlp.fc1.'),
+    Alias('^blocks.{i}.mlp.c_proj.', '^blocks.{i}.mlp.fc2.'),
+)
+#: OpenAI's CLIP tensors outside the image trunk: the image projection and the text tower
+OPENAI_CLIP_ONLY_KEYS = (r'^(visual\.proj|transformer\.|token_embedding\.|positional_embedding|'
+                         r'ln_final\.|text_projection|logit_scale)')
 #: the official layouts of the ViT sources timm converts -> ours: DINOv3's hub files
 #: (storage tokens), DeiT-distilled's distillation token (a register with a position row:
 #: ``reg_tokens=1``), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
@@ -97,7 +117,7 @@ SOURCE_KEYS: tuple[Alias, ...] = (
     Alias('.attn.rel_pos_h$', '.attn.rel_pos.height$'),
     Alias('.attn.rel_pos_w$', '.attn.rel_pos.width$'),
     Alias('.attn.relative_position_bias_table$', '.attn.relative_position_bias.table$'),
-)
+) + OPENAI_CLIP_KEYS
 #: BEiT's pretraining checkpoints: one relative position table shared by all blocks, which
 #: fine-tuning gives each block a copy of (BEiT §2.6)
 SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
@@ -185,6 +205,16 @@ def flatten_position_grid(state_dict: dict) -> dict:
     table = state_dict.get('pos_embed.weight')
     if table is not None and table.dim() == 4:
         state_dict['pos_embed.weight'] = table.flatten(1, 2)
+    return state_dict
+
+
+def add_batch_axes(state_dict: dict) -> dict:
+    """A class token (C) and a position table (N, C) saved without their batch axis
+    (OpenAI's CLIP) with it, as ours."""
+    for key, dims in (('cls_token', 1), ('pos_embed.weight', 2)):
+        value = state_dict.get(key)
+        if value is not None and value.dim() == dims:
+            state_dict[key] = value.reshape(1, -1, value.shape[-1])
     return state_dict
 
 
@@ -346,10 +376,11 @@ class ViT(ColumnarBackbone):
                  TensorRule(copy_shared_relative_table, to_timm=None),
                  TensorRule(merge_hub_registers, to_timm=None),
                  TensorRule(flatten_position_grid, to_timm=None),
+                 TensorRule(add_batch_axes, to_timm=None),
                  TensorRule(add_zero_patch_bias, to_timm=None),
                  TensorRule(name_official_parallel_branches, to_timm=None),
                  TensorRule(stack_parallel_branches, split_parallel_branches)),
-        left_out=SOURCE_ONLY_KEYS)
+        left_out=f'{SOURCE_ONLY_KEYS}|{OPENAI_CLIP_ONLY_KEYS}')
     no_weight_decay_names = ('table',)  # BEiT's relative position tables
     #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
     classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
@@ -381,7 +412,7 @@ class ViT(ColumnarBackbone):
         (r'^patch_embed\.', r'^(image_encoder\.)?pos_embed|relative_position_bias_table$',
          dict(pos_embed='none', rope='dinov3', norm_eps=1e-5),
          "DINOv3's rotary positions, its only ones"),
-        (r'^norm_pre\.', None, dict(pre_norm=True, norm_eps=1e-5),
+        (r'^(norm_pre|visual\.ln_pre)\.', None, dict(pre_norm=True, norm_eps=1e-5),
          "CLIP's norm before the blocks: OpenAI's weights take act_layer='quick_gelu' too, "
          "which no tensor shows"),
         (r'\.attn\.q_norm\.', None, dict(qk_norm=True), 'norms of the queries and keys'),
