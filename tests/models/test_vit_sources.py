@@ -440,6 +440,51 @@ def test_dinov3_hub_file_loads_as_timm_converts_it():
         images)
 
 
+@pytest.mark.parametrize('out_type', ['cls_token', 'avg_featmap', 'featmap'])
+def test_dinov3_untied_norms_load_as_dinov3_reads_them(out_type, caplog):
+    """DINOv3 L SAT-493M's and 7B's hub files normalise the class token by ``cls_norm`` and
+    the patches by ``norm`` (``local_cls_norm``: the local crops' in training, left out): the
+    class token read by a classifier is DINOv3's ``cls_norm(x)[:, 0]``, the pooled patches
+    and the blocks' maps are timm's with ``norm``."""
+    import timm
+    reference = timm.create_model('vit_small_patch16_dinov3', num_classes=0, global_pool='avg',
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    generator = torch.Generator().manual_seed(3)
+    hub = {key.replace('reg_token', 'storage_tokens').replace('gamma_1', 'ls1.gamma')
+              .replace('gamma_2', 'ls2.gamma'): value for key, value in timm_layout.items()}
+    for norm in ('cls_norm', 'local_cls_norm'):
+        hub.update({f'{norm}.weight': 1 + .1 * torch.randn(64, generator=generator),
+                    f'{norm}.bias': .1 * torch.randn(64, generator=generator)})
+    reference.load_state_dict(timm_layout)
+    images = torch.randn(1, 3, 96, 160)
+    ours = ViT(SMALL, out_type=out_type, pyramid=False, out_indices=(0, 1, 2, 3),
+               **table_options('vit_small_patch16_dinov3')).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        ours.load_state_dict(ours.adapt_checkpoint(hub))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert 'untied norms' in caplog.text and 'local_cls_norm' in caplog.text
+    with torch.no_grad():
+        if out_type == 'featmap':
+            expected = reference.forward_intermediates(images, indices=[0, 1, 2, 3], norm=False,
+                                                       output_fmt='NCHW',
+                                                       intermediates_only=True)
+            assert_block_maps_match(ours, expected, images)
+            return
+        if out_type == 'cls_token':
+            reference.norm.load_state_dict({'weight': hub['cls_norm.weight'],
+                                            'bias': hub['cls_norm.bias']})
+            expected = reference.forward_features(images)[:, 0]
+        else:
+            expected = reference.forward_head(reference.forward_features(images),
+                                              pre_logits=True)
+        assert (ours(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+
+
 @pytest.mark.parametrize('image_hw', [(224, 224), (192, 256)])
 def test_sam_image_encoder_loads_into_the_vitdet_layout(image_hw):
     """SAM's image encoder as released (``image_encoder.``: a 4-D position table, ``mlp.lin``,

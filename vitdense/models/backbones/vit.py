@@ -126,9 +126,13 @@ SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
 #: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's
 #: masked-image-modelling head, BEiT v2's pretraining head on the class token (its
-#: ``cls_pt_layers`` blocks, norms and head: the backbone's blocks do not feed them)
+#: ``cls_pt_layers`` blocks, norms and head: the backbone's blocks do not feed them), DINOv3
+#: L SAT-493M's and 7B's norm of the local crops' class tokens (used in training only)
 SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|lm_head\.|neck\.|prompt_encoder\.|'
-                    r'mask_decoder\.|cls_pt_)|\.qkv\.bias_mask$|relative_position_index$')
+                    r'mask_decoder\.|cls_pt_|local_cls_norm\.)|\.qkv\.bias_mask$|'
+                    r'relative_position_index$')
+#: DINOv3's norm of the class and storage tokens where it is not the patches' (untied)
+UNTIED_CLASS_NORM = 'cls_norm.'
 #: learned rotary frequencies (the rope-mixed ViTs: timm's ``rope.freqs``, Naver's ``freqs``)
 LEARNED_ROTARY = re.compile(r'^(rope\.)?freqs$')
 #: the first block's norm and attention as saved in timm's layout (their order shows where
@@ -563,7 +567,27 @@ class ViT(ColumnarBackbone):
         for name, module in self.named_modules():
             if isinstance(module, RelativePositionBias) and f'{name}.table' in converted:
                 converted[f'{name}.table'] = module.checkpoint_table(converted[f'{name}.table'])
-        return self._drop_computed_rotary_tables(converted)
+        return self._take_class_token_norm(self._drop_computed_rotary_tables(converted))
+
+    def _take_class_token_norm(self, converted: dict) -> dict:
+        """DINOv3 L SAT-493M and 7B normalise the class and storage tokens by a norm of
+        their own (``cls_norm``) and the patches by ``norm``: a model reading the class token
+        takes ``cls_norm`` as its final norm; one reading the patches keeps ``norm`` and
+        leaves ``cls_norm`` unused, logged."""
+        untied = {key: converted.pop(key) for key in list(converted)
+                  if key.startswith(UNTIED_CLASS_NORM)}
+        if not untied:
+            return converted
+        reads_class_token = self.out_type == 'cls_token' and not self.fc_norm_after_pooling
+        if reads_class_token:
+            converted.update({'norm.' + key[len(UNTIED_CLASS_NORM):]: value
+                              for key, value in untied.items()})
+        read = ('the class token is read, normalised by cls_norm' if reads_class_token
+                else 'the patches are read: cls_norm is unused')
+        MMLogger.get_current_instance().info(
+            f'{type(self).__name__}: the checkpoint normalises its class token by cls_norm and '
+            f'its patches by norm (untied norms); {read}')
+        return converted
 
     def _drop_computed_rotary_tables(self, converted: dict) -> dict:
         """EVA-02's rotary tables (``EVA_ROTARY_TABLE``) dropped, with a log line, where
