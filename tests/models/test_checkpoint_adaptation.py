@@ -12,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 
 from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, assert_features_match,
-                    perturb_)
+                    eva02_official_rotary_tables, perturb_)
 
 FAMILIES = dict(vit=ViT, cait=CaiT, xcit=XCiT, convit=ConViT)
 
@@ -217,6 +217,20 @@ def _dinov2_hub_source() -> dict:
                 mask_token=torch.randn(1, 32, generator=generator))
 
 
+def _eva02_official_source() -> dict:
+    """EVA-02 S's official fine-tuned layout at 84 px (fused ``qkv`` with ``q_bias`` /
+    ``v_bias``, xformers' packed SwiGLU ``w12`` / ``w3``), pretrained on a 4 x 4 grid: its
+    rotary tables, once for the model and once per block, show that grid."""
+    state_dict = _timm_published('eva02_small_patch14_336', img_size=84,
+                                 ref_feat_shape=(4, 4)).state_dict()
+    released = {key.replace('mlp.fc1.', 'mlp.w12.').replace('mlp.fc2.', 'mlp.w3.'): value
+                for key, value in state_dict.items()}
+    cos, sin = eva02_official_rotary_tables(16, 4, 6)
+    for prefix in [''] + [f'blocks.{i}.attn.' for i in range(4)]:
+        released.update({f'{prefix}rope.freqs_cos': cos, f'{prefix}rope.freqs_sin': sin})
+    return released
+
+
 def _timm_published(name: str, **options) -> torch.nn.Module:
     """A tiny perturbed timm model of a published source's architecture (``name``)."""
     import timm
@@ -317,6 +331,11 @@ ADVICE_CASES = {
        for m, mode in (('cls', CLS), ('dense', DENSE))},
     'timm-siglip-dense': (lambda: _timm_published('vit_base_patch16_siglip_224', img_size=64),
                           ViT, DENSE, ['dense_class_token=False']),
+    # an official EVA-02 file above its pretraining size: the rotary reference grid, which
+    # its rotary tables show, is named with the options its tensors and layout imply
+    'eva02-official-above-pretraining-size-dense': (
+        _eva02_official_source, ViT, dict(DENSE, img_size=84),
+        ['patch_size=14', 'swiglu_mlp=True', "rope='eva02'", 'ref_feat_shape=(4, 4)']),
 }
 
 

@@ -16,6 +16,8 @@ from vitdense.models.layers.rotary import RotaryPositionEmbedding
 from vitdense.models.layers.swiglu import merge_swiglu_tensors
 from vitdense.models.layers.window_attention import window_partition, window_unpartition
 
+from common import eva02_official_rotary_tables
+
 #: the floor: each source equal to timm's forward within this, relative to its largest value
 RELATIVE_TOLERANCE = 1e-5
 SMALL = dict(embed_dims=64, num_layers=4, num_heads=2)
@@ -720,20 +722,6 @@ def test_openai_clip_state_dict_loads_its_image_tower(image_hw):
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)
-
-
-def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """EVA-02's ``VisionRotaryEmbeddingFast`` buffers (baaivision/EVA, ``EVA-02/asuka/
-    rope.py``), written from its code: frequencies ``theta^(-2j / (head_dim / 2))``,
-    coordinates ``i / side * reference``, pairs interleaved, rows' angles then columns'."""
-    dim = head_dim // 2
-    frequencies = 1. / (10000 ** (torch.arange(0, dim, 2)[:dim // 2].float() / dim))
-    coordinates = torch.arange(side) / side * reference
-    angles = torch.einsum('i,f->if', coordinates, frequencies).repeat_interleave(2, dim=-1)
-    angles = torch.cat([angles[:, None].expand(side, side, -1),
-                        angles[None].expand(side, side, -1)], dim=-1).reshape(-1, head_dim)
-    return angles.cos(), angles.sin()
 
 
 #: timm's EVA-02 keys -> the official release's: B and L (``q_proj``, ``k_proj``, ``v_proj``

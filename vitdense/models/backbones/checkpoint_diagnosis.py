@@ -277,9 +277,10 @@ class CheckpointDiagnosis:
         if not found['class_token'] and model['class_token']:
             options.append(self._class_token_free_option(found['registers']))
         elif self._class_row_differs_by(found['table_prefix_rows']):
+            rows = "the class token's row" if found['class_token'] else "the registers' rows"
             options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
                            f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
-                           f" the class token's row)")
+                           f" {rows})")
         if found['fc_norm'] != model['fc_norm'] and not self.dense:
             options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
                            "normalised: MAE's fine-tuned layout)" if found['fc_norm']
