@@ -368,20 +368,32 @@ def dinov2_forward(reference: torch.nn.Module, hub: dict, images: torch.Tensor
     return reference.norm(x)[:, 0], maps
 
 
-@pytest.mark.parametrize('registers', [False, True])
+#: DINOv2's hub files: ViT-S/B/L/14 (an MLP), ViT-g/14 (xformers' fused SwiGLU, ``w12`` and
+#: ``w3``), each without registers and with them
+DINOV2_HUB_FILES = [('mlp', False), ('swiglu', False), ('mlp', True)]
+
+
+@pytest.mark.parametrize('ffn,registers', DINOV2_HUB_FILES)
 @pytest.mark.parametrize('image_hw', [(518, 518), (224, 224), (224, 308)])
-def test_dinov2_hub_file_is_resampled_as_dinov2_resamples_it(registers, image_hw, caplog):
-    """DINOv2's hub files, built as documented (``img_size=518``), compute DINOv2's own
-    forward at the file's size, at 224 and at a non-square size: the kernel of each hub file
-    (offset scale factor without registers, antialiased with them) is read from the file's
-    layout. Timm's antialiased kernel, the default for the file without registers, is off."""
+def test_dinov2_hub_file_is_resampled_as_dinov2_resamples_it(ffn, registers, image_hw, caplog):
+    """DINOv2's hub files, built as documented (``img_size=518``; ViT-g/14's SwiGLU as its
+    advice names it), compute DINOv2's own forward at the file's size, at 224 and at a
+    non-square size: the kernel of each hub file (offset scale factor without registers,
+    antialiased with them) is read from the file's layout. Timm's antialiased kernel, the
+    default for a file without registers, is off."""
     import timm
-    reference = timm.create_model('vit_base_patch14_dinov2', num_classes=0, img_size=518,
-                                  **SMALL_TIMM).eval()
-    hub = perturbed(reference.state_dict(), .05)
-    reference.load_state_dict(hub)
+    giant = dict(mlp_ratio=340 / 64) if ffn == 'swiglu' else {}  # a hidden width of 170
+    reference = timm.create_model(
+        'vit_giant_patch14_dinov2' if ffn == 'swiglu' else 'vit_base_patch14_dinov2',
+        num_classes=0, img_size=518, **SMALL_TIMM, **giant).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    hub = {key.replace('mlp.fc1.', 'mlp.w12.').replace('mlp.fc2.', 'mlp.w3.'): value
+           for key, value in timm_layout.items()}
     hub['mask_token'] = torch.zeros(1, 64)
     options = dict(patch_size=14, img_size=518, layer_scale=1e-5)
+    if ffn == 'swiglu':  # as the advice names them
+        options.update(swiglu_mlp=True, mlp_ratio=170 / 64)
     if registers:
         hub['register_tokens'] = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(1))
         options.update(reg_tokens=4, no_embed_class=True)
