@@ -214,7 +214,7 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         """A model built without ``pos_antialias`` resamples its position table, at load and
         in forward, as the library whose layout ``state_dict`` (keys as saved) has: the
         family's ``position_kernels``, else timm's antialiased bicubic; logged when that is
-        not the default, or when the model's chosen kernel is not the checkpoint's."""
+        not the default, and when the model's chosen kernel is not the checkpoint's."""
         if not hasattr(self.pos_embed, 'antialias'):
             return
         kernel = next((kernel for present, absent, kernel in self.position_kernels
@@ -226,7 +226,7 @@ class CheckpointAdaptation(CheckpointDiagnosis):
             return
         logger = MMLogger.get_current_instance()
         if self.pos_kernel_chosen:
-            logger.warning(
+            logger.info(
                 f'{type(self).__name__}: the checkpoint\'s library resamples position tables '
                 f'as {kernel}; this model resamples them as {current}, as its pos_antialias '
                 f'chooses (leave pos_antialias unset to take the checkpoint\'s)')
