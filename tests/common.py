@@ -1,6 +1,7 @@
 """What many test files share: where the checkout is, the tiny architectures every family is
-built at, a toy model for the engine and checkpoint tests, and the tests' one access to
-mmengine's process-wide tables (named instances, checkpoint loaders).
+built at, a toy model for the engine and checkpoint tests, the tests' one access to
+mmengine's process-wide tables (named instances, checkpoint loaders), and the references
+written from official code that several files check releases against.
 
 Importable as ``common`` from any test folder: pytest puts ``tests/``, the folder of
 ``conftest.py``, on the module path.
@@ -194,3 +195,17 @@ def keep_checkpoint_loaders(monkeypatch: pytest.MonkeyPatch) -> None:
     replaces a loader, and nothing public removes one, so the table itself
     (``CheckpointLoader._schemes``) is put back."""
     monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
+
+
+def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """EVA-02's ``VisionRotaryEmbeddingFast`` buffers (baaivision/EVA, ``EVA-02/asuka/
+    rope.py``), written from its code: frequencies ``theta^(-2j / (head_dim / 2))``,
+    coordinates ``i / side * reference``, pairs interleaved, rows' angles then columns'."""
+    dim = head_dim // 2
+    frequencies = 1. / (10000 ** (torch.arange(0, dim, 2)[:dim // 2].float() / dim))
+    coordinates = torch.arange(side) / side * reference
+    angles = torch.einsum('i,f->if', coordinates, frequencies).repeat_interleave(2, dim=-1)
+    angles = torch.cat([angles[:, None].expand(side, side, -1),
+                        angles[None].expand(side, side, -1)], dim=-1).reshape(-1, head_dim)
+    return angles.cos(), angles.sin()

@@ -67,6 +67,7 @@ from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from vitdense.internals import checkpoint_loader_for, checkpoint_schemes
+from vitdense.torchscript_weights import is_torchscript_archive, read_torchscript_weights
 
 __all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
            'load_from_local', 'use_safe_loading', 'atomic_write', 'AtomicLocalBackend',
@@ -250,6 +251,10 @@ def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
     """``torch.load(f, weights_only=True)`` with the allow-list and a clear refusal; plain
     data written by :func:`to_plain` comes back as the numpy values and HistoryBuffers it was.
 
+    A TorchScript archive (OpenAI's CLIP files), which ``torch.load`` refuses weights-only,
+    gives its modules' tensors as a state dict, read without running its code
+    (:func:`vitdense.torchscript_weights.read_torchscript_weights`).
+
     Raises :class:`UnsafeCheckpointError` for a file that asks for a global outside the
     allow-list and :class:`CorruptCheckpointError` for an empty, truncated or garbled file.
     ``mmap=True`` (a file path only) maps the tensors instead of reading them: the archive and
@@ -258,6 +263,15 @@ def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
     """
     is_path = isinstance(f, (str, bytes)) or hasattr(f, '__fspath__')
     name = os.fsdecode(f) if is_path else repr(f)
+    if is_path and osp.isfile(name) and zipfile.is_zipfile(name):
+        with zipfile.ZipFile(name) as archive:
+            torchscript = is_torchscript_archive(archive)
+        if torchscript:
+            try:
+                return read_torchscript_weights(name, map_location)
+            except pickle.UnpicklingError as refused:
+                raise UnsafeCheckpointError(name, 'a global of a TorchScript archive',
+                                            str(refused)) from None
     try:
         with torch.serialization.safe_globals(ALLOWED_GLOBALS):
             loaded = torch.load(f, map_location=map_location, weights_only=True, mmap=mmap)

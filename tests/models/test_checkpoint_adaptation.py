@@ -12,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 
 from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, assert_features_match,
-                    perturb_)
+                    eva02_official_rotary_tables, perturb_)
 
 FAMILIES = dict(vit=ViT, cait=CaiT, xcit=XCiT, convit=ConViT)
 
@@ -217,6 +217,20 @@ def _dinov2_hub_source() -> dict:
                 mask_token=torch.randn(1, 32, generator=generator))
 
 
+def _eva02_official_source() -> dict:
+    """EVA-02 S's official fine-tuned layout at 84 px (fused ``qkv`` with ``q_bias`` /
+    ``v_bias``, xformers' packed SwiGLU ``w12`` / ``w3``), pretrained on a 4 x 4 grid: its
+    rotary tables, once for the model and once per block, show that grid."""
+    state_dict = _timm_published('eva02_small_patch14_336', img_size=84,
+                                 ref_feat_shape=(4, 4)).state_dict()
+    released = {key.replace('mlp.fc1.', 'mlp.w12.').replace('mlp.fc2.', 'mlp.w3.'): value
+                for key, value in state_dict.items()}
+    cos, sin = eva02_official_rotary_tables(16, 4, 6)
+    for prefix in [''] + [f'blocks.{i}.attn.' for i in range(4)]:
+        released.update({f'{prefix}rope.freqs_cos': cos, f'{prefix}rope.freqs_sin': sin})
+    return released
+
+
 def _timm_published(name: str, **options) -> torch.nn.Module:
     """A tiny perturbed timm model of a published source's architecture (``name``)."""
     import timm
@@ -317,6 +331,11 @@ ADVICE_CASES = {
        for m, mode in (('cls', CLS), ('dense', DENSE))},
     'timm-siglip-dense': (lambda: _timm_published('vit_base_patch16_siglip_224', img_size=64),
                           ViT, DENSE, ['dense_class_token=False']),
+    # an official EVA-02 file above its pretraining size: the rotary reference grid, which
+    # its rotary tables show, is named with the options its tensors and layout imply
+    'eva02-official-above-pretraining-size-dense': (
+        _eva02_official_source, ViT, dict(DENSE, img_size=84),
+        ['patch_size=14', 'swiglu_mlp=True', "rope='eva02'", 'ref_feat_shape=(4, 4)']),
 }
 
 
@@ -393,3 +412,40 @@ def test_openai_clip_advice_names_the_activation_no_tensor_shows(tmp_path):
         with pytest.raises(AssertionError):
             assert_features_match(_pretrained(ViT, TINY_ARCH, path, img_size=64,
                                               **options)(images), expected)
+
+
+def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
+    """timm's res-post-norm ViT has a plain ViT's tensors (its blocks' keys saved ``attn``
+    before ``norm1``) and loaded strictly into one that computes otherwise; the rope-mixed
+    ViT's learned frequencies were dropped as a pretraining tensor. Both are refused, naming
+    what no option builds, and no option is advised."""
+    rpn = tmp_path / 'rpn.pth'
+    torch.save(_timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict(), rpn)
+    with pytest.raises(ValueError, match=r'to load it: no option of ViT loads it: the '
+                                         r'checkpoint has norms after attention and FFN '
+                                         r'\(res-post-norm blocks'):
+        _pretrained(ViT, TINY_ARCH, rpn, img_size=64, qkv_bias=False, dense_class_token=False,
+                    **DENSE)
+    mixed = tmp_path / 'rope_mixed.pth'
+    torch.save(_timm_published('vit_small_patch16_rope_mixed_224', img_size=64).state_dict(),
+               mixed)
+    with pytest.raises(ValueError, match=r'no option of ViT loads it: the checkpoint has '
+                                         r'learned rotary frequencies(.|\n)*unexpected: '
+                                         r'rope.freqs'):
+        _pretrained(ViT, TINY_ARCH, mixed, img_size=64, pos_embed='none', rope='eva02',
+                    layer_scale=1e-5, **DENSE)
+
+
+def test_an_advice_that_does_not_load_is_not_printed(tmp_path):
+    """The advice is checked before it is printed: a LayerScale checkpoint with a tensor no
+    option builds is refused without advising ``layer_scale`` (with which it would still be
+    refused), naming that tensor."""
+    state_dict = _timm_source(init_values=1e-5).state_dict()
+    state_dict['blocks.0.attn.talking.weight'] = torch.zeros(2, 2)
+    path = tmp_path / 'unknown.pth'
+    torch.save(state_dict, path)
+    with pytest.raises(ValueError, match=r"to load it: no option of ViT loads it: the options "
+                                         r"its tensors imply \(layer_scale=1e-5 .*\) leave it "
+                                         r"refused; tensors no option builds: "
+                                         r"blocks.0.attn.talking.weight\n"):
+        _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)

@@ -1,10 +1,12 @@
 """ViTs users hold from other sources (EVA-02, DINOv3, CLIP, qk_norm ViTs) load into ViT and
 compute what the source library computes: small random timm models with perturbed weights,
 at their own size and a non-square one, in the classifier, pyramid and ViTDet layouts."""
+import math
 from typing import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mmengine.logging import MMLogger
 from timm.layers import resample_abs_pos_embed
 
@@ -13,6 +15,8 @@ from vitdense.models import ViT
 from vitdense.models.layers.rotary import RotaryPositionEmbedding
 from vitdense.models.layers.swiglu import merge_swiglu_tensors
 from vitdense.models.layers.window_attention import window_partition, window_unpartition
+
+from common import eva02_official_rotary_tables
 
 #: the floor: each source equal to timm's forward within this, relative to its largest value
 RELATIVE_TOLERANCE = 1e-5
@@ -324,6 +328,101 @@ def test_dinov2_hub_file_loads_as_timm_converts_it(caplog):
         images)
 
 
+def dinov2_positions(table: torch.Tensor, hw: tuple[int, int], antialias: bool,
+                     offset: float) -> torch.Tensor:
+    """DINOv2's ``interpolate_pos_encoding`` (facebookresearch/dinov2,
+    ``dinov2/models/vision_transformer.py``), written from its code: the table (class row,
+    then M x M patch rows) kept at its own grid, else the patch rows resampled by bicubic
+    ``F.interpolate`` with the scale factor ``(side + offset) / M`` (the hub's files without
+    registers: offset 0.1, no antialiasing) or, without offset, to the size (with registers:
+    antialiased)."""
+    side = math.isqrt(table.shape[1] - 1)
+    if tuple(hw) == (side, side):
+        return table
+    grid = table[:, 1:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
+    resize = dict(scale_factor=((hw[0] + offset) / side, (hw[1] + offset) / side)) \
+        if offset else dict(size=hw)
+    grid = F.interpolate(grid, mode='bicubic', antialias=antialias, **resize)
+    assert grid.shape[-2:] == hw
+    return torch.cat([table[:, :1], grid.permute(0, 2, 3, 1).flatten(1, 2)], dim=1)
+
+
+def dinov2_forward(reference: torch.nn.Module, hub: dict, images: torch.Tensor
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """DINOv2's forward (``prepare_tokens_with_masks``, its blocks, its norm) on the hub
+    file ``hub``, with the blocks of timm's ViT (DINOv2's blocks: LayerScale, fused qkv):
+    the normalised class token and every block's map of patches."""
+    registers = hub.get('register_tokens')
+    kernel = dict(antialias=True, offset=0.) if registers is not None else \
+        dict(antialias=False, offset=.1)
+    x = reference.patch_embed.proj(images)
+    hw = tuple(x.shape[-2:])
+    x = torch.cat([hub['cls_token'].expand(len(x), -1, -1), x.flatten(2).transpose(1, 2)], 1)
+    x = x + dinov2_positions(hub['pos_embed'], hw, **kernel)
+    if registers is not None:
+        x = torch.cat([x[:, :1], registers.expand(len(x), -1, -1), x[:, 1:]], dim=1)
+    maps = []
+    for block in reference.blocks:
+        x = block(x)
+        maps.append(x[:, -hw[0] * hw[1]:].transpose(1, 2).reshape(len(x), -1, *hw))
+    return reference.norm(x)[:, 0], maps
+
+
+#: DINOv2's hub files: ViT-S/B/L/14 (an MLP), ViT-g/14 (xformers' fused SwiGLU, ``w12`` and
+#: ``w3``), each without registers and with them
+DINOV2_HUB_FILES = [('mlp', False), ('swiglu', False), ('mlp', True)]
+
+
+@pytest.mark.parametrize('ffn,registers', DINOV2_HUB_FILES)
+@pytest.mark.parametrize('image_hw', [(518, 518), (224, 224), (224, 308)])
+def test_dinov2_hub_file_is_resampled_as_dinov2_resamples_it(ffn, registers, image_hw, caplog):
+    """DINOv2's hub files, built as documented (``img_size=518``; ViT-g/14's SwiGLU as its
+    advice names it), compute DINOv2's own forward at the file's size, at 224 and at a
+    non-square size: the kernel of each hub file (offset scale factor without registers,
+    antialiased with them) is read from the file's layout. Timm's antialiased kernel, the
+    default for a file without registers, is off."""
+    import timm
+    giant = dict(mlp_ratio=340 / 64) if ffn == 'swiglu' else {}  # a hidden width of 170
+    reference = timm.create_model(
+        'vit_giant_patch14_dinov2' if ffn == 'swiglu' else 'vit_base_patch14_dinov2',
+        num_classes=0, img_size=518, **SMALL_TIMM, **giant).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    hub = {key.replace('mlp.fc1.', 'mlp.w12.').replace('mlp.fc2.', 'mlp.w3.'): value
+           for key, value in timm_layout.items()}
+    hub['mask_token'] = torch.zeros(1, 64)
+    options = dict(patch_size=14, img_size=518, layer_scale=1e-5)
+    if ffn == 'swiglu':  # as the advice names them
+        options.update(swiglu_mlp=True, mlp_ratio=170 / 64)
+    if registers:
+        hub['register_tokens'] = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(1))
+        options.update(reg_tokens=4, no_embed_class=True)
+    images = torch.randn(1, 3, *image_hw, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        class_token, maps = dinov2_forward(reference, hub, images)
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        classifier.load_state_dict(classifier.adapt_checkpoint(hub))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert ('scale factor offset by 0.1' in caplog.text) is not registers
+    with torch.no_grad():
+        assert (classifier(images)[0] - class_token).abs().max() <= \
+            RELATIVE_TOLERANCE * class_token.abs().max()
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(hub))
+    assert_block_maps_match(dense, maps, images)
+    if not registers and image_hw != (518, 518):
+        timm_kernel = ViT(SMALL, pyramid=False, out_indices=(0,), pos_antialias=True,
+                          **options).eval()
+        timm_kernel.load_state_dict(timm_kernel.adapt_checkpoint(hub))
+        with torch.no_grad():
+            assert (timm_kernel(images)[0] - maps[0]).abs().max() > \
+                100 * RELATIVE_TOLERANCE * maps[0].abs().max()
+
+
 def test_dinov3_hub_file_loads_as_timm_converts_it():
     """The official DINOv3 layout (``storage_tokens``, ``ls1.gamma``, a fused qkv bias with
     its key part masked, the rotary periods, ``mask_token``) computes what timm computes
@@ -353,6 +452,51 @@ def test_dinov3_hub_file_loads_as_timm_converts_it():
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)
+
+
+@pytest.mark.parametrize('out_type', ['cls_token', 'avg_featmap', 'featmap'])
+def test_dinov3_untied_norms_load_as_dinov3_reads_them(out_type, caplog):
+    """DINOv3 L SAT-493M's and 7B's hub files normalise the class token by ``cls_norm`` and
+    the patches by ``norm`` (``local_cls_norm``: the local crops' in training, left out): the
+    class token read by a classifier is DINOv3's ``cls_norm(x)[:, 0]``, the pooled patches
+    and the blocks' maps are timm's with ``norm``."""
+    import timm
+    reference = timm.create_model('vit_small_patch16_dinov3', num_classes=0, global_pool='avg',
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    generator = torch.Generator().manual_seed(3)
+    hub = {key.replace('reg_token', 'storage_tokens').replace('gamma_1', 'ls1.gamma')
+              .replace('gamma_2', 'ls2.gamma'): value for key, value in timm_layout.items()}
+    for norm in ('cls_norm', 'local_cls_norm'):
+        hub.update({f'{norm}.weight': 1 + .1 * torch.randn(64, generator=generator),
+                    f'{norm}.bias': .1 * torch.randn(64, generator=generator)})
+    reference.load_state_dict(timm_layout)
+    images = torch.randn(1, 3, 96, 160)
+    ours = ViT(SMALL, out_type=out_type, pyramid=False, out_indices=(0, 1, 2, 3),
+               **table_options('vit_small_patch16_dinov3')).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        ours.load_state_dict(ours.adapt_checkpoint(hub))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert 'untied norms' in caplog.text and 'local_cls_norm' in caplog.text
+    with torch.no_grad():
+        if out_type == 'featmap':
+            expected = reference.forward_intermediates(images, indices=[0, 1, 2, 3], norm=False,
+                                                       output_fmt='NCHW',
+                                                       intermediates_only=True)
+            assert_block_maps_match(ours, expected, images)
+            return
+        if out_type == 'cls_token':
+            reference.norm.load_state_dict({'weight': hub['cls_norm.weight'],
+                                            'bias': hub['cls_norm.bias']})
+            expected = reference.forward_features(images)[:, 0]
+        else:
+            expected = reference.forward_head(reference.forward_features(images),
+                                              pre_logits=True)
+        assert (ours(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
 
 
 @pytest.mark.parametrize('image_hw', [(224, 224), (192, 256)])
@@ -458,33 +602,218 @@ def test_beit_pretraining_table_is_shared_by_every_block():
     assert 'blocks.0.attn.relative_position_bias.table' in model.no_weight_decay()
 
 
-def test_eva02_release_loads_as_timm_converts_it():
-    """EVA-02's own layout (SwiGLU ``w1``/``w2``/``w3`` and ``ffn_ln``, q, k, v maps with q
-    and v biases, rotary tables, the mask token and MIM head) computes what timm computes
-    from it after timm's own conversion."""
+def test_beit_v2_pretraining_file_leaves_out_its_class_token_head(caplog):
+    """BEiT v2's pretraining file: one shared relative table, the MIM head and mask token,
+    and the class-token pretraining head (``cls_pt_layers`` blocks, ``cls_pt_norm``,
+    ``cls_pt_lm_head``), which the backbone's blocks do not feed: left out with a log line
+    naming them; every block's map is timm's with the shared table in each block."""
     import timm
-    from timm.models.eva import checkpoint_filter_fn
-    reference = timm.create_model('eva02_base_patch14_224', num_classes=0,
+    reference = timm.create_model('beit_base_patch16_224', num_classes=0,
                                   **SMALL_TIMM).eval()
     timm_layout = perturbed(reference.state_dict(), .05)
-    renames = {'mlp.fc1_g': 'mlp.w1', 'mlp.fc1_x': 'mlp.w2', 'mlp.fc2': 'mlp.w3',
-               'mlp.norm': 'mlp.ffn_ln', 'attn.q_proj.bias': 'attn.q_bias',
-               'attn.v_proj.bias': 'attn.v_bias'}
-    released = {}
-    for key, value in timm_layout.items():
-        for timm_name, release_name in renames.items():
-            key = key.replace(timm_name, release_name)
-        released[key] = value
-    released.update({'rope.freqs_cos': torch.ones(256, 32), 'mask_token': torch.zeros(1, 1, 64),
-                     'lm_head.weight': torch.zeros(8, 64)})
-    reference.load_state_dict(checkpoint_filter_fn(dict(released), reference))
+    shared = torch.randn_like(timm_layout['blocks.0.attn.relative_position_bias_table'])
+    pretraining = {key: value for key, value in timm_layout.items()
+                   if 'relative_position_bias_table' not in key}
+    for key in [k for k in timm_layout if 'relative_position_bias_table' in k]:
+        timm_layout[key] = shared
+    reference.load_state_dict(timm_layout)
+    pretraining['rel_pos_bias.relative_position_bias_table'] = shared
+    pretraining.update({key.replace('blocks.3.', 'cls_pt_layers.0.'): value.clone()
+                        for key, value in pretraining.items() if key.startswith('blocks.3.')})
+    pretraining.update({'cls_pt_norm.weight': torch.ones(64), 'cls_pt_norm.bias': torch.zeros(64),
+                        'cls_pt_lm_head.weight': torch.zeros(8, 64), 'lm_head.weight':
+                        torch.zeros(8, 64), 'mask_token': torch.zeros(1, 1, 64)})
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3),
-                **table_options('eva02_base_patch14_224')).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(released))
-    images = torch.randn(2, 3, 224, 224)
+                **table_options('beit_base_patch16_224')).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        dense.load_state_dict(dense.adapt_checkpoint(pretraining))
+    finally:
+        logger.removeHandler(caplog.handler)
+    # the class-token head's 18 tensors (a block's 15, a norm's 2, a linear map), the MIM
+    # head's map and the mask token
+    assert 'leaves out 20 checkpoint tensors' in caplog.text and 'cls_pt_layers.0.' in caplog.text
+    images = torch.randn(1, 3, 224, 224)
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)
+
+
+def test_deit3_official_parallel_file_loads_as_timms_parallel_blocks():
+    """The official DeiT III parallel ViT (``Layer_scale_init_Block_paralx2``: ``norm11``,
+    ``attn1``, ``gamma_1_1``, ``norm21``, ``mlp1``, ``gamma_2_1`` beside the first branch's
+    modules; its table without the class row) loads with ``num_parallel=2,
+    no_embed_class=True``: the class token and every block's map are timm's
+    parallel blocks' (which compute what the official blocks compute)."""
+    import timm
+    reference = timm.create_model('vit_small_patch16_18x2_224', num_classes=0,
+                                  no_embed_class=True, dynamic_img_size=True,
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    official = {}
+    modules = {'attns.0.norm': 'norm1', 'attns.0.attn': 'attn', 'attns.0.ls.gamma': 'gamma_1',
+               'attns.1.norm': 'norm11', 'attns.1.attn': 'attn1',
+               'attns.1.ls.gamma': 'gamma_1_1', 'ffns.0.norm': 'norm2', 'ffns.0.mlp': 'mlp',
+               'ffns.0.ls.gamma': 'gamma_2', 'ffns.1.norm': 'norm21', 'ffns.1.mlp': 'mlp1',
+               'ffns.1.ls.gamma': 'gamma_2_1'}
+    for key, value in timm_layout.items():
+        for timm_name, official_name in modules.items():
+            key = key.replace(f'.{timm_name}', f'.{official_name}')
+        official[key] = value
+    options = dict(table_options('vit_small_patch16_18x2_224'), depth=4, no_embed_class=True)
+    images = torch.randn(1, 3, 160, 224)
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    classifier.load_state_dict(classifier.adapt_checkpoint(official))
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(official))
+    with torch.no_grad():
+        expected = reference.forward_features(images)[:, 0]
+        assert (classifier(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+#: timm's CLIP keys -> OpenAI's (``clip/model.py``'s ``VisionTransformer`` under ``visual.``)
+OPENAI_CLIP_NAMES = {'patch_embed.proj.': 'conv1.', 'norm_pre.': 'ln_pre.', 'norm.': 'ln_post.',
+                     'blocks.': 'transformer.resblocks.', '.norm1.': '.ln_1.',
+                     '.norm2.': '.ln_2.', '.attn.qkv.': '.attn.in_proj_', '.attn.proj.':
+                     '.attn.out_proj.', '.mlp.fc1.': '.mlp.c_fc.', '.mlp.fc2.': '.mlp.c_proj.'}
+
+
+def openai_clip_state_dict(timm_layout: dict) -> dict:
+    """OpenAI's CLIP state dict from timm's: the image tower under ``visual.`` (its class
+    token and position table without the batch axis, ``in_proj_weight``), its projection, and
+    a text tower's tensors."""
+    released = {}
+    for key, value in timm_layout.items():
+        if key == 'cls_token':
+            key, value = 'class_embedding', value.reshape(-1)
+        elif key == 'pos_embed':
+            key, value = 'positional_embedding', value[0]
+        for timm_name, openai_name in OPENAI_CLIP_NAMES.items():
+            key = key.replace(timm_name, openai_name) if timm_name[0] == '.' or \
+                key.startswith(timm_name) else key
+        released[f'visual.{key.replace("in_proj_.", "in_proj_")}'] = value
+    width = timm_layout['cls_token'].shape[-1]
+    released.update({'visual.proj': torch.randn(width, 16), 'logit_scale': torch.ones(()),
+                     'token_embedding.weight': torch.randn(10, 32),
+                     'positional_embedding': torch.randn(77, 32),
+                     'transformer.resblocks.0.attn.in_proj_weight': torch.randn(96, 32),
+                     'ln_final.weight': torch.ones(32), 'text_projection': torch.randn(32, 16)})
+    return released
+
+
+@pytest.mark.parametrize('image_hw', [(224, 224), (160, 160), (192, 288)])
+def test_openai_clip_state_dict_loads_its_image_tower(image_hw):
+    """OpenAI's CLIP state dict (``visual.*``: ``conv1``, ``class_embedding``,
+    ``positional_embedding``, ``ln_pre``, ``transformer.resblocks`` of ``in_proj`` /
+    ``c_fc`` / ``c_proj``, ``ln_post``) loads with CLIP's options and QuickGELU, its
+    projection and text tower left out: the class token and every block's map are timm's
+    (timm converts OpenAI's file to these tensors), at the file's size, another square size
+    and a non-square one."""
+    import timm
+    reference = timm.create_model('vit_base_patch16_clip_quickgelu_224', num_classes=0,
+                                  dynamic_img_size=True, **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    released = openai_clip_state_dict(timm_layout)
+    options = table_options('vit_base_patch16_clip_quickgelu_224')
+    images = torch.randn(1, 3, *image_hw)
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    classifier.load_state_dict(classifier.adapt_checkpoint(released))
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(released))
+    with torch.no_grad():
+        expected = reference.forward_features(images)[:, 0]
+        assert (classifier(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+#: timm's EVA-02 keys -> the official release's: B and L (``q_proj``, ``k_proj``, ``v_proj``
+#: with q and v biases apart, SwiGLU ``w1``, ``w2``, ``ffn_ln``, ``w3``), Ti and S (a fused
+#: ``qkv`` with q and v biases apart, xformers' packed SwiGLU ``w12``, ``w3``)
+EVA02_RELEASE_KEYS = {'mlp.fc1_g': 'mlp.w1', 'mlp.fc1_x': 'mlp.w2', 'mlp.fc2': 'mlp.w3',
+                      'mlp.norm': 'mlp.ffn_ln', 'mlp.fc1': 'mlp.w12',
+                      'attn.q_proj.bias': 'attn.q_bias', 'attn.v_proj.bias': 'attn.v_bias'}
+
+
+def eva02_release(timm_layout: dict, side: int, pretraining: bool) -> dict:
+    """An official EVA-02 file from timm's state dict: fine-tuned (``fc_norm``, a head) or
+    masked-image-modelling (``norm``, ``mask_token``, ``lm_head``), its rotary tables for the
+    file's ``side`` x ``side`` grid and the 16 x 16 pretraining grid, once for the model and
+    once per block, as the official model's state dict holds them."""
+    released = {}
+    for key, value in timm_layout.items():
+        for timm_name, release_name in EVA02_RELEASE_KEYS.items():
+            key = key.replace(timm_name + '.', release_name + '.')
+        released[key.replace('fc_norm.', 'norm.') if pretraining else key] = value
+    cos, sin = eva02_official_rotary_tables(SMALL['embed_dims'] // SMALL['num_heads'], 16, side)
+    for prefix in [''] + [f'blocks.{i}.attn.' for i in range(SMALL['num_layers'])]:
+        released.update({f'{prefix}rope.freqs_cos': cos, f'{prefix}rope.freqs_sin': sin})
+    if pretraining:
+        released.update(mask_token=torch.zeros(1, 1, 64), **{'lm_head.weight': torch.zeros(8, 64),
+                                                             'lm_head.bias': torch.zeros(8)})
+    else:
+        released.update({'head.weight': torch.zeros(10, 64), 'head.bias': torch.zeros(10)})
+    return released
+
+
+@pytest.mark.parametrize('pretraining', [False, True])
+@pytest.mark.parametrize('timm_name', ['eva02_base_patch14_224', 'eva02_small_patch14_336',
+                                       'eva02_large_patch14_448'])
+def test_eva02_official_release_computes_what_timm_computes(timm_name, pretraining, caplog):
+    """EVA-02's official files (fine-tuned and masked-image-modelling; B / L and Ti / S
+    layouts) load with ``ViT.timm_models``' options and the file's ``img_size``: their rotary
+    tables are checked against the model's and dropped with a log line, and every block's map
+    is timm's, at the file's size, 224 and a non-square size."""
+    import timm
+    options = table_options(timm_name)
+    reference = timm.create_model(timm_name, num_classes=0, dynamic_img_size=True,
+                                  **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    reference.load_state_dict(timm_layout)
+    side = options['img_size'] // 14 if 'img_size' in options else 16
+    released = eva02_release(timm_layout, side, pretraining)
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        dense.load_state_dict(dense.adapt_checkpoint(released))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert 'rotary tables' in caplog.text and 'dropped' in caplog.text
+    for image_hw in [(side * 14, side * 14), (224, 224), (196, 280)]:
+        images = torch.randn(1, 3, *image_hw)
+        assert_block_maps_match(dense, reference.forward_intermediates(
+            images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW',
+            intermediates_only=True), images)
+
+
+def test_eva02_rotary_grid_is_read_from_the_files_tables():
+    """A model built for the file's size without ``ref_feat_shape`` (its reference grid then
+    the 24 x 24 of 336 px) is refused, the advice naming the 16 x 16 that EVA-02's tables in
+    the file are built for; tables no grid of the model computes are refused, not dropped."""
+    import timm
+    state_dict = timm.create_model('eva02_small_patch14_336', num_classes=0,
+                                   **SMALL_TIMM).state_dict()
+    released = eva02_release(state_dict, 24, pretraining=False)
+    options = dict(table_options('eva02_small_patch14_336'), ref_feat_shape=None)
+    with pytest.raises(ValueError, match=r'to load it: ref_feat_shape=\(16, 16\) \(the '
+                                         r'reference grid of the checkpoint\'s EVA-02 rotary'):
+        ViT(SMALL, pyramid=False, **options).adapt_checkpoint(released)
+    ViT(SMALL, pyramid=False, **dict(options, ref_feat_shape=(16, 16))).adapt_checkpoint(
+        released)
+    released['blocks.1.attn.rope.freqs_sin'] = released['blocks.1.attn.rope.freqs_sin'] + 1e-3
+    with pytest.raises(ValueError, match=r'unexpected: (.|\n)*rope.freqs_'):
+        ViT(SMALL, pyramid=False, **table_options('eva02_small_patch14_336')).adapt_checkpoint(
+            released)
 
 
 def test_patch_projection_is_resampled_only_where_asked():

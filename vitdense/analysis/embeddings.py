@@ -29,7 +29,8 @@ def position_encodings(model: nn.Module, hw: Optional[Grid] = None) -> tuple[tor
         table = encoding.weight
         if hw != encoding.grid:
             table = resample_position_table(table, encoding.grid, hw,
-                                            encoding.num_prefix_tokens, encoding.antialias)
+                                            encoding.num_prefix_tokens, encoding.antialias,
+                                            encoding.offset)
         return table[0, encoding.num_prefix_tokens:].float(), hw
     if isinstance(encoding, FourierPositionEncoding):  # what it adds to zero tokens
         weight = encoding.token_projection.weight

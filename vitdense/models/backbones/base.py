@@ -185,6 +185,13 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     #: builds no class token (a dense trunk without it, ViTDet)
     prefix_token_keys = r'^(cls_token|reg_token)$'
 
+    def __new__(cls, *args, **kwargs) -> 'ColumnarBackbone':
+        """A backbone that keeps the options it is built with (``constructor_options``), so
+        that a refused load can build the model its advice names and check it."""
+        model = super().__new__(cls)
+        object.__setattr__(model, 'constructor_options', (args, dict(kwargs)))
+        return model
+
     def __init__(self,
                  arch: Union[str, dict],
                  patch_size: int = 16,
@@ -263,6 +270,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         tuning = PeftTuning(**peft)
         tuning.apply(self, self.new_in_fine_tuning)
         return tuning
+
+    constructor_signature = __init__
 
     # ------------------------------------------------------------------ family hooks
     def build_patch_embed(self) -> nn.Module:

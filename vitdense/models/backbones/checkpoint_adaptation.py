@@ -15,6 +15,7 @@ import torch
 from mmengine.logging import MMLogger
 from mmengine.runner import checkpoint as mmengine_checkpoint
 
+from ..layers.embed import PositionKernel
 from .checkpoint_diagnosis import BLOCK_INDEX, CheckpointDiagnosis
 from .checkpoint_keys import SHARED_KEYS, KeyTable
 
@@ -64,10 +65,11 @@ class CheckpointAdaptation(CheckpointDiagnosis):
     #: tensors of the model a checkpoint may lack: new in fine-tuning, initialised so that
     #: the checkpoint's function is kept (the dense pyramid, zero relative position tables)
     new_in_fine_tuning = r'^pyramid\.|\.attn\.rel_pos\.'
-    #: how the library of a checkpoint layout resamples position tables: (a key pattern of
-    #: the layout as saved, antialias); the first match is the kernel, at load and in
-    #: forward, of a model built without ``pos_antialias``; none: timm's antialiased bicubic
-    position_kernels: tuple[tuple[str, bool], ...] = ()
+    #: how the library of a checkpoint layout resamples position tables: (key patterns that
+    #: each match a key of the layout as saved, a pattern none matches or None, its kernel);
+    #: the first layout the checkpoint has gives the kernel, at load and in forward, of a
+    #: model built without ``pos_antialias``; none: timm's antialiased bicubic
+    position_kernels: tuple[tuple[tuple[str, ...], Optional[str], PositionKernel], ...] = ()
 
     @classmethod
     def checkpoint_table(cls) -> KeyTable:
@@ -123,8 +125,9 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         the trunk blocks beyond the model's depth. Raises ValueError when tensors have other
         shapes than the model's (position tables excepted: they are resampled) and, with
         ``strict``, when any tensor of the model is missing (those new in fine-tuning
-        excepted: ``new_in_fine_tuning``) or any checkpoint tensor is left unused: the
-        error says what the checkpoint is and which option loads it.
+        excepted: ``new_in_fine_tuning``) or any checkpoint tensor is left unused, and when
+        the checkpoint computes what no option builds (:meth:`mechanisms_not_built`): the
+        error says what the checkpoint is and which option loads it, or that none does.
         """
         state_dict = checkpoint_weights(state_dict)
         expected, adapters = self.state_dict(), {}
@@ -149,16 +152,22 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         missing = [k for k in expected
                    if k not in converted and not re.search(self.new_in_fine_tuning, k)]
         unexpected = [k for k in converted if k not in expected]
-        if mismatched or (strict and (missing or unexpected or self.class_row_differs(
+        unbuilt = self.mechanisms_not_built(list(state_dict))
+        if unbuilt or mismatched or (strict and (missing or unexpected or self.class_row_differs(
                 converted))):
             raise ValueError(self.mismatch_message(converted, mismatched, missing,
-                                                   unexpected, state_dict))
+                                                   unexpected, state_dict, unbuilt))
         self.adopt_position_kernel(state_dict)
         if unused:
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
                 f'{len(unused)} checkpoint tensors ({", ".join(unused[:6])}...)')
         return {**converted, **adapters}
+
+    def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
+        """What a checkpoint computes that no option of the family builds, as its keys (as
+        saved, in their order) show: each a phrase after "the checkpoint has" (none here)."""
+        return []
 
     def fit_checkpoint_tensors(self, converted: dict) -> dict:
         """Converted checkpoint tensors a family brings to this model's shapes before they
@@ -220,17 +229,27 @@ class CheckpointAdaptation(CheckpointDiagnosis):
         """A model built without ``pos_antialias`` resamples its position table, at load and
         in forward, as the library whose layout ``state_dict`` (keys as saved) has: the
         family's ``position_kernels``, else timm's antialiased bicubic; logged when that is
-        not the default."""
-        if self.pos_kernel_chosen or not hasattr(self.pos_embed, 'antialias'):
+        not the default, and when the model's chosen kernel is not the checkpoint's."""
+        if not hasattr(self.pos_embed, 'antialias'):
             return
-        antialias = next((antialias for pattern, antialias in self.position_kernels
-                          if any(re.match(pattern, key) for key in state_dict)), True)
-        if antialias != self.pos_antialias:
-            MMLogger.get_current_instance().info(
+        kernel = next((kernel for present, absent, kernel in self.position_kernels
+                       if all(any(re.search(p, k) for k in state_dict) for p in present)
+                       and not (absent and any(re.search(absent, k) for k in state_dict))),
+                      PositionKernel())
+        current = PositionKernel(self.pos_embed.antialias, self.pos_embed.offset)
+        if kernel == current:
+            return
+        logger = MMLogger.get_current_instance()
+        if self.pos_kernel_chosen:
+            logger.info(
                 f'{type(self).__name__}: the checkpoint\'s library resamples position tables '
-                f'{"with" if antialias else "without"} antialiasing; so does this model (set '
-                f'pos_antialias to choose)')
-        self.pos_antialias = self.pos_embed.antialias = antialias
+                f'as {kernel}; this model resamples them as {current}, as its pos_antialias '
+                f'chooses (leave pos_antialias unset to take the checkpoint\'s)')
+            return
+        logger.info(f'{type(self).__name__}: the checkpoint\'s library resamples position '
+                    f'tables as {kernel}; so does this model (set pos_antialias to choose)')
+        self.pos_antialias = self.pos_embed.antialias = kernel.antialias
+        self.pos_embed.offset = kernel.offset
 
     def built_by_other_modes(self, key: str) -> bool:
         """Whether checkpoint tensor ``key`` belongs to a part this model's mode does not

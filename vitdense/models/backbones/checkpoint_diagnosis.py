@@ -2,9 +2,15 @@
 would load the one into the other, written when a load is refused
 (``CheckpointAdaptation.adapt_checkpoint`` of :mod:`.checkpoint_adaptation`).
 """
+import ast
+import inspect
 import math
 import re
-from typing import Optional
+from typing import Optional, Sequence
+
+import torch
+
+from ..layers.rotary import eva02_reference_grid
 
 BLOCK_INDEX = re.compile(r'^blocks\.(\d+)\.')
 #: the prefix of the backbone's tensors in a whole OpenMMLab model's checkpoint
@@ -26,7 +32,8 @@ def describe_checkpoint(state_dict: dict) -> dict:
     position table before its grid (the class token's), normalisation after pooling
     (``fc_norm``), class-attention blocks, patch size (of a linear patch projection),
     attention biases, class token, gated positional (GPSA) blocks, the FFN's hidden width
-    and whether it is gated (SwiGLU: a first map of twice the hidden width)."""
+    and whether it is gated (SwiGLU: a first map of twice the hidden width), the reference
+    grid of EVA-02's rotary tables where it keeps them."""
     from . import backbone_families  # the families import this module
     scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
               if cls.checkpoint_markers and all(
@@ -54,7 +61,50 @@ def describe_checkpoint(state_dict: dict) -> dict:
         class_token='cls_token' in state_dict,
         gpsa_blocks=sum(bool(GPSA_GATING.match(k)) for k in state_dict),
         mlp_hidden=fc2.shape[-1] if fc2 is not None else None,
-        gated_mlp=fc1 is not None and fc2 is not None and fc1.shape[-2] == 2 * fc2.shape[-1])
+        gated_mlp=fc1 is not None and fc2 is not None and fc1.shape[-2] == 2 * fc2.shape[-1],
+        rotary_grid=next((eva02_reference_grid(state_dict[k], state_dict[k[:-3] + 'sin'])
+                          for k in sorted(state_dict)
+                          if k.endswith('rope.freqs_cos') and k[:-3] + 'sin' in state_dict),
+                         None))
+
+
+#: an item of the advice that sets ``Pretrained`` keys
+PRETRAINED_KEYS = re.compile(r"^init_cfg=dict\(type='Pretrained', \.\.\., (.*)\)$")
+
+
+def _literal(node: ast.expr):
+    """The value an advised option writes: a literal, or ``dict(...)`` of literals."""
+    if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'dict' and \
+            not node.args:
+        return {keyword.arg: _literal(keyword.value) for keyword in node.keywords}
+    return ast.literal_eval(node)
+
+
+def parse_advice(options: list[str]) -> Optional[tuple[dict, dict]]:
+    """The constructor options and ``Pretrained`` keys the items of an advice write (each
+    its first alternative; items that start with 'or', and the notes in parentheses, left
+    out), or None where an item writes no option (another family, a remark)."""
+    kwargs, pretrained = {}, {}
+    for item in options:
+        if item.startswith('or '):
+            continue
+        written = re.sub(r' \(.*\)$', '', item).split(' or ')[0]
+        match = PRETRAINED_KEYS.match(written)
+        try:
+            call = ast.parse(f'f({match.group(1) if match else written})', mode='eval').body
+            values = {keyword.arg: _literal(keyword.value) for keyword in call.keywords}
+        except (SyntaxError, ValueError):
+            return None
+        if call.args or None in values:
+            return None
+        if match:
+            pretrained.update(values)
+        elif 'arch_overrides' in values and 'arch_overrides' in kwargs:
+            kwargs['arch_overrides'] = {**kwargs['arch_overrides'], **values.pop('arch_overrides')}
+            kwargs.update(values)
+        else:
+            kwargs.update(values)
+    return kwargs, pretrained
 
 
 def _ratio_of(hidden: int, width: int) -> float:
@@ -83,6 +133,9 @@ class CheckpointDiagnosis:
     A family names what marks its checkpoints and the layouts whose options no shape shows.
     """
 
+    #: the constructor whose positional parameters ``constructor_options`` are read by
+    #: (``ColumnarBackbone.__init__``: a family passes its positional arguments on to it)
+    constructor_signature = None
     #: key patterns only this family's checkpoints have all of (what an error names)
     checkpoint_markers: tuple[str, ...] = ()
     #: the layouts of sources whose options the tensors' shapes do not show: (a key pattern
@@ -92,10 +145,14 @@ class CheckpointDiagnosis:
     checkpoint_layouts: tuple[tuple[str, Optional[str], dict, str], ...] = ()
 
     def mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],
-                         unexpected: list[str], saved: dict) -> str:
+                         unexpected: list[str], saved: dict,
+                         unbuilt: Sequence[str] = ()) -> str:
         """What the checkpoint is, what the model is, and the options that would load it
         (a whole model's checkpoint: described by its backbone, ``prefix`` named first);
-        ``saved``: the checkpoint's keys as saved, which show its source's layout."""
+        ``saved``: the checkpoint's keys as saved, which show its source's layout;
+        ``unbuilt``: what the checkpoint computes that no option builds, named instead of
+        any option (none would compute what the checkpoint does)."""
+        checkpoint = saved
         whole_model = not any(k in self.state_dict() for k in converted) and any(
             k.startswith(BACKBONE_PREFIX) for k in converted)
         if whole_model:
@@ -113,6 +170,12 @@ class CheckpointDiagnosis:
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
             options += self.layout_options(saved)
+        if unbuilt:
+            options = [f'no option of {type(self).__name__} loads it: the checkpoint has '
+                       f'{", and ".join(unbuilt)}, which {type(self).__name__} does not build']
+        elif options:
+            refusal = self.advice_refusal(options, checkpoint)
+            options = [refusal] if refusal else options
         if not options:
             options.append(f'no option of {type(self).__name__} loads it; build the model the '
                            f'checkpoint was trained as')
@@ -122,6 +185,53 @@ class CheckpointDiagnosis:
                 f'{len(missing)} missing, {len(unexpected)} unexpected\n'
                 f'  checkpoint: {format_facts(found)}\n  model:      {format_facts(model)}\n'
                 f'  to load it: {"; ".join(options)}' + ''.join(f'\n  {d}' for d in details))
+
+    def advice_refusal(self, options: list[str], saved: dict) -> Optional[str]:
+        """None where the model the advice ``options`` builds (this model's constructor
+        options with the advised ones, on the meta device) loads ``saved`` exactly, its
+        ``Pretrained`` keys applied; else what to say instead: no option loads it, and the
+        tensors the advised model has no place for. Advice that names another family or
+        writes no option is not checked, nor is the advised model's own refusal."""
+        if getattr(self, 'checking_advice', False) or not hasattr(self, 'constructor_options'):
+            return None
+        advised = parse_advice(options)
+        if advised is None:
+            return None
+        kwargs, pretrained = advised
+        args, given = self.constructor_options
+        names = list(inspect.signature(type(self).constructor_signature).parameters)[1:]
+        given = {**dict(zip(names, args)), **given}
+        overrides = {**(given.get('arch_overrides') or {}), **kwargs.pop('arch_overrides', {})}
+        kwargs = {**given, **kwargs, 'arch_overrides': overrides, 'init_cfg': None,
+                  'pretrained': None}
+        prefix = pretrained.get('prefix')
+        if prefix:
+            saved = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
+        failures = (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError)
+        try:
+            with torch.device('meta'):
+                model = type(self)(**kwargs)
+        except failures as error:
+            return f'no option of {type(self).__name__} loads it: the advised model cannot be ' \
+                   f'built ({error})'
+        model.checking_advice = True
+        try:
+            model.adapt_checkpoint(saved, truncate=pretrained.get('truncate', False))
+            return None
+        except failures:
+            pass
+        try:
+            converted = model.fit_checkpoint_tensors(model.convert_checkpoint(saved))
+            expected = model.state_dict()
+            unknown = sorted(k for k in converted
+                             if k not in expected and not model.built_by_other_modes(k))
+        except failures:
+            unknown = []
+        advice = '; '.join(options)
+        return (f'no option of {type(self).__name__} loads it: the options its tensors imply '
+                f'({advice}) leave it refused' + (
+                    f'; tensors no option builds: {", ".join(unknown[:6])}'
+                    f'{", ..." if len(unknown) > 6 else ""}' if unknown else ''))
 
     def describe_model(self) -> dict:
         """:func:`describe_checkpoint`'s facts for the checkpoint this model would load."""
@@ -167,9 +277,10 @@ class CheckpointDiagnosis:
         if not found['class_token'] and model['class_token']:
             options.append(self._class_token_free_option(found['registers']))
         elif self._class_row_differs_by(found['table_prefix_rows']):
+            rows = "the class token's row" if found['class_token'] else "the registers' rows"
             options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
                            f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
-                           f" the class token's row)")
+                           f" {rows})")
         if found['fc_norm'] != model['fc_norm'] and not self.dense:
             options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
                            "normalised: MAE's fine-tuned layout)" if found['fc_norm']

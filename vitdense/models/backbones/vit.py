@@ -5,6 +5,7 @@ about Vision Transformers" (Touvron et al., 2022): parallel blocks (§3), the hM
 Class token and learned absolute positions as in the ViT paper; widths are DeiT's for
 tiny/small and ViT's for base/large/huge.
 """
+import math
 import re
 from typing import Optional, Union
 
@@ -16,7 +17,8 @@ from timm.layers import resample_patch_embed
 from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import FeedForward, TransformerBlock
-from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
+from ..layers.embed import (HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed,
+                             PositionKernel)
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import SwiGLU, merge_swiglu_tensors
@@ -30,6 +32,9 @@ POS_EMBEDS = ('learn', 'none')
 EVA_QV_BIAS = re.compile(r'^(blocks\.\d+\.attn)\.q_bias$')
 EVA_SPLIT_QKV = re.compile(r'^(blocks\.\d+\.attn)\.q_proj\.weight$')
 BLOCK = re.compile(r'^blocks\.(\d+)\.')
+#: EVA-02's rotary tables as saved against ours: cosines and sines of the same angles,
+#: computed in float32 in another order of operations
+ROTARY_TABLE_TOLERANCE = 1e-5
 #: timm's per-branch modules of a parallel block (``attns.<b>.norm``, ...) -> ours
 TIMM_PARALLEL_MODULES = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn',
                          ('attns', 'ls'): 'ls1', ('ffns', 'norm'): 'norm2',
@@ -73,6 +78,26 @@ OPENMMLAB_VIT_KEYS: tuple[Alias, ...] = (
     Alias('.attn.gamma1.weight$', '.ls1.gamma$'),
     Alias('.ffn.gamma2.weight$', '.ls2.gamma$'),
 )
+#: OpenAI's CLIP state dict (``visual.``: ``conv1`` without bias, ``class_embedding`` and
+#: ``positional_embedding`` without their batch axis, ``ln_pre`` / ``ln_post``, residual
+#: blocks of torch's ``nn.MultiheadAttention`` and ``c_fc`` / ``c_proj``) -> ours; its
+#: image projection and text tower are left out (``OPENAI_CLIP_ONLY_KEYS``)
+OPENAI_CLIP_KEYS: tuple[Alias, ...] = (
+    Alias('^visual.conv1.', '^patch_embed.proj.'),
+    Alias('^visual.class_embedding$', '^cls_token$'),
+    Alias('^visual.positional_embedding$', '^pos_embed.weight$'),
+    Alias('^visual.ln_pre.', '^norm_pre.'),
+    Alias('^visual.ln_post.', '^norm.'),
+    Alias('^visual.transformer.resblocks.', '^blocks.'),
+    Alias('^blocks.{i}.ln_{n:1|2}.', '^blocks.{i}.norm{n}.'),
+    Alias('^blocks.{i}.attn.in_proj_{param:weight|bias}$', '^blocks.{i}.attn.qkv.{param}$'),
+    Alias('^blocks.{i}.attn.out_proj.', '^blocks.{i}.attn.proj.'),
+    Alias('^blocks.{i}.mlp.c_fc.', '^blocks.{i}.mlp.fc1.'),
+    Alias('^blocks.{i}.mlp.c_proj.', '^blocks.{i}.mlp.fc2.'),
+)
+#: OpenAI's CLIP tensors outside the image trunk: the image projection and the text tower
+OPENAI_CLIP_ONLY_KEYS = (r'^(visual\.proj|transformer\.|token_embedding\.|positional_embedding|'
+                         r'ln_final\.|text_projection|logit_scale)')
 #: the official layouts of the ViT sources timm converts -> ours: DINOv3's hub files
 #: (storage tokens), DeiT-distilled's distillation token (a register with a position row:
 #: ``reg_tokens=1``), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
@@ -92,17 +117,40 @@ SOURCE_KEYS: tuple[Alias, ...] = (
     Alias('.attn.rel_pos_h$', '.attn.rel_pos.height$'),
     Alias('.attn.rel_pos_w$', '.attn.rel_pos.width$'),
     Alias('.attn.relative_position_bias_table$', '.attn.relative_position_bias.table$'),
-)
+) + OPENAI_CLIP_KEYS
 #: BEiT's pretraining checkpoints: one relative position table shared by all blocks, which
 #: fine-tuning gives each block a copy of (BEiT §2.6)
 SHARED_RELATIVE_TABLE = 'rel_pos_bias.relative_position_bias_table'
 #: tensors of the sources' pretraining or other tasks that ViT has no module for, left out
 #: with a log line naming them (as timm does): DINOv2's and DINOv3's mask token, DINOv3's
 #: rotary periods (recomputed) and key-bias mask (applied first), SAM's neck and its prompt
-#: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's rotary
-#: tables (recomputed) and masked-image-modelling head
-SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|rope\.|lm_head\.|neck\.|prompt_encoder\.|'
-                    r'mask_decoder\.)|\.qkv\.bias_mask$|relative_position_index$')
+#: encoder and mask decoder, BEiT's relative position indices (recomputed), EVA-02's
+#: masked-image-modelling head, BEiT v2's pretraining head on the class token (its
+#: ``cls_pt_layers`` blocks, norms and head: the backbone's blocks do not feed them), DINOv3
+#: L SAT-493M's and 7B's norm of the local crops' class tokens (used in training only)
+SOURCE_ONLY_KEYS = (r'^(mask_token|rope_embed\.periods|lm_head\.|neck\.|prompt_encoder\.|'
+                    r'mask_decoder\.|cls_pt_|local_cls_norm\.)|\.qkv\.bias_mask$|'
+                    r'relative_position_index$')
+#: DINOv3's norm of the class and storage tokens where it is not the patches' (untied)
+UNTIED_CLASS_NORM = 'cls_norm.'
+#: learned rotary frequencies (the rope-mixed ViTs: timm's ``rope.freqs``, Naver's ``freqs``)
+LEARNED_ROTARY = re.compile(r'^(rope\.)?freqs$')
+#: the first block's norm and attention as saved in timm's layout (their order shows where
+#: the block normalises)
+BLOCK_MODULE_AS_SAVED = re.compile(r'^blocks\.0\.(norm1|attn)\.')
+#: EVA-02's rotary tables, which its official code keeps as buffers, once for the model and
+#: once in every block: checked against what the model computes, then dropped
+EVA_ROTARY_TABLE = re.compile(r'^(|blocks\.\d+\.attn\.)rope\.freqs_(cos|sin)$')
+#: the official DeiT III parallel block's modules (after the LayerScale renames) -> timm's
+#: per-branch modules; a block is parallel when it has the second branch's first norm
+OFFICIAL_PARALLEL_MODULES = {
+    'norm1': 'attns.0.norm', 'attn': 'attns.0.attn', 'ls1.gamma': 'attns.0.ls.gamma',
+    'norm11': 'attns.1.norm', 'attn1': 'attns.1.attn', 'gamma_1_1': 'attns.1.ls.gamma',
+    'norm2': 'ffns.0.norm', 'mlp': 'ffns.0.mlp', 'ls2.gamma': 'ffns.0.ls.gamma',
+    'norm21': 'ffns.1.norm', 'mlp1': 'ffns.1.mlp', 'gamma_2_1': 'ffns.1.ls.gamma'}
+OFFICIAL_PARALLEL_MODULE = re.compile(
+    rf'^(blocks\.\d+)\.({"|".join(re.escape(m) for m in OFFICIAL_PARALLEL_MODULES)})(\..+|$)')
+OFFICIAL_SECOND_BRANCH = re.compile(r'^(blocks\.\d+)\.norm11\.')
 #: timm's per-branch modules of a parallel block: block, group, branch, module, parameter
 PARALLEL_BRANCH = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
 #: our modules of a block, which a parallel block branches
@@ -164,12 +212,36 @@ def flatten_position_grid(state_dict: dict) -> dict:
     return state_dict
 
 
+def add_batch_axes(state_dict: dict) -> dict:
+    """A class token (C) and a position table (N, C) saved without their batch axis
+    (OpenAI's CLIP) with it, as ours."""
+    for key, dims in (('cls_token', 1), ('pos_embed.weight', 2)):
+        value = state_dict.get(key)
+        if value is not None and value.dim() == dims:
+            state_dict[key] = value.reshape(1, -1, value.shape[-1])
+    return state_dict
+
+
 def add_zero_patch_bias(state_dict: dict) -> dict:
     """A patch projection saved without bias (mmseg's ``patch_bias=False``) with the zero
     bias that computes the same."""
     weight = state_dict.get('patch_embed.proj.weight')
     if weight is not None and 'patch_embed.proj.bias' not in state_dict:
         state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])
+    return state_dict
+
+
+def name_official_parallel_branches(state_dict: dict) -> dict:
+    """The official DeiT III parallel blocks (``Layer_scale_init_Block_paralx2``: a second
+    branch's ``norm11``, ``attn1``, ``gamma_1_1``, ``norm21``, ``mlp1``, ``gamma_2_1``) named
+    as timm's per-branch modules, which :func:`stack_parallel_branches` then stacks."""
+    parallel = {match.group(1) for match in map(OFFICIAL_SECOND_BRANCH.match, state_dict)
+                if match}
+    for key in list(state_dict):
+        match = OFFICIAL_PARALLEL_MODULE.match(key)
+        if match and match.group(1) in parallel:
+            block, module, rest = match.groups()
+            state_dict[f'{block}.{OFFICIAL_PARALLEL_MODULES[module]}{rest}'] = state_dict.pop(key)
     return state_dict
 
 
@@ -208,8 +280,10 @@ def split_parallel_branches(state_dict: dict) -> dict:
 
 
 #: the options of the published families timm holds (their sizes: ``ViT.timm_models``):
-#: EVA-02 (Fang et al. 2023): rotary positions and SwiGLU (B and L: ``scale_mlp=True``)
-EVA02 = dict(patch_size=14, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, rope='eva02')
+#: EVA-02 (Fang et al. 2023): rotary positions and SwiGLU (B and L: ``scale_mlp=True``), its
+#: rotary reference grid the 16 x 16 of its 224-px pretraining at every fine-tuned size
+EVA02 = dict(patch_size=14, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, rope='eva02',
+             ref_feat_shape=(16, 16))
 #: DINOv3 (Siméoni et al. 2025): rotary positions alone, 4 storage tokens, LayerScale
 DINOV3 = dict(pos_embed='none', rope='dinov3', reg_tokens=4, layer_scale=1e-5,
               qkv_bias=False, norm_eps=1e-5)
@@ -306,15 +380,24 @@ class ViT(ColumnarBackbone):
                  TensorRule(copy_shared_relative_table, to_timm=None),
                  TensorRule(merge_hub_registers, to_timm=None),
                  TensorRule(flatten_position_grid, to_timm=None),
+                 TensorRule(add_batch_axes, to_timm=None),
                  TensorRule(add_zero_patch_bias, to_timm=None),
+                 TensorRule(name_official_parallel_branches, to_timm=None),
                  TensorRule(stack_parallel_branches, split_parallel_branches)),
-        left_out=SOURCE_ONLY_KEYS)
+        left_out=f'{SOURCE_ONLY_KEYS}|{OPENAI_CLIP_ONLY_KEYS}')
     no_weight_decay_names = ('table',)  # BEiT's relative position tables
     #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
     classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
     #: mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
-    #: forward): ``F.interpolate`` bicubic without antialiasing
-    position_kernels = ((r'^layers\.\d+\.', False),)
+    #: forward): ``F.interpolate`` bicubic without antialiasing; DINOv2's hub models
+    #: (``interpolate_pos_encoding``): without registers (a ``mask_token``, LayerScale, the
+    #: class row in the table), plain bicubic with the scale factor offset by 0.1; with
+    #: registers, antialiased without offset, as timm
+    position_kernels = (
+        ((r'^layers\.\d+\.',), None, PositionKernel(antialias=False)),
+        ((r'^mask_token$', r'^blocks\.\d+\.ls1\.gamma$', r'^pos_embed$'), r'^register_tokens$',
+         PositionKernel(antialias=False, offset=.1)),
+    )
     timm_arguments = dict(layer_scale='init_values', no_embed_class='no_embed_class',
                           reg_tokens='reg_tokens', class_token='class_token',
                           qk_norm='qk_norm', act_layer='act_layer', pre_norm='pre_norm',
@@ -333,7 +416,7 @@ class ViT(ColumnarBackbone):
         (r'^patch_embed\.', r'^(image_encoder\.)?pos_embed|relative_position_bias_table$',
          dict(pos_embed='none', rope='dinov3', norm_eps=1e-5),
          "DINOv3's rotary positions, its only ones"),
-        (r'^norm_pre\.', None, dict(pre_norm=True, norm_eps=1e-5),
+        (r'^(norm_pre|visual\.ln_pre)\.', None, dict(pre_norm=True, norm_eps=1e-5),
          "CLIP's norm before the blocks: OpenAI's weights take act_layer='quick_gelu' too, "
          "which no tensor shows"),
         (r'\.attn\.q_norm\.', None, dict(qk_norm=True), 'norms of the queries and keys'),
@@ -356,6 +439,9 @@ class ViT(ColumnarBackbone):
         ('small', EVA02, 'eva02_small_patch14_224'),
         ('base', dict(EVA02, scale_mlp=True), 'eva02_base_patch14_224'),
         ('large', dict(EVA02, scale_mlp=True), 'eva02_large_patch14_224'),
+        ('small', dict(EVA02, img_size=336), 'eva02_small_patch14_336'),
+        ('base', dict(EVA02, scale_mlp=True, img_size=448), 'eva02_base_patch14_448'),
+        ('large', dict(EVA02, scale_mlp=True, img_size=448), 'eva02_large_patch14_448'),
         ('small', DINOV3, 'vit_small_patch16_dinov3'),
         ('base', DINOV3, 'vit_base_patch16_dinov3'),
         ('large', DINOV3, 'vit_large_patch16_dinov3'),
@@ -481,7 +567,83 @@ class ViT(ColumnarBackbone):
         for name, module in self.named_modules():
             if isinstance(module, RelativePositionBias) and f'{name}.table' in converted:
                 converted[f'{name}.table'] = module.checkpoint_table(converted[f'{name}.table'])
+        return self._take_class_token_norm(self._drop_computed_rotary_tables(converted))
+
+    def _take_class_token_norm(self, converted: dict) -> dict:
+        """DINOv3 L SAT-493M and 7B normalise the class and storage tokens by a norm of
+        their own (``cls_norm``) and the patches by ``norm``: a model reading the class token
+        takes ``cls_norm`` as its final norm; one reading the patches keeps ``norm`` and
+        leaves ``cls_norm`` unused, logged."""
+        untied = {key: converted.pop(key) for key in list(converted)
+                  if key.startswith(UNTIED_CLASS_NORM)}
+        if not untied:
+            return converted
+        reads_class_token = self.out_type == 'cls_token' and not self.fc_norm_after_pooling
+        if reads_class_token:
+            converted.update({'norm.' + key[len(UNTIED_CLASS_NORM):]: value
+                              for key, value in untied.items()})
+        read = ('the class token is read, normalised by cls_norm' if reads_class_token
+                else 'the patches are read: cls_norm is unused')
+        MMLogger.get_current_instance().info(
+            f'{type(self).__name__}: the checkpoint normalises its class token by cls_norm and '
+            f'its patches by norm (untied norms); {read}')
         return converted
+
+    def _drop_computed_rotary_tables(self, converted: dict) -> dict:
+        """EVA-02's rotary tables (``EVA_ROTARY_TABLE``) dropped, with a log line, where
+        this model's rotary embedding computes each of them (within float rounding); else
+        kept, so that the load is refused and the advice names the reference grid they are
+        built for (``ref_feat_shape``)."""
+        tables = {key: value for key, value in converted.items() if EVA_ROTARY_TABLE.match(key)}
+        rope = self._rotary_embedding()
+        if not tables or rope is None or rope.style != 'eva02':
+            return converted
+        for key, table in tables.items():
+            rows, dims = table.shape[-2:]
+            side = math.isqrt(rows)
+            if table.dim() != 2 or side * side != rows or dims != rope.head_dim:
+                return converted
+            angles = rope.angles((side, side), table.device)
+            computed = angles.cos() if key.endswith('cos') else angles.sin()
+            if (table.float() - computed).abs().max() > ROTARY_TABLE_TOLERANCE:
+                return converted
+        for key in tables:
+            del converted[key]
+        MMLogger.get_current_instance().info(
+            f'{type(self).__name__}: the checkpoint\'s {len(tables)} rotary tables (EVA-02\'s '
+            f'buffers: {", ".join(sorted(tables)[:3])}, ...) are what this model computes '
+            f'(reference grid {rope.ref_grid}): dropped')
+        return converted
+
+    def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
+        """Learned rotary frequencies (``rope.freqs``, ``freqs``: timm's and Naver's
+        rope-mixed ViTs, Heo et al. 2024), and norms after attention and FFN (timm's
+        res-post-norm blocks, ``ResPostBlock``, whose keys are saved ``attn`` before
+        ``norm1``: a file whose keys are sorted shows no such order)."""
+        found = []
+        if any(LEARNED_ROTARY.match(key) for key in saved_keys):
+            found.append("learned rotary frequencies (rope.freqs: the rope-mixed ViTs)")
+        first = {}
+        for index, key in enumerate(saved_keys):
+            match = BLOCK_MODULE_AS_SAVED.match(key)
+            if match:
+                first.setdefault(match.group(1), index)
+        if saved_keys != sorted(saved_keys) and first.get('attn', -1) >= 0 and \
+                first['attn'] < first.get('norm1', -1):
+            found.append('norms after attention and FFN (res-post-norm blocks: its keys '
+                         'put attn before norm1)')
+        return found
+
+    def options_to_load(self, found: dict, model: dict) -> list[str]:
+        """As the base's, and EVA-02's rotary reference grid where the checkpoint's rotary
+        tables show another than the model's (or, with ``rope`` advised, would have)."""
+        options = super().options_to_load(found, model)
+        grid = found['rotary_grid']
+        if grid and found['family'] == model['family'] and \
+                grid != tuple(self.arch['ref_feat_shape'] or self.pretrain_grid):
+            options.append(f"ref_feat_shape={grid} (the reference grid of the checkpoint's "
+                           f"EVA-02 rotary tables)")
+        return options
 
     @classmethod
     def convert_checkpoint(cls, state_dict: dict) -> dict:

@@ -1,6 +1,8 @@
 """Patch embeddings (linear, XCiT's conv stem, the hMLP stem) and position encodings
 (learned absolute tables resampled to any grid, XCiT's Fourier features)."""
 import math
+from typing import NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -81,25 +83,43 @@ class HMLPPatchEmbed(nn.Module):
     forward = PatchEmbed.forward
 
 
+class PositionKernel(NamedTuple):
+    """How a library resamples a position table to another grid: bicubic with or without
+    antialiasing, and DINO's scale-factor offset (:func:`resample_position_table`)."""
+    antialias: bool = True
+    offset: float = 0.
+
+    def __str__(self) -> str:
+        kernel = 'bicubic with antialiasing' if self.antialias else 'plain bicubic'
+        return f"{kernel}{f', scale factor offset by {self.offset}' if self.offset else ''}"
+
+
 def _interpolation_matrix(old: int, new: int, antialias: bool,
-                          device: torch.device) -> torch.Tensor:
+                          device: torch.device, offset: float = 0.) -> torch.Tensor:
     """(new, old) float32 weights of bicubic resampling along one axis, as timm's
-    ``resample_abs_pos_embed`` does it (``align_corners=False``): the identity resampled."""
+    ``resample_abs_pos_embed`` does it (``align_corners=False``): the identity resampled.
+    ``offset``: DINO's resampling, which gives ``F.interpolate`` the scale factor
+    ``(new + offset) / old`` instead of the size, so sources are read at a slightly other
+    pitch (DINOv2's hub models without registers: 0.1)."""
+    resize = dict(scale_factor=((new + offset) / old, 1.)) if offset else dict(size=(new, old))
     with torch.no_grad():
         basis = torch.eye(old, device=device).view(1, 1, old, old)  # column c: row c's unit
-        return F.interpolate(basis, size=(new, old), mode='bicubic', antialias=antialias,
-                             align_corners=False)[0, 0]
+        return F.interpolate(basis, mode='bicubic', antialias=antialias, align_corners=False,
+                             **resize)[0, 0]
 
 
 def resample_position_table(table: torch.Tensor, old: Grid, new: Grid, num_prefix_tokens: int,
-                            antialias: bool = True) -> torch.Tensor:
+                            antialias: bool = True, offset: float = 0.) -> torch.Tensor:
     """A (1, prefix + rows·cols, C) position table of grid ``old`` resampled to grid ``new``
     as timm's ``resample_abs_pos_embed`` does (bicubic, prefix rows kept), written as one
     interpolation matrix per axis applied by matmuls (bicubic is separable). The one
     resampling of the package: eager, compiled (any symbolic grid, with its backward) and
     exported runs take the same operations and round alike; it equals timm's up to float
-    rounding, and is exact where ``new == old`` (identity matrices)."""
-    rows, cols = (_interpolation_matrix(o, n, antialias, table.device)
+    rounding, and is exact where ``new == old`` (identity matrices). ``offset``: DINO's
+    scale-factor offset on both axes (:func:`_interpolation_matrix`) wherever the grid
+    changes; DINO's code returns the table unchanged at its own grid, and so does this."""
+    offset = offset if offset and tuple(new) != tuple(old) else 0.
+    rows, cols = (_interpolation_matrix(o, n, antialias, table.device, offset)
                   for o, n in zip(old, new))
     prefix, patches = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
     dims = patches.shape[-1]
@@ -122,11 +142,12 @@ class LearnedPositionEmbedding(nn.Module):
     ``unpositioned_prefix_tokens``: leading tokens (class token, registers) the table has no
     rows for and that pass unchanged (timm's ``no_embed_class``: DeiT III, DINOv2).
     ``antialias``: resampling, at load and to the input's grid, with antialiasing (timm) or
-    plain bicubic (ViTDet, mmpretrain, mmseg)."""
+    plain bicubic (ViTDet, mmpretrain, mmseg); ``offset``: DINO's scale-factor offset
+    (:func:`resample_position_table`; DINOv2's hub models without registers: 0.1)."""
 
     def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0,
                  checkpoint_prefix_tokens: int = 0, antialias: bool = True,
-                 unpositioned_prefix_tokens: int = 0) -> None:
+                 unpositioned_prefix_tokens: int = 0, offset: float = 0.) -> None:
         super().__init__()
         if unpositioned_prefix_tokens and num_prefix_tokens:
             raise ValueError('a table has rows for all prefix tokens or for none: '
@@ -135,7 +156,7 @@ class LearnedPositionEmbedding(nn.Module):
         self.grid = tuple(grid)
         self.num_prefix_tokens = num_prefix_tokens
         self.checkpoint_prefix_tokens = max(checkpoint_prefix_tokens, num_prefix_tokens)
-        self.antialias = antialias
+        self.antialias, self.offset = antialias, offset
         self.weight = nn.Parameter(
             torch.zeros(1, num_prefix_tokens + grid[0] * grid[1], embed_dims))
         nn.init.trunc_normal_(self.weight, std=.02)
@@ -161,11 +182,12 @@ class LearnedPositionEmbedding(nn.Module):
                 f'{tuple(self.weight.shape)} ({self.num_prefix_tokens} prefix tokens + a square '
                 f'grid of width {self.weight.shape[-1]} expected)')
         state_dict[key] = resample_position_table(table, (side, side), self.grid,
-                                                  self.num_prefix_tokens, self.antialias)
+                                                  self.num_prefix_tokens, self.antialias,
+                                                  self.offset)
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
         table = resample_position_table(self.weight, self.grid, hw, self.num_prefix_tokens,
-                                        self.antialias)
+                                        self.antialias, self.offset)
         skip = self.unpositioned_prefix_tokens
         if skip:
             return torch.cat([tokens[:, :skip], tokens[:, skip:] + table], dim=1)

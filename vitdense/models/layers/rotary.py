@@ -95,3 +95,18 @@ class RotaryPositionEmbedding(nn.Module):
         rotate = _rotate_pairs if self.style == 'eva02' else _rotate_halves
         rotated = (patches * angles.cos() + rotate(patches) * angles.sin()).to(x.dtype)
         return torch.cat([prefix, rotated], dim=-2) if prefix.shape[-2] else rotated
+
+
+def eva02_reference_grid(cos: torch.Tensor, sin: torch.Tensor) -> Optional[Grid]:
+    """The reference grid EVA-02's rotary tables were built for (its official code keeps them
+    as buffers: ``freqs_cos``, ``freqs_sin``, (side², head_dim) for a square grid, rows'
+    angles then columns', in interleaved pairs), or None for tables of another shape: the
+    first band turns by ``ref / side`` from one row, and from one column, to the next."""
+    rows, dim = cos.shape[-2:]
+    side = math.isqrt(rows)
+    if cos.dim() != 2 or cos.shape != sin.shape or side * side != rows or side < 2 or dim % 4:
+        return None
+    row_angle = torch.atan2(sin[side, 0], cos[side, 0])
+    col_angle = torch.atan2(sin[1, dim // 2], cos[1, dim // 2])
+    return tuple(round(float(angle) * side) for angle in (row_angle, col_angle))
+
