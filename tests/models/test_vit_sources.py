@@ -157,6 +157,23 @@ def test_vitdet_layout_rotates_each_window_as_its_own_grid(timm_name, size_index
             assert (got - want).abs().max() <= RELATIVE_TOLERANCE * want.abs().max()
 
 
+def assert_file_computes_as_timm(released: dict, options: dict, reference: torch.nn.Module,
+                                 images: torch.Tensor) -> None:
+    """ViTs built with ``options`` and loaded from ``released`` give the class token and every
+    block's map of ``reference``, timm's model holding the same tensors."""
+    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
+    classifier.load_state_dict(classifier.adapt_checkpoint(released))
+    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
+    dense.load_state_dict(dense.adapt_checkpoint(released))
+    with torch.no_grad():
+        expected = reference.forward_features(images)[:, 0]
+        assert (classifier(images)[0] - expected).abs().max() <= \
+            RELATIVE_TOLERANCE * expected.abs().max()
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
 @pytest.mark.parametrize('timm_name', ['beit_base_patch16_224', 'vit_base_patch16_clip_224',
                                        'vit_base_patch16_clip_quickgelu_224'])
 @pytest.mark.parametrize('size_index', [0, 1])
@@ -664,17 +681,7 @@ def test_deit3_official_parallel_file_loads_as_timms_parallel_blocks():
         official[key] = value
     options = dict(table_options('vit_small_patch16_18x2_224'), depth=4, no_embed_class=True)
     images = torch.randn(1, 3, 160, 224)
-    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
-    classifier.load_state_dict(classifier.adapt_checkpoint(official))
-    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(official))
-    with torch.no_grad():
-        expected = reference.forward_features(images)[:, 0]
-        assert (classifier(images)[0] - expected).abs().max() <= \
-            RELATIVE_TOLERANCE * expected.abs().max()
-    assert_block_maps_match(dense, reference.forward_intermediates(
-        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
-        images)
+    assert_file_computes_as_timm(official, options, reference, images)
 
 
 #: timm's CLIP keys -> OpenAI's (``clip/model.py``'s ``VisionTransformer`` under ``visual.``)
@@ -723,17 +730,7 @@ def test_openai_clip_state_dict_loads_its_image_tower(image_hw):
     released = openai_clip_state_dict(timm_layout)
     options = table_options('vit_base_patch16_clip_quickgelu_224')
     images = torch.randn(1, 3, *image_hw)
-    classifier = ViT(SMALL, out_type='cls_token', **options).eval()
-    classifier.load_state_dict(classifier.adapt_checkpoint(released))
-    dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(released))
-    with torch.no_grad():
-        expected = reference.forward_features(images)[:, 0]
-        assert (classifier(images)[0] - expected).abs().max() <= \
-            RELATIVE_TOLERANCE * expected.abs().max()
-    assert_block_maps_match(dense, reference.forward_intermediates(
-        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
-        images)
+    assert_file_computes_as_timm(released, options, reference, images)
 
 
 #: timm's EVA-02 keys -> the official release's: B and L (``q_proj``, ``k_proj``, ``v_proj``
