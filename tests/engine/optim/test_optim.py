@@ -298,3 +298,63 @@ def test_time_budget_log_shows_the_budget_not_the_stand_in_total(tmp_path, itera
     assert [int(step) for step, _ in headers] == list(range(1, runner.iter + 1))
     assert [float(spent) for _, spent in headers] == sorted(float(s) for _, s in headers)
     assert '/100000]' not in log
+
+
+class _SameImages(torch.utils.data.Dataset):
+    """The same images at every index: a run's batches do not depend on the sampler's
+    place, which a resumed run does not restore by itself."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return dict(inputs=torch.linspace(-1, 1, 3 * 32 * 32).view(3, 32, 32) * (index + 1))
+
+
+def _runner(tmp_path, constructor: str, max_iters: int, **runner_args) -> Runner:
+    torch.manual_seed(0)
+    return Runner(
+        model=Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN'))),
+        work_dir=str(tmp_path), experiment_name=f'{tmp_path.name}_{constructor}_{max_iters}',
+        train_dataloader=dict(dataset=_SameImages(), batch_size=2,
+                              collate_fn=dict(type='default_collate'),
+                              sampler=dict(type='InfiniteSampler', shuffle=True)),
+        train_cfg=dict(by_epoch=False, max_iters=max_iters),
+        optim_wrapper=dict(constructor=constructor,
+                           optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
+                           paramwise_cfg=dict(weight_decay_rule='custom_keys',
+                                              flat_decay_mult=0.0)
+                           if constructor.startswith('vitdense') else
+                           dict(flat_decay_mult=0.0)),
+        param_scheduler=dict(type='LinearLR', start_factor=0.1, by_epoch=False, end=4),
+        default_hooks=dict(checkpoint=dict(type='vitdense.SafeCheckpointHook', interval=2,
+                                           by_epoch=False),
+                           logger=dict(type='LoggerHook', interval=1000)),
+        randomness=dict(seed=0), **runner_args)
+
+
+def test_runner_resumes_a_checkpoint_of_per_tensor_groups_exactly(tmp_path):
+    """A run whose optimizer had one group per tensor (mmengine's own constructor, the same
+    options) saves at iteration 2 and goes on to 4; the same run resumed from that
+    checkpoint with merged groups ends with the same weights and optimizer state."""
+    old = _runner(tmp_path / 'old', 'DefaultOptimWrapperConstructor', 4)
+    old.train()
+    old_groups = old.optim_wrapper.optimizer.param_groups
+    assert len(old_groups) == sum(1 for _ in old.model.parameters())
+    resumed = _runner(tmp_path / 'new', 'vitdense.LayerDecayOptimWrapperConstructor', 4,
+                      resume=True, load_from=str(tmp_path / 'old' / 'iter_2.pth'))
+    resumed.train()
+    groups = resumed.optim_wrapper.optimizer.param_groups
+    assert resumed.iter == 4 and len(groups) == 2
+    for (name, ours), theirs in zip(resumed.model.state_dict().items(),
+                                    old.model.state_dict().values()):
+        assert torch.equal(ours, theirs), name
+    names = {id(p): n for n, p in resumed.model.named_parameters()}
+    merged = {names[id(p)]: resumed.optim_wrapper.optimizer.state[p]
+              for g in groups for p in g['params']}
+    for (name, param) in old.model.named_parameters():
+        ours, theirs = merged[name], old.optim_wrapper.optimizer.state[param]
+        assert ours.keys() == theirs.keys(), name  # none for the pyramid levels left unused
+        assert all(torch.equal(ours[key], theirs[key]) for key in ours), name
+    assert any(merged.values())
+    assert {g['lr'] for g in groups} == {g['lr'] for g in old_groups}
