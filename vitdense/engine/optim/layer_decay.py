@@ -145,8 +145,9 @@ def merge_equal_groups(groups: list[dict], defaults: dict
                        ) -> tuple[list[dict], list[list[int]]]:
     """``groups`` with those of equal options joined, in the order each option set first
     appears (the first group keeps its place: mmengine logs its learning rate), without
-    :data:`MULTIPLIERS`, and for each joined group the positions of its parameters among all of ``groups``' parameters
-    in order: what :func:`load_per_tensor_state` maps saved state by."""
+    :data:`MULTIPLIERS`; and for each joined group the positions of its parameters among
+    all of ``groups``' parameters in order: what :func:`load_per_tensor_state` maps saved
+    state by."""
     merged: dict[tuple, dict] = {}
     layout: dict[tuple, list[int]] = {}
     position = 0
@@ -168,7 +169,8 @@ def load_per_tensor_state(layout: list[list[int]], optimizer: Optimizer,
     groups were merged) rewritten to ``optimizer``'s merged groups, each parameter's state
     moved to its place (``layout``: :func:`merge_equal_groups`'); a state dict of the merged
     layout is returned as it is. Exact or it raises: the saved groups that are merged here
-    must hold equal options (:data:`MULTIPLIERS` aside), and each saved state tensor the shape of its parameter."""
+    must hold equal options (:data:`MULTIPLIERS` aside), and each saved state tensor the
+    shape of its parameter."""
     saved = state_dict['param_groups']
     if len(saved) == len(optimizer.param_groups):
         return state_dict
