@@ -10,16 +10,24 @@ Cases, in this order (``--list`` prints them with what ``--out`` holds of each):
   ViT-B, CaiT-S24, CaiT-XXS24, XCiT-S12 and ConViT-B at the configs' batch and largest
   training input (2 × 800 × 1344, 2 × 512 × 512), with the config's own optimizer wrapper:
   step time, real peak memory beside the memory account (``vitdense.analysis.memory``);
+- ``stages ...``: the ResNet-50 and ViT-B Mask R-CNN steps cut into backbone, neck, heads
+  and optimizer, each timed alone beside the whole step;
 - ``talking-heads PATH GRID``: one CaiT-S24 attention layer's training step on each path
-  of ``talking_heads.KERNELS`` that runs on the device, at COCO's and ADE20k's token grids
-  (``--talking-heads PATH`` forces a path in the step and backbone cases too);
+  of ``talking_heads.KERNELS`` that runs on the device, and (``sdpa``) the same layer without
+  talking heads, at COCO's and ADE20k's token grids, with whether two backward passes give
+  bit-identical gradients (``--talking-heads PATH`` forces a path in the step and backbone
+  cases too);
 - ``device-augment vs vit-s step``: the DeiT recipe's augmentation on the device
   (``DeviceAugmentPreprocessor``, on decoded images and decoding the JPEG bytes itself) on a
   batch of 128 ImageNet-sized images, against one ViT-S/16 training step on that batch
   (``benchmarks/benchmark_data_pipeline.py device``): its share of the step, whose floor is 5 %;
-- ``backbone NAME TASK eager|compiled``: the backbone's training step at 224² batch 64
-  (bf16 autocast, ours against timm's on the same weights) and alone at 2 × 800 × 1344
-  (fp16 autocast); compiled cases time the first call (the compile) and the steady step.
+- ``backbone NAME cls|dense eager|compiled``: the classifier's backbone (class token out)
+  training step at 224² batch 64 (bf16 autocast, ours against timm's on the same weights)
+  and the dense backbone (columnar block outputs) alone at 2 × 800 × 1344 (fp16 autocast);
+  compiled cases time the first call (the compile) and the steady step.
+
+``--cases floors`` (:data:`CASE_SETS`) selects the ~5-minute set that the GPU floors are
+read from.
 
 Every step record carries ``model_flops`` (the architecture's arithmetic, talking heads
 written out, the position table's resampling to the input's grid left out, as the papers
@@ -56,7 +64,7 @@ import time
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +91,8 @@ ANCHOR = 'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
 TINY_ARCH = dict(embed_dims=32, num_layers=4, num_heads=2)  # 4 blocks: the pyramid's 4 outputs
 #: the talking-heads layer timed per path: CaiT-S24's (8 heads of 48)
 LAYER_WIDTH, LAYER_HEADS = 384, 8
+#: the talking-heads cases' reference: the same layer without talking heads (SDPA)
+PLAIN_SDPA = 'sdpa'
 #: SDPA's fused kernels; the math kernel is left out so that falling back to it raises
 FUSED_BACKENDS = ('CUDNN_ATTENTION', 'FLASH_ATTENTION', 'EFFICIENT_ATTENTION')
 #: the aten operator of each SDPA kernel, by the name records give it
@@ -117,13 +127,28 @@ class Setting:
     augment_batch: int = 128  # the device augmentation case: images, rounds, their size
     augment_rounds: int = 10
     augment_image_size: Optional[tuple[int, int]] = None  # None: ImageNet's mix of sizes
+    #: the Mask R-CNN configs whose steps are cut into stages (:data:`ANCHOR`: mmdet's R50)
+    stage_configs: tuple[str, ...] = (ANCHOR, 'configs/vit/mask-rcnn_vit-b-p16_fpn_3x_coco.py')
 
 
 GPU = Setting('cuda', 64, 224, 2, (800, 1344), 'inductor', 5, 2, 8192, DENSE_CONFIGS, None,
               ((50, 84), (32, 32)), 300., 150.)
 CPU = Setting('cpu', 1, 32, 1, (32, 64), 'aot_eager', 1, 1, 256, SMALL_DENSE_CONFIGS, (64, 96),
               ((4, 6),), float('inf'), 1800., augment_batch=2, augment_rounds=1,
-              augment_image_size=(48, 64))
+              augment_image_size=(48, 64),
+              stage_configs=('configs/vit/mask-rcnn_vit-d6-p8_fpn_demo-coco.py',))
+#: named sets of cases ``--cases`` takes beside patterns. ``floors``: what the GPU floors of
+#: the talking-heads kernel and the detector step's overheads are read from, in about
+#: 5 minutes on a fresh machine (docs/gpu_report.md): one CaiT-S24 layer on the Triton
+#: kernel beside plain SDPA at COCO's grid, the R50 anchor and the ViT-B, CaiT-S24 and
+#: CaiT-XXS24 Mask R-CNN and UperNet steps, the stages of the ViT-B and R50 steps and ViT-B's
+#: classifier step beside timm's
+CASE_SETS = {'floors': (
+    'talking-heads triton 50x84', f'talking-heads {PLAIN_SDPA} 50x84',
+    'step mask-rcnn_r50_fpn_1x_coco+amp', 'step mask-rcnn_vit-b-p16_fpn_3x_coco',
+    'step mask-rcnn_cait-s24-p16_fpn_3x_coco', 'step mask-rcnn_cait-xxs24-p16_fpn_3x_coco',
+    'step upernet_vit-b-p16_*', 'step upernet_cait-s24-p16_*',
+    'step upernet_cait-xxs24-p16_*', 'stages *', 'backbone vit_base_patch16_224 cls eager')}
 
 
 def half_types(setting: Setting) -> dict[str, torch.dtype]:
@@ -321,11 +346,13 @@ def forcing(model: nn.Module, setting: Setting) -> contextlib.AbstractContextMan
 
 def measure_backbone(spec: BackboneSpec, task: str, compiled: bool, setting: Setting,
                      rates: dict[str, float]) -> dict:
-    """Training steps of ours (and timm's for the 224² task), eager or compiled."""
+    """Training steps of ours (and timm's for the 224² task), eager or compiled: 'cls' the
+    classifier's backbone (its class token out, beside timm's pooled features), 'dense' the
+    columnar block outputs; ``outputs``: the shapes ours returns."""
     device, dtype = setting.device, half_types(setting)[task]
     if task == 'cls':
         size, batch = setting.cls_size, setting.cls_batch
-        models = build_backbone_pair(spec, 'dense', size)
+        models = build_backbone_pair(spec, 'cls', size)
     else:
         size, batch = setting.dense_size, setting.dense_batch
         models = {OURS: build_backbone_pair(replace(spec, timm_name=None), 'dense', size)[OURS]}
@@ -333,8 +360,11 @@ def measure_backbone(spec: BackboneSpec, task: str, compiled: bool, setting: Set
                          device=device)
     with forcing(models[OURS], setting):
         model_flops = architecture_flops(models[OURS], images)
+        with torch.no_grad():
+            shapes = [list(out.shape) for out in flatten_outputs(models[OURS](images))]
         record = dict(kind='backbone', model=spec.name, task=task, batch=batch,
-                      input=list(images.shape[2:]), dtype=dtype_name(dtype), compiled=compiled)
+                      input=list(images.shape[2:]), outputs=shapes, dtype=dtype_name(dtype),
+                      compiled=compiled)
         steps, inspected = {}, {}
         for name, model in models.items():
             model.to(device).train()
@@ -356,15 +386,19 @@ def measure_backbone(spec: BackboneSpec, task: str, compiled: bool, setting: Set
 def measure_talking_heads(path: str, grid: tuple[int, int], setting: Setting,
                           rates: dict[str, float]) -> dict:
     """One talking-heads attention layer's training step (bf16 autocast, batch 2) on
-    ``path``: time, FLOPs and, on CUDA, peak memory above the inputs."""
+    ``path``, or (:data:`PLAIN_SDPA`) the same layer without talking heads, SDPA on the same
+    heads and widths: time, FLOPs, whether two backward passes give bit-identical
+    gradients and, on CUDA, peak memory above the inputs."""
     from vitdense.models.layers.attention import MultiheadSelfAttention
     device, dtype = setting.device, torch.bfloat16
     torch.manual_seed(0)
-    layer = MultiheadSelfAttention(LAYER_WIDTH, LAYER_HEADS, talking_heads=True,
-                                   talking_heads_path=path).to(device)
+    layer = (MultiheadSelfAttention(LAYER_WIDTH, LAYER_HEADS) if path == PLAIN_SDPA else
+             MultiheadSelfAttention(LAYER_WIDTH, LAYER_HEADS, talking_heads=True,
+                                    talking_heads_path=path)).to(device)
     tokens = torch.randn(2, grid[0] * grid[1], LAYER_WIDTH, device=device, requires_grad=True)
     module = OnGrid(layer, grid)
     step = training_step(module, tokens, dtype)
+    identical = backward_is_deterministic(module, tokens, dtype)
     inspected = inspect_step(step)
     model_flops = architecture_flops(module, tokens)
     cuda = device == 'cuda'
@@ -376,11 +410,29 @@ def measure_talking_heads(path: str, grid: tuple[int, int], setting: Setting,
                                    repeats=setting.repeats, sync=synchronizer(device))[path])
     record = dict(kind='talking-heads', path=path, batch=2, grid=list(grid),
                   width=LAYER_WIDTH, heads=LAYER_HEADS, dtype=dtype_name(dtype),
-                  ms=1e3 * seconds,
+                  ms=1e3 * seconds, backward_bit_identical=identical,
                   **flop_fields(model_flops, inspected, seconds, rates[dtype_name(dtype)]))
     if cuda:
         record['memory_gib'] = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
     return record
+
+
+def backward_is_deterministic(module: nn.Module, inputs: torch.Tensor,
+                              dtype: torch.dtype) -> bool:
+    """Whether two forward + backward passes of ``module`` on ``inputs`` (autocast to
+    ``dtype``) give bit-identical gradients of the inputs and of every parameter."""
+    grads = []
+    for _ in range(2):
+        inputs.grad = None
+        module.zero_grad(set_to_none=True)
+        with torch.autocast(inputs.device.type, dtype=dtype):
+            outputs = flatten_outputs(module(inputs))
+        sum(out.float().mean() for out in outputs).backward()
+        grads.append([inputs.grad] + [p.grad for p in module.parameters()])
+    inputs.grad = None
+    module.zero_grad(set_to_none=True)
+    return all(a is None and b is None or a is not None and b is not None and torch.equal(a, b)
+               for a, b in zip(*grads))
 
 
 class OnGrid(nn.Module):
@@ -394,11 +446,32 @@ class OnGrid(nn.Module):
         return self.layer(tokens, self.grid)
 
 
-def measure_step(config: str, setting: Setting, rates: dict[str, float],
-                 amp: Optional[bool] = None) -> dict:
-    """One training step of ``config`` with its own optimizer wrapper (``amp``: made float16
-    mixed precision, or float32): time, FLOPs, attention kernels, real peak memory (CUDA)
-    beside the memory account of the same input."""
+@dataclass
+class TrainingStep:
+    """A config's model, its own optimizer wrapper and one batch of random inputs at the
+    setting's size: what :func:`measure_step` and :func:`measure_stages` time."""
+
+    cfg: Any
+    model: nn.Module
+    wrapper: Any
+    images: torch.Tensor
+    samples: list
+    amp: bool
+    compute: torch.dtype
+
+    def step(self) -> None:
+        """One training step as mmengine's loop makes it."""
+        with self.wrapper.optim_context(self.model):
+            losses = self.model.loss(self.images, self.samples)
+        parsed, _ = self.model.parse_losses(losses)
+        self.wrapper.update_params(parsed)
+
+
+def build_training_step(config: str, setting: Setting, amp: Optional[bool] = None
+                        ) -> TrainingStep:
+    """``config``'s model and optimizer wrapper (``amp``: made float16 mixed precision, or
+    float32) on the setting's device, with a batch at the setting's size (or the config's
+    largest training input)."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import DefaultScope
 
@@ -412,49 +485,138 @@ def measure_step(config: str, setting: Setting, rates: dict[str, float],
     amp = memory.uses_amp(cfg)
     shape = setting.dense_shape or memory.largest_training_input(cfg)
     batch, device = cfg.train_dataloader.batch_size, setting.device
-    cuda = device == 'cuda'
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated() if cuda else 0
     model = build_model(cfg, 'train', device=device).train()
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     compute = (getattr(wrapper, 'cast_dtype', None)
-               or (torch.float16 if cuda else torch.bfloat16)) if amp else torch.float32
+               or (torch.float16 if device == 'cuda' else torch.bfloat16)) if amp else \
+        torch.float32
     images = torch.randn(batch, 3, *shape, device=device)
     if cfg.default_scope == 'mmseg':
         samples = memory._seg_samples(batch, shape, model.decode_head.num_classes, device)
     else:
         samples = [s.to(device) for s in memory._det_samples(
             batch, shape, 8, model.roi_head.bbox_head.num_classes)]
+    return TrainingStep(cfg, model, wrapper, images, samples, amp, compute)
 
-    def step() -> None:
-        with wrapper.optim_context(model):
-            losses = model.loss(images, samples)
-        parsed, _ = model.parse_losses(losses)
-        wrapper.update_params(parsed)
+
+def measure_step(config: str, setting: Setting, rates: dict[str, float],
+                 amp: Optional[bool] = None) -> dict:
+    """One training step of ``config`` with its own optimizer wrapper (``amp``: made float16
+    mixed precision, or float32): time, FLOPs, attention kernels, real peak memory (CUDA)
+    beside the memory account of the same input."""
+    from vitdense.analysis import memory
+
+    cuda = setting.device == 'cuda'
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if cuda else 0
+    built = build_training_step(config, setting, amp)
+    model, images, batch = built.model, built.images, built.images.shape[0]
+    shape = tuple(images.shape[2:])
     with forcing(model, setting):
-        step()
-        inspected = inspect_step(step)
+        built.step()
+        inspected = inspect_step(built.step)
         # the backbone is the only part whose executed arithmetic differs from the model's
-        backbone_step = training_step(model.backbone, images, compute if amp else None)
+        backbone_step = training_step(model.backbone, images,
+                                      built.compute if built.amp else None)
         model_flops = inspected['executed_flops'] - count_flops(backbone_step) + \
             architecture_flops(model.backbone, images)
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        seconds = min(time_interleaved({'step': step}, warmup=1, repeats=setting.repeats,
-                                       sync=synchronizer(device))['step'])
+        seconds = min(time_interleaved({'step': built.step}, warmup=1, repeats=setting.repeats,
+                                       sync=synchronizer(setting.device))['step'])
+    amp = built.amp
     predicted = memory.account(config, batch=batch, shape=shape)['amp' if amp else 'fp32']['peak']
     record = dict(kind='step', config=os.path.basename(config), batch=batch, input=list(shape),
-                  amp=amp, dtype=dtype_name(compute), optim_wrapper=type(wrapper).__name__,
+                  amp=amp, dtype=dtype_name(built.compute),
+                  optim_wrapper=type(built.wrapper).__name__,
+                  param_groups=len(built.wrapper.optimizer.param_groups),
                   ms=1e3 * seconds, account_gib=predicted / 2 ** 30,
-                  **flop_fields(model_flops, inspected, seconds, rates[dtype_name(compute)]))
+                  **flop_fields(model_flops, inspected, seconds, rates[dtype_name(built.compute)]))
     if cuda:
         real = torch.cuda.max_memory_allocated() - base
         record.update(real_gib=real / 2 ** 30, real_over_account=real / predicted)
     return record
+
+
+def _backward_through(outputs: Any) -> None:
+    """Backward from every output tensor with a gradient of ones (the cost of backward does
+    not depend on the gradient's values)."""
+    tensors = [out for out in flatten_outputs(outputs) if out.requires_grad]
+    torch.autograd.backward(tensors, [torch.ones_like(out) for out in tensors])
+
+
+def _detached(outputs: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out.detach().requires_grad_() for out in flatten_outputs(outputs))
+
+
+def measure_stages(config: str, setting: Setting, rates: dict[str, float],
+                   amp: Optional[bool] = None) -> dict:
+    """A Mask R-CNN training step cut into its stages, each timed alone beside the whole
+    step, interleaved: the backbone's forward and backward, the neck's (on the backbone's
+    outputs, detached), the heads' (RPN and RoI heads: the losses from the neck's outputs,
+    detached, and their backward through the loss scaler) and the optimizer wrapper's
+    step (on the gradients a whole step leaves). Their sum against the step's time says
+    what the cut leaves out (the parts' overlap on the device, the losses' parsing)."""
+    built = build_training_step(config, setting, amp)
+    model, wrapper, images = built.model, built.wrapper, built.images
+    with forcing(model, setting):
+        built.step()
+        with wrapper.optim_context(model):
+            features = _detached(model.backbone(images))
+            neck_outputs = _detached(model.neck(features))
+
+        def backbone() -> None:
+            model.zero_grad(set_to_none=True)  # as after a step: gradients written, not added
+            with wrapper.optim_context(model):
+                outputs = model.backbone(images)
+            _backward_through(outputs)
+
+        def neck() -> None:
+            model.zero_grad(set_to_none=True)
+            for feature in features:
+                feature.grad = None
+            with wrapper.optim_context(model):
+                outputs = model.neck(features)
+            _backward_through(outputs)
+
+        def heads() -> None:
+            model.zero_grad(set_to_none=True)
+            for feature in neck_outputs:
+                feature.grad = None
+            model.extract_feat = lambda inputs: neck_outputs
+            try:
+                with wrapper.optim_context(model):
+                    losses = model.loss(images, built.samples)
+                parsed, _ = model.parse_losses(losses)
+                wrapper.backward(parsed)
+            finally:
+                del model.extract_feat
+
+        def optimizer() -> None:
+            wrapper.step()
+
+        stages = dict(step=built.step, backbone=backbone, neck=neck, heads=heads)
+        samples = time_interleaved(stages, warmup=setting.warmup, repeats=setting.repeats,
+                                   sync=synchronizer(setting.device))
+        model.zero_grad(set_to_none=True)  # a step's gradients, not stepped
+        with wrapper.optim_context(model):
+            losses = model.loss(images, built.samples)
+        wrapper.backward(model.parse_losses(losses)[0])
+        samples.update(time_interleaved(dict(optimizer=optimizer), warmup=setting.warmup,
+                                        repeats=setting.repeats,
+                                        sync=synchronizer(setting.device)))
+        wrapper.zero_grad()
+    ms = {name: 1e3 * sorted(times)[len(times) // 2] for name, times in samples.items()}
+    parts = ('backbone', 'neck', 'heads', 'optimizer')
+    return dict(kind='stages', config=os.path.basename(config), batch=images.shape[0],
+                input=list(images.shape[2:]), amp=built.amp, dtype=dtype_name(built.compute),
+                optimizer=type(wrapper.optimizer).__name__,
+                param_groups=len(wrapper.optimizer.param_groups), ms=ms,
+                parts_over_step=sum(ms[p] for p in parts) / ms['step'])
 
 
 def measure_device_augment(setting: Setting) -> dict:
@@ -489,8 +651,16 @@ def report_cases(setting: Setting, models: tuple[str, ...],
     for config in setting.dense_configs:
         cases.append((f'step {Path(config).stem}{forced}',
                       lambda rates, c=config: measure_step(c, setting, rates)))
+    for config in setting.stage_configs:
+        if config == ANCHOR:
+            cases.append((f'stages {Path(ANCHOR).stem}{"+amp" if amp else ""}',
+                          lambda rates: measure_stages(anchor_config(), setting, rates,
+                                                       amp=amp)))
+        else:
+            cases.append((f'stages {Path(config).stem}{forced}',
+                          lambda rates, c=config: measure_stages(c, setting, rates)))
     for grid in setting.layer_grids:
-        for path in talking_heads.available_paths(torch.device(setting.device)):
+        for path in (*talking_heads.available_paths(torch.device(setting.device)), PLAIN_SDPA):
             cases.append((f'talking-heads {path} {grid[0]}x{grid[1]}',
                           lambda rates, p=path, g=grid: measure_talking_heads(
                               p, g, setting, rates)))
@@ -537,9 +707,11 @@ def quiet_logs() -> None:
 
 def selected(cases: list[tuple[str, Measure]], patterns: Optional[list[str]]
              ) -> list[tuple[str, Measure]]:
-    """The cases whose name matches one of the shell-style ``patterns`` (all without)."""
+    """The cases whose name matches one of the shell-style ``patterns`` or of the patterns
+    of a set of :data:`CASE_SETS` named among them (all without)."""
     if not patterns:
         return cases
+    patterns = [p for pattern in patterns for p in CASE_SETS.get(pattern, (pattern,))]
     chosen = [(name, m) for name, m in cases if any(fnmatch.fnmatch(name, p) for p in patterns)]
     if not chosen:
         raise SystemExit(f'no case matches {patterns}; --list shows them')
@@ -660,13 +832,33 @@ def markdown(records: list[dict]) -> str:
          'executed GFLOP', 'model share', 'executed share', 'real GiB', 'account GiB',
          'attention kernels'], _step_rows(cases))
     heads = [r for r in cases.values() if r.get('kind') == 'talking-heads']
-    lines += ['### Talking heads, one CaiT-S24 layer per path', ''] + _table(
-        ['path', 'grid', 'ms', 'model GFLOP', 'executed GFLOP', 'model share',
-         'executed share', 'memory GiB', 'attention kernels'],
-        [[r['path'], '×'.join(map(str, r['grid'])), _number(r['ms']), *_flops(r),
+    plain = {tuple(r['grid']): r['ms'] for r in heads if r['path'] == PLAIN_SDPA}
+    lines += ['### Talking heads, one CaiT-S24 layer per path', '',
+              f'`{PLAIN_SDPA}`: the same layer without talking heads (SDPA on the same heads '
+              f'and widths); */ {PLAIN_SDPA}*: the path\'s time over it in the same run.', '']
+    lines += _table(
+        ['path', 'grid', 'ms', f'/ {PLAIN_SDPA}', 'backward bit-identical', 'model GFLOP',
+         'executed GFLOP', 'model share', 'executed share', 'memory GiB', 'attention kernels'],
+        [[r['path'], '×'.join(map(str, r['grid'])), _number(r['ms']),
+          _number(r['ms'] / plain[tuple(r['grid'])]) if tuple(r['grid']) in plain else '',
+          {True: 'yes', False: 'no'}.get(r.get('backward_bit_identical'), ''), *_flops(r),
           _number(r.get('memory_gib')), _kernels(r)] for r in heads])
+    stages = [r for r in cases.values() if r.get('kind') == 'stages']
+    if stages:
+        parts = ('step', 'backbone', 'neck', 'heads', 'optimizer')
+        lines += ['### Mask R-CNN steps by stage', '',
+                  'Each stage timed alone, interleaved with the whole step (ms): the '
+                  'backbone\'s, the neck\'s and the heads\' forward and backward, the '
+                  'optimizer wrapper\'s step; *parts / step*: their sum over the step.', '']
+        lines += _table(
+            ['config', 'batch × input', 'compute', 'optimizer', 'groups', *parts,
+             'parts / step'],
+            [[r['config'], f'{r["batch"]} × {"×".join(map(str, r["input"]))}', r['dtype'],
+              r['optimizer'], str(r['param_groups']), *(_number(r['ms'][p]) for p in parts),
+              _number(r['parts_over_step'])] for r in stages])
     backbones = [r for r in cases.values() if r.get('kind') == 'backbone']
-    lines += ['### Backbones', ''] + _table(
+    lines += ['### Backbones', '', '*cls*: the classifier\'s backbone (class token out; '
+              'timm: pooled features), *dense*: the columnar block outputs.', ''] + _table(
         ['model', 'task', 'mode', 'batch × input', 'impl', 'ms', 'first call s',
          'model GFLOP', 'executed GFLOP', 'model share', 'executed share', 'attention kernels'],
         [[r['model'], r['task'], 'compiled' if r['compiled'] else 'eager',
@@ -716,7 +908,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument('--out', default='work_dirs/gpu_report.jsonl', type=Path,
                         help='JSON lines: appended to, and the cases it holds are skipped')
     parser.add_argument('--cases', nargs='+', metavar='PATTERN',
-                        help="shell-style patterns of case names (e.g. 'step *'); default all")
+                        help="shell-style patterns of case names (e.g. 'step *') or names of "
+                             f"sets of them ({', '.join(CASE_SETS)}); default all")
     parser.add_argument('--list', action='store_true',
                         help='print the selected cases and what --out holds of each, and stop')
     parser.add_argument('--models', nargs='+', default=HEADLINE_MODELS, metavar='TIMM_NAME',

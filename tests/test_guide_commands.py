@@ -210,6 +210,9 @@ NOT_RUN = {
     'python -m benchmarks.gpu_report --out work_dirs/gpu_report.jsonl [--cases PATTERN ...] '
     '[--no-compile]': 'needs a CUDA GPU (tests/benchmarks/test_gpu_report.py runs its code '
                       'with --device cpu at toy size)',
+    'SKIP_CUDA_TESTS=1 bash benchmarks/gpu_report_call.sh --cases floors --budget-s 240':
+        'needs a CUDA GPU and the carried wheels (tests/benchmarks/test_gpu_report.py lists '
+        'the floors set and runs its stages case with --device cpu at toy size)',
     'NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 PORT=29500 bash tools/dist_train.sh CONFIG 8 '
     '--work-dir /shared/run --resume': 'two hosts, node 0 at 10.0.0.1 (benchmarks.preemption '
                                        'runs the same launch as 2 nodes on loopback)',

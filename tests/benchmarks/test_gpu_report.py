@@ -125,13 +125,18 @@ def test_cait_executes_the_folds_extra_flops_and_counts_the_architectures():
 def test_vit_records_its_attention_kernel_and_a_math_fallback_fails_the_case(tmp_path):
     record = gpu_report.measure_backbone(_spec('vit'), 'cls', False, gpu_report.CPU, RATES)
     ours = record['vitdense']  # the tiny arch has no timm counterpart
-    (kernel,) = ours['attention']
-    assert kernel['kernel'] == 'flash (CPU)' and kernel['calls'] == 4  # one per block
-    # the fused kernel's backward computes the logits q·kᵀ again: 2·B·H·N·N·d FLOPs
-    batch, heads, tokens, width = kernel['query']
-    recomputed = kernel['calls'] * 2 * batch * heads * tokens * tokens * width
+    assert record['outputs'] == [[1, 32]]  # the classifier's backbone: its class token
+    # three blocks over every token, the last one's queries its class token alone
+    full, last = ours['attention']
+    assert (full['kernel'], full['calls'], last['kernel'], last['calls']) == (
+        'flash (CPU)', 3, 'flash (CPU)', 1)
+    assert last['query'][2] == 1 and last['key'] == full['key']
+    # the fused kernel's backward computes the logits q·kᵀ again: 2·B·H·N·M·d FLOPs
+    recomputed = sum(k['calls'] * 2 * k['query'][0] * k['query'][1] * k['query'][2]
+                     * k['key'][2] * k['query'][3] for k in ours['attention'])
+    batch = full['query'][0]
     size = gpu_report.CPU.cls_size
-    resampling = _resampling_flops(build_ours(_spec('vit'), 'dense', size),
+    resampling = _resampling_flops(build_ours(_spec('vit'), 'cls', size),
                                    torch.randn(batch, 3, size, size))
     assert ours['executed_flops'] - ours['model_flops'] == recomputed + resampling
     assert recomputed > 0 and resampling > 0
@@ -155,13 +160,17 @@ def test_every_talking_heads_path_a_dense_step_and_the_page(tmp_path, capsys):
     paths = talking_heads.available_paths(torch.device('cpu'))
     assert {'blocks', 'fold', 'maps'} <= set(paths)
     assert [n for n in names if n.startswith('talking-heads')] == [
-        f'talking-heads {path} 4x6' for path in paths]
+        f'talking-heads {path} 4x6' for path in (*paths, 'sdpa')]
     assert names[-1] == 'backbone tiny_xcit dense compiled'
     gpu_report.main(['--device', 'cpu', '--out', str(out), '--docs', str(page), '--cases',
                      'talking-heads *', 'step upernet_cait-*', '--talking-heads', 'fold'])
     records = gpu_report.recorded_cases(out)
-    assert len(records) == len(paths) + 1
+    assert len(records) == len(paths) + 2
     assert [r for r in records.values() if 'error' in r] == []
+    plain = records['talking-heads sdpa 4x6']
+    assert plain['attention'][0]['query'] == [2, 8, 24, 48]  # CaiT-S24's heads and widths
+    assert all(r['backward_bit_identical'] for r in records.values()
+               if r['kind'] == 'talking-heads')
     maps = records['talking-heads maps 4x6']['executed_flops']
     assert all(records[f'talking-heads {path} 4x6']['model_flops'] == maps for path in paths)
     assert records['talking-heads fold 4x6']['executed_flops'] > maps
@@ -188,6 +197,8 @@ def test_every_talking_heads_path_a_dense_step_and_the_page(tmp_path, capsys):
     assert text.startswith('# Report\n\nHow to run it.\n\n' + gpu_report.RESULTS_BEGIN)
     for heading in ('### Training steps', '### Talking heads', '### Backbones'):
         assert heading in text
+    fold = records['talking-heads fold 4x6']['ms']
+    assert f'| fold | 4×6 | {fold:.3g} | {fold / plain["ms"]:.3g} | yes |' in text
     assert f'| upernet_cait-d6-p8_demo-ade.py | {step["batch"]} × 64×96 | float32 |' in text
     gpu_report.main(['--out', str(out), '--docs', str(page), '--render'])  # in place
     assert page.read_text() == text
@@ -209,3 +220,32 @@ def test_device_augment_case_records_both_timings_and_the_page_shows_its_share(t
     share = record['device_part_percent']['device part']
     assert (f'| 2 | 48x64 | {step:.3g} | float32 | device part | {part:.3g} | {share:.1f} % '
             '| 5 % |') in page.read_text().split(heading)[1]
+
+
+def test_floors_set_and_the_mask_rcnn_step_by_stage(tmp_path, capsys):
+    out, page = tmp_path / 'report.jsonl', tmp_path / 'gpu_report.md'
+    gpu_report.main(['--device', 'cuda', '--out', str(out), '--list', '--cases', 'floors'])
+    names = [line.split(None, 2)[-1] for line in capsys.readouterr().out.splitlines()]
+    assert names == [
+        'step mask-rcnn_r50_fpn_1x_coco+amp', 'step mask-rcnn_vit-b-p16_fpn_3x_coco',
+        'step mask-rcnn_cait-s24-p16_fpn_3x_coco', 'step mask-rcnn_cait-xxs24-p16_fpn_3x_coco',
+        'step upernet_vit-b-p16_8xb2-160k_ade20k-512x512',
+        'step upernet_cait-s24-p16_8xb2-160k_ade20k-512x512',
+        'step upernet_cait-xxs24-p16_8xb2-160k_ade20k-512x512',
+        'stages mask-rcnn_r50_fpn_1x_coco+amp', 'stages mask-rcnn_vit-b-p16_fpn_3x_coco',
+        'talking-heads triton 50x84', 'talking-heads sdpa 50x84',
+        'backbone vit_base_patch16_224 cls eager']
+    gpu_report.main(['--device', 'cpu', '--out', str(out), '--docs', str(page), '--cases',
+                     'stages *'])
+    (record,) = gpu_report.recorded_cases(out).values()
+    assert 'error' not in record, record.get('traceback')
+    assert (record['config'], record['optimizer'], record['param_groups']) == (
+        'mask-rcnn_vit-d6-p8_fpn_demo-coco.py', 'AdamW', 2)  # with and without decay
+    assert set(record['ms']) == {'step', 'backbone', 'neck', 'heads', 'optimizer'}
+    assert all(ms > 0 for ms in record['ms'].values())
+    ms = record['ms']
+    assert record['parts_over_step'] == pytest.approx(
+        (ms['backbone'] + ms['neck'] + ms['heads'] + ms['optimizer']) / ms['step'])
+    assert '### Mask R-CNN steps by stage' in page.read_text()
+    assert f'| mask-rcnn_vit-d6-p8_fpn_demo-coco.py | 4 × 64×96 | float32 | AdamW | 2 | ' \
+        f'{ms["step"]:.3g} |' in page.read_text()

@@ -387,7 +387,7 @@ def test_weight_decay_spares_only_the_layer_norms(config, monkeypatch):
         model = MODELS.build(cfg.model)
         optim_wrapper = _cpu_optim_wrapper(model, cfg.optim_wrapper, monkeypatch)
     names = {id(p): n for n, p in model.named_parameters()}
-    groups = {names[id(g['params'][0])]: g for g in optim_wrapper.optimizer.param_groups}
+    groups = {names[id(p)]: g for g in optim_wrapper.optimizer.param_groups for p in g['params']}
     assert len(groups) == len(names)
     no_decay = {n for n, g in groups.items() if g['weight_decay'] == 0}
     layer_norms = {f'{prefix}.{name}' for prefix, module in model.named_modules()

@@ -42,7 +42,7 @@ OFFICIAL_SKIP = {
 def test_weight_decay_is_the_official_codes(config):
     model, optim_wrapper = _built(config)
     names = {id(p): n for n, p in model.named_parameters()}
-    exempt = {names[id(g['params'][0])] for g in optim_wrapper.optimizer.param_groups
+    exempt = {names[id(p)] for g in optim_wrapper.optimizer.param_groups for p in g['params']
               if g.get('weight_decay', optim_wrapper.optimizer.defaults['weight_decay']) == 0}
     official = {name for name, param in model.named_parameters()
                 if param.ndim == 1 or name.endswith('.bias') or name in OFFICIAL_SKIP[config]}

@@ -1,4 +1,6 @@
 """Shared layers: each mechanism against its definition."""
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -241,6 +243,20 @@ def test_pyramid_levels_follow_the_official_recipe(patch_size, expected):
     outs = pyramid(maps, image_hw)
     assert [o.shape[-2:] for o in outs] == [
         (-(-image_hw[0] // s), -(-image_hw[1] // s)) for s in (4, 8, 16, 32)]
+
+
+def test_pyramid_crop_slices_in_eager_mode_and_gathers_the_same_values_under_export():
+    torch.manual_seed(0)
+    pyramid = MultiLevelPyramid(16, 16, dict(type='BN')).eval()
+    maps = [torch.randn(1, 16, 7, 5) for _ in range(4)]
+    image_hw = (7 * 16 - 9, 5 * 16)  # the last row of patches is padding at strides 4, 8
+    eager = pyramid(maps, image_hw)
+    assert eager[2].data_ptr() == maps[2].data_ptr()  # nothing cropped: a view, no copy
+    with mock.patch.object(torch.compiler, 'is_exporting', return_value=True):
+        gathered = pyramid(maps, image_hw)
+    assert [o.shape[-2:] for o in eager] == [(26, 20), (13, 10), (7, 5), (4, 3)]
+    for ours, exported in zip(eager, gathered):
+        assert torch.equal(ours, exported)
 
 
 @pytest.mark.parametrize('cfg,name', [(dict(type='BN'), 'BatchNorm2d'),

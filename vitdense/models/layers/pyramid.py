@@ -38,10 +38,12 @@ def rescale(dims: int, scale: float, norm_cfg: dict, ceil_mode: bool = True,
 
 
 def _crop(feature: torch.Tensor, hw: list) -> torch.Tensor:
-    """The top-left ``hw`` of a (B, C, H, W) map. Rows and columns are gathered rather than
-    sliced: a slice tests whether it keeps everything, which an exported graph would fix
-    at the traced size; a gather holds for any size (and the levels are copied to
-    contiguous maps anyway)."""
+    """The top-left ``hw`` of a (B, C, H, W) map: a slice (a view, no copy) in eager mode
+    and under ``torch.compile``; under ``torch.export`` rows and columns are gathered
+    instead, since a slice tests whether it keeps everything, which an exported graph would
+    fix at the traced size, while a gather holds for any size."""
+    if not torch.compiler.is_exporting():
+        return feature[:, :, :hw[0], :hw[1]]
     rows = torch.arange(hw[0], device=feature.device)
     cols = torch.arange(hw[1], device=feature.device)
     return feature.index_select(2, rows).index_select(3, cols)
