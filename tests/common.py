@@ -119,6 +119,13 @@ def max_relative_diff(ours: torch.Tensor, reference: torch.Tensor) -> float:
     return ((ours - reference).abs().max() / reference.abs().max()).item()
 
 
+def groups_by_parameter_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's group of each of ``model``'s parameters, by the parameter's name (a
+    group holds every tensor whose options are equal)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: g for g in optimizer.param_groups for p in g['params']}
+
+
 def perturb_(model: nn.Module, seed: int = 0) -> nn.Module:
     """Every parameter and BatchNorm statistic of ``model`` drawn at random (LayerScale
     gammas, temperatures and gates too, whose initial values would hide a tensor that is

@@ -21,7 +21,7 @@ from mmengine.registry import MODELS, DefaultScope
 from vitdense.compat.mmcv_ext import IMPLEMENTED
 from vitdense.engine.hosts import host_of
 
-from common import REPO_ROOT
+from common import REPO_ROOT, groups_by_parameter_name
 
 FAMILIES = ('xcit', 'vit', 'cait', 'convit')
 CONFIGS = sorted(str(p.relative_to(REPO_ROOT)) for family in FAMILIES
@@ -386,9 +386,8 @@ def test_weight_decay_spares_only_the_layer_norms(config, monkeypatch):
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         model = MODELS.build(cfg.model)
         optim_wrapper = _cpu_optim_wrapper(model, cfg.optim_wrapper, monkeypatch)
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = {names[id(p)]: g for g in optim_wrapper.optimizer.param_groups for p in g['params']}
-    assert len(groups) == len(names)
+    groups = groups_by_parameter_name(model, optim_wrapper.optimizer)
+    assert len(groups) == sum(1 for _ in model.parameters())
     no_decay = {n for n, g in groups.items() if g['weight_decay'] == 0}
     layer_norms = {f'{prefix}.{name}' for prefix, module in model.named_modules()
                    if isinstance(module, torch.nn.LayerNorm)

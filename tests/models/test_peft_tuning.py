@@ -15,7 +15,7 @@ from vitdense.models.backbones.peft_tuning import merge_adapters
 from vitdense.models.layers import SimpleFeaturePyramid
 from vitdense.registry import MODELS
 
-from common import TINY_BACKBONES, max_relative_diff, perturb_
+from common import TINY_BACKBONES, groups_by_parameter_name, max_relative_diff, perturb_
 
 LORA = dict(type='LoRA', r=4, alpha=8)
 LAYOUTS = ('pyramid', 'vitdet', 'adapter')
@@ -114,8 +114,7 @@ def test_frozen_trunk_keeps_batchnorm_statistics_in_training():
 def test_layer_decay_and_weight_decay_groups_see_the_adapters():
     model = tiny_model('vit', 'pyramid')
     wrapper = optim_wrapper(model, layer_decay_rate=0.5)
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = {names[id(g['params'][0])]: g for g in wrapper.optimizer.param_groups}
+    groups = groups_by_parameter_name(model, wrapper.optimizer)
     layers = model.backbone.num_layers + 2
     for block in range(model.backbone.num_layers):
         for kind in ('A', 'B'):

@@ -16,7 +16,7 @@ from vitdense.engine.hosts import build_model
 from vitdense.models import XCiT
 from vitdense.registry import HOOKS
 
-from common import CONFIGS, TINY_ARCH, IterationClock
+from common import CONFIGS, TINY_ARCH, IterationClock, groups_by_parameter_name
 
 
 class Detector(BaseModel):
@@ -40,19 +40,13 @@ def _build(model: nn.Module, **paramwise):
         paramwise_cfg=paramwise))(model)
 
 
-def _groups_by_name(model: nn.Module, optim_wrapper) -> dict:
-    """The group of each parameter, by the parameter's name."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return {names[id(p)]: g for g in optim_wrapper.optimizer.param_groups for p in g['params']}
-
-
 def _weight_decay(group: dict) -> float:
     return group.get('weight_decay', 0.05)
 
 
 def test_no_decay_on_flat_params_and_backbone_names():
     model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
-    groups = _groups_by_name(model, _build(model))
+    groups = groups_by_parameter_name(model, _build(model).optimizer)
     assert len(groups) == sum(1 for _ in model.parameters())
     no_decay = {n for n, g in groups.items() if _weight_decay(g) == 0}
     flat = {n for n, p in model.named_parameters() if p.ndim <= 1}
@@ -69,8 +63,9 @@ def test_custom_keys_rule_spares_only_the_keyed_names():
     so biases, BatchNorms, LayerScale, temperatures and the backbone's no_weight_decay()
     names decay (under the 'timm' rule above none of them would)."""
     model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
-    groups = _groups_by_name(model, _build(model, weight_decay_rule='custom_keys',
-                                           custom_keys={'norm': dict(decay_mult=0.)}))
+    wrapper = _build(model, weight_decay_rule='custom_keys',
+                     custom_keys={'norm': dict(decay_mult=0.)})
+    groups = groups_by_parameter_name(model, wrapper.optimizer)
     no_decay = {n for n, g in groups.items() if _weight_decay(g) == 0}
     assert no_decay == {n for n, _ in model.named_parameters() if 'norm' in n}
     assert {'backbone.blocks.0.norm1.weight', 'backbone.blocks.0.norm_lpi.bias'} <= no_decay
@@ -83,7 +78,7 @@ def test_custom_keys_rule_spares_only_the_keyed_names():
 
 def test_layer_wise_lr_decay_follows_get_layer_depth():
     model = Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
-    groups = _groups_by_name(model, _build(model, layer_decay_rate=0.5))
+    groups = groups_by_parameter_name(model, _build(model, layer_decay_rate=0.5).optimizer)
     num_ids = TINY_ARCH['num_layers'] + 2
     lr = {name: group['lr'] for name, group in groups.items()}
     assert lr['backbone.patch_embed.proj.0.0.weight'] == pytest.approx(1e-3 * 0.5 ** (num_ids - 1))
@@ -119,7 +114,7 @@ def _build_optimizer(model: nn.Module, optimizer: dict):
 def _per_tensor(model: nn.Module, optim_wrapper) -> torch.optim.Optimizer:
     """The layout before groups were merged: one group per parameter, in the model's
     order, each with its merged group's options."""
-    groups = _groups_by_name(model, optim_wrapper)
+    groups = groups_by_parameter_name(model, optim_wrapper.optimizer)
     optimizer = optim_wrapper.optimizer
     return type(optimizer)([dict({k: v for k, v in groups[name].items() if k != 'params'},
                                  params=[param]) for name, param in model.named_parameters()],
@@ -149,7 +144,7 @@ def test_groups_merge_where_every_option_is_equal():
     assert len(groups) < sum(1 for _ in model.parameters()) // 4
     params = [p for g in groups for p in g['params']]
     assert sorted(map(id, params)) == sorted(id(p) for p in model.parameters())
-    by_name = _groups_by_name(model, optim_wrapper)
+    by_name = groups_by_parameter_name(model, optim_wrapper.optimizer)
     assert by_name['backbone.blocks.3.mlp.fc1.weight']['lr'] == pytest.approx(1e-3 * 0.8)
     assert by_name['backbone.blocks.3.mlp.fc1.bias']['weight_decay'] == 0.0
     assert groups[0] is by_name[next(iter(dict(model.named_parameters())))]  # logged first
@@ -190,7 +185,7 @@ def test_state_saved_one_group_per_tensor_resumes_exactly_on_merged_groups():
     optim_wrapper = _build(model, layer_decay_rate=0.8)
     optim_wrapper.load_state_dict(saved)
     assert len(optim_wrapper.param_groups) < len(saved['param_groups'])
-    lr = {n: g['lr'] for n, g in _groups_by_name(model, optim_wrapper).items()}
+    lr = {n: g['lr'] for n, g in groups_by_parameter_name(model, optim_wrapper.optimizer).items()}
     assert lr == {n: g['lr'] for n, g in zip(dict(model.named_parameters()), old.param_groups)}
     _train(old_model, old, 2, seed=2)
     _train(model, optim_wrapper.optimizer, 2, seed=2)
