@@ -81,12 +81,13 @@ class HMLPPatchEmbed(nn.Module):
     forward = PatchEmbed.forward
 
 
-def _interpolation_matrix(old: int, new: int, antialias: bool,
-                          device: torch.device) -> torch.Tensor:
-    """(new, old) float32 weights of bicubic resampling along one axis, as timm's
+def _interpolation_matrix(old: int, new: int, antialias: bool, device: torch.device,
+                          dtype: torch.dtype) -> torch.Tensor:
+    """(new, old) weights of bicubic resampling along one axis, as timm's
     ``resample_abs_pos_embed`` does it (``align_corners=False``): the identity resampled."""
     with torch.no_grad():
-        basis = torch.eye(old, device=device).view(1, 1, old, old)  # column c: row c's unit
+        # column c: row c's unit
+        basis = torch.eye(old, device=device, dtype=dtype).view(1, 1, old, old)
         return F.interpolate(basis, size=(new, old), mode='bicubic', antialias=antialias,
                              align_corners=False)[0, 0]
 
@@ -98,12 +99,14 @@ def resample_position_table(table: torch.Tensor, old: Grid, new: Grid, num_prefi
     interpolation matrix per axis applied by matmuls (bicubic is separable). The one
     resampling of the package: eager, compiled (any symbolic grid, with its backward) and
     exported runs take the same operations and round alike; it equals timm's up to float
-    rounding, and is exact where ``new == old`` (identity matrices)."""
-    rows, cols = (_interpolation_matrix(o, n, antialias, table.device)
+    rounding, and is exact where ``new == old`` (identity matrices). It computes in the
+    table's dtype, float32 at least (float64 tables resample as precisely as they hold)."""
+    dtype = torch.promote_types(table.dtype, torch.float32)
+    rows, cols = (_interpolation_matrix(o, n, antialias, table.device, dtype)
                   for o, n in zip(old, new))
     prefix, patches = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
     dims = patches.shape[-1]
-    grid = patches.float().reshape(old[0], old[1] * dims)
+    grid = patches.to(dtype).reshape(old[0], old[1] * dims)
     resampled = cols @ (rows @ grid).reshape(new[0], old[1], dims)  # (rows, cols, C)
     return torch.cat([prefix, resampled.reshape(1, -1, dims).to(table.dtype)], dim=1)
 
