@@ -8,9 +8,8 @@ For each release (``detection``: ``detection/mmdet_custom/models/backbones/vit_a
 ``segmentation``: ``segmentation/mmseg_custom/models/backbones/vit_adapter.py``) it builds the
 official ``ViTAdapter`` at the test's tiny size in float64 and eval mode, loads
 ``seeded_state_dict`` in the official layout and stores the four output maps and the gradients
-of a fixed weighting of them by the input and by every parameter (the latter converted to our layout,
-each as its projections on the test's probes). The
-official files import mmcv 1.x, mmdet 2.x / mmseg 0.x and a compiled deformable attention:
+of a fixed weighting of them by the input and by every parameter (the latter converted to our
+layout), each as its projections on the test's probes. The official files import mmcv 1.x, mmdet 2.x / mmseg 0.x and a compiled deformable attention:
 those few names are stood in for here (a registry that registers nothing, a logger, mmcv's
 ``BaseModule`` as ``nn.Module``, and the deformable attention served by ``vitdense.compat``).
 """

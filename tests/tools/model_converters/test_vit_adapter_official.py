@@ -12,12 +12,15 @@ table resampled to the 4 × 4 grid, injectors at 0.5), float64, eval mode, the w
 every parameter (in our layout, as converted), each as its projections on
 :func:`gradient_probes` (4 numbers a tensor, so that the file stays small: 0.3 MB).
 """
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tools.model_converters.vit_adapter_official import convert, convert_backbone
+from tools.model_converters import vit_adapter_official
+from tools.model_converters.vit_adapter_official import (check_vit_features, convert,
+                                                       convert_backbone, official_release)
 from vitdense.models import ColumnarAdapter
 
 FIXTURE = Path(__file__).parent / 'data' / 'vit_adapter_official.pt'
@@ -160,3 +163,44 @@ def test_a_checkpoint_of_another_width_is_refused_naming_the_tensors(recorded):
 def test_no_backbone_keys_is_an_error():
     with pytest.raises(KeyError, match='not a detector / segmentor checkpoint'):
         convert({'neck.weight': torch.zeros(1)}, tiny_adapter().trunk)
+
+
+@pytest.mark.parametrize('checkpoint, release', [
+    (dict(meta=dict(mmdet_version='2.22.0'), state_dict={'backbone.x': 0}), 'detection'),
+    ({'backbone.x': 0, 'roi_head.bbox_head.fc_cls.weight': 0}, 'detection'),
+    (dict(meta=dict(mmseg_version='0.20.2'), state_dict={'backbone.x': 0}), 'segmentation'),
+    (dict(state_dict={'backbone.x': 0, 'decode_head.conv_seg.weight': 0}), 'segmentation'),
+])
+def test_the_release_is_read_from_the_checkpoint(checkpoint, release):
+    assert official_release(checkpoint) == release
+    check_vit_features(release, RELEASES[release])
+
+
+@pytest.mark.parametrize('checkpoint, signs', [
+    ({'backbone.x': 0}, 'neither'),
+    (dict(meta=dict(mmdet_version='2.22.0'), state_dict={'decode_head.x': 0}),
+     'detection and segmentation'),
+])
+def test_an_unknown_release_is_refused_naming_the_option(checkpoint, signs):
+    with pytest.raises(ValueError, match=f'signs of {signs}.*give --release detection or '
+                                         f'--release segmentation'):
+        official_release(checkpoint)
+
+
+def test_the_tool_refuses_a_config_that_computes_another_release(tmp_path, monkeypatch,
+                                                                 capsys):
+    """A segmentation checkpoint for the Mask R-CNN recipe (the last map on every level)."""
+    src = tmp_path / 'upernet_deit_adapter.pth'
+    torch.save(dict(meta=dict(mmseg_version='0.20.2'),
+                    state_dict={'backbone.level_embed': torch.zeros(3, 48),
+                                'decode_head.conv_seg.weight': torch.zeros(150, 512, 1, 1)}),
+               src)
+    monkeypatch.setattr(sys, 'argv', [
+        'vit_adapter_official.py', str(src), str(tmp_path / 'out.pth'),
+        '--config', 'configs/vit/mask-rcnn_vit-s-p16_adapter_3x_coco.py'])
+    with pytest.raises(SystemExit, match="official segmentation release adds the trunk map "
+                                         "after interaction i to level i, the config's adapter "
+                                         "has vit_features='last': use a config with backbone "
+                                         "vit_features='per_interaction'"):
+        vit_adapter_official.main()
+    assert not (tmp_path / 'out.pth').exists()
