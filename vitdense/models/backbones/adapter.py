@@ -222,8 +222,12 @@ class ColumnarAdapter(BaseModule):
         # image given as a channels-last view of tokens (torch 2.14: gradcheck fails)
         c2, c3, c4 = (level.transpose(1, 2).reshape(batch, dims, h, w).contiguous()
                       for level, (h, w) in zip(levels, geometry.prior_shapes))
-        # the stride-8 level upsampled can be a pixel larger than the stem's map
-        c1 = self.up(c2)[:, :, :c1.shape[2], :c1.shape[3]] + c1
+        # the stride-8 level upsampled can be a pixel larger than the stem's map: its first
+        # rows and columns are gathered (a slice, a view whose size export cannot relate to
+        # the input's, would fix the exported graph to the traced size)
+        up = self.up(c2)
+        rows, cols = (torch.arange(size, device=x.device) for size in c1.shape[2:])
+        c1 = up.index_select(2, rows).index_select(3, cols) + c1
         outs = [c1, c2, c3, c4]
         if self.add_vit_feature:
             if self.vit_features == 'last':
