@@ -2,16 +2,18 @@
 ``test_vit_adapter_official.py``, by running the official ViT-Adapter (a working tree of
 czczup/ViT-Adapter, not shipped with vitdense) on the test's weights and input:
 
-    python tests/tools/model_converters/record_vit_adapter_official.py /path/to/ViT-Adapter
+    PYTHONPATH=. python tests/tools/model_converters/record_vit_adapter_official.py \
+        /path/to/ViT-Adapter
 
 For each release (``detection``: ``detection/mmdet_custom/models/backbones/vit_adapter.py``,
 ``segmentation``: ``segmentation/mmseg_custom/models/backbones/vit_adapter.py``) it builds the
 official ``ViTAdapter`` at the test's tiny size in float64 and eval mode, loads
 ``seeded_state_dict`` in the official layout and stores the four output maps and the gradients
 of a fixed weighting of them by the input and by every parameter (the latter converted to our
-layout), each as its projections on the test's probes. The official files import mmcv 1.x, mmdet 2.x / mmseg 0.x and a compiled deformable attention:
-those few names are stood in for here (a registry that registers nothing, a logger, mmcv's
-``BaseModule`` as ``nn.Module``, and the deformable attention served by ``vitdense.compat``).
+layout), each as its projections on the test's probes. The official files import mmcv 1.x,
+mmdet 2.x / mmseg 0.x and a compiled deformable attention: those few names are stood in for
+here (a registry that registers nothing, a logger, mmcv's ``BaseModule`` as ``nn.Module``, and
+the deformable attention served by ``vitdense.compat``).
 """
 import argparse
 import importlib
@@ -22,14 +24,13 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_vit_adapter_official import (FIXTURE, OFFICIAL_SETTINGS, fixture_input,  # noqa: E402
+from test_vit_adapter_official import (FIXTURE, OFFICIAL_SETTINGS, fixture_input,
                                        gradient_probes, output_weighting, project,
                                        seeded_state_dict, tiny_adapter)
-from tools.model_converters.vit_adapter_official import convert_backbone  # noqa: E402
-from vitdense.compat import mmcv_ext  # noqa: E402
+from tools.model_converters.vit_adapter_official import convert_backbone
+from vitdense.compat import mmcv_ext
 
-#: the official backbone file of each release: (folder, its mmcv_custom package, host library)
+#: each release's folder of the official code and the host library it imports
 RELEASES = {'detection': ('detection/mmdet_custom', 'mmdet'),
             'segmentation': ('segmentation/mmseg_custom', 'mmseg')}
 

@@ -10,7 +10,7 @@ table resampled to the 4 × 4 grid, injectors at 0.5), float64, eval mode, the w
 :func:`seeded_state_dict`. It holds the official key layout, the four output maps for
 :func:`fixture_input` and the gradients of their :func:`output_weighting` by the input and by
 every parameter (in our layout, as converted), each as its projections on
-:func:`gradient_probes` (4 numbers a tensor, so that the file stays small: 0.3 MB).
+:func:`gradient_probes` (4 numbers a tensor, so that the file stays small: 0.5 MB).
 """
 import sys
 from pathlib import Path

@@ -230,10 +230,11 @@ class ColumnarAdapter(BaseModule):
         c1 = up.index_select(2, rows).index_select(3, cols) + c1
         outs = [c1, c2, c3, c4]
         if self.add_vit_feature:
-            if self.vit_features == 'last':
-                trunk_tokens = trunk_tokens[-1:] * len(outs)
+            only_last = self.vit_features == 'last'
             trunk_maps = [self.trunk._to_map(sequence, hw).contiguous()
-                          for sequence in trunk_tokens]
+                          for sequence in (trunk_tokens[-1:] if only_last else trunk_tokens)]
+            if only_last:
+                trunk_maps *= len(outs)
             outs = [out + F.interpolate(trunk_map, size=out.shape[2:], mode='bilinear',
                                         align_corners=False)
                     for out, trunk_map in zip(outs, trunk_maps)]
