@@ -122,7 +122,8 @@ class MultiScaleDeformableAttention(nn.Module):
         weights = weights.view(batch, queries, heads, levels, num_points)
         # offsets are in pixels of each level: (x, y) divided by (w, h), symbolic sizes kept
         # symbolic (a tensor made of the sizes would fix them in an exported graph)
-        normaliser = torch.stack([torch.stack([torch.full((), w), torch.full((), h)])
+        normaliser = torch.stack([torch.stack([torch.full((), size, device=query.device)
+                                               for size in (w, h)])
                                   for h, w in shapes]).to(offsets.dtype)
         locations = (points[:, :, None, :, None, :]
                      + offsets / normaliser[None, None, None, :, None, :])
