@@ -21,7 +21,8 @@ from scipy import stats
 
 from vitdense.cls import device_ops as ops
 from vitdense.cls.device_augment import (DeviceAugmentPreprocessor, ErasingStage,
-                                         LoadImageTensor, RandAugmentStage, ResizedCropStage)
+                                         FlipStage, LoadImageTensor, RandAugmentStage,
+                                         ResizedCropStage)
 from vitdense.registry import MODELS, TRANSFORMS
 
 BGR_MEAN = (104, 116, 124)
@@ -100,6 +101,29 @@ def test_randaugment_op_equals_mmpretrain_for_a_given_magnitude(name: str, kwarg
         ours = stage.apply(as_rgb_batch(image), np.zeros((1, 1), dtype=np.int64),
                            stage.draw(1, np.random.default_rng(seed))[1])
         assert_within_one_grey_level(reference, ours)
+
+
+def test_contrast_blends_with_the_rounded_mean_grey_level() -> None:
+    """Contrast at factor 0 is the image's mean grey level everywhere, rounded as mmcv's
+    ``adjust_contrast`` rounds it: exactly, so that a mean truncated a level down shows."""
+    import mmcv
+    images = [picture(seed) for seed in range(6)]
+    means = [cv2.cvtColor(image, cv2.COLOR_BGR2GRAY).mean() for image in images]
+    assert any(math.floor(mean) != round(mean) for mean in means)
+    for image in images:
+        ours = ops.contrast(as_rgb_batch(image), torch.zeros(1))
+        assert torch.equal(ours, as_rgb_batch(mmcv.adjust_contrast(image, 0.)))
+
+
+@pytest.mark.parametrize('prob', [0.1, 0.7])
+def test_flip_rate_is_the_flip_probability(prob: float) -> None:
+    """Images of a dark left and a bright right pixel: the share flipped is ``prob``."""
+    stage = FlipStage(MMPRETRAIN_TRANSFORMS.build(dict(type='RandomFlip', prob=prob,
+                                                       direction='horizontal')))
+    images = torch.tensor([0, 255], dtype=torch.uint8).expand(4000, 3, 1, 2)
+    flipped = stage(images, np.random.default_rng(0))
+    assert torch.equal(flipped[:, :, :, 0] == 255, flipped[:, :, :, 1] == 0)
+    assert stats.binomtest(int((flipped[:, 0, 0, 0] == 255).sum()), 4000, prob).pvalue > 1e-3
 
 
 def test_resized_crop_resizes_as_pillow_bicubic() -> None:

@@ -349,6 +349,25 @@ def test_roi_align_bfloat16_samples_where_float32_does():
         torch.testing.assert_close(low, full.bfloat16().float(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_roi_align_max_in_low_precision_picks_among_float32_samples(dtype):
+    """float16 and bfloat16 features and RoIs pool (and back-propagate) as float32 does on the
+    same values: the same sample of each bin, its gradient at float32's sample point; only
+    the results are rounded."""
+    feats, grad = (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+                   for shape, seed in (((2, 3, 24, 32), 1), ((len(_roi_cases()), 3, 5, 5), 2)))
+    rois = _roi_cases().to(dtype)
+    results = {}
+    for run in (dtype, torch.float32):
+        x = feats.to(run).detach().requires_grad_()
+        out = mmcv.ops.roi_align(x, rois.to(run), (5, 5), 1.0, 0, 'max', True)
+        out.backward(grad.to(run))
+        assert out.dtype == x.grad.dtype == run
+        results[run] = out, x.grad
+    for low, full in zip(results[dtype], results[torch.float32]):
+        assert torch.equal(low, full.to(dtype))
+
+
 def test_other_ops_exist_and_raise_naming_the_op():
     with pytest.raises(MissingCompiledOpError, match=r"'carafe_forward'.*mmcv_ops.md.*--full"):
         mmcv.ops.carafe(torch.rand(1, 4, 4, 4), torch.rand(1, 9, 8, 8), 3, 1, 2)

@@ -75,8 +75,10 @@ def _deform_conv_kernel(x: torch.Tensor, offset: torch.Tensor, mask: torch.Tenso
     output and the gradients for ``grad_out``.  im2col reads a point only when
     ``-1 < y < H and -1 < x < W`` (``deformable_im2col_gpu_kernel``); col2im adds to the
     corners of such points (``get_gradient_weight``); col2im_coord moves any other point to
-    (-2, -2), where ``get_coordinate_weight`` and the mask's bilinear read give 0.  The
-    offsets and mask are each sample's first values in the output's layout."""
+    (-2, -2), where ``get_coordinate_weight`` and the mask's bilinear read give 0.  A NaN
+    point fails col2im_coord's comparisons too, so the compiled kernel leaves it where it is
+    and gives it NaN gradients: here (as in the served op, a documented difference) it passes
+    0.  The offsets and mask are each sample's first values in the output's layout."""
     batch, channels, height, width = x.shape
     out_channels, _, kh, kw = weight.shape
     out_h, out_w = grad_out.shape[-2:]
@@ -417,7 +419,8 @@ CHILD_SCRIPT = textwrap.dedent('''
 def test_nan_and_infinite_points_read_as_outside_in_a_child_process():
     """Sample points at NaN and +-inf among the edge points (DCNv1, DCNv2 and deformable
     attention) equal the kernels' reading of them as outside, and all-NaN offsets give finite
-    outputs and gradients: in a process of its own, which must survive."""
+    outputs and gradients (the compiled DCN backward gives NaN ones: a documented
+    difference): in a process of its own, which must survive."""
     run = subprocess.run([sys.executable, '-c', CHILD_SCRIPT], capture_output=True, text=True,
                          timeout=300, cwd=Path(__file__).parent)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -260,6 +260,26 @@ def test_modulated_deform_conv_equals_the_formula(dtype, geometry):
         ['input', 'offset', 'mask', 'weight', 'bias'])
 
 
+@pytest.mark.parametrize('modulated', [False, True], ids=['DCNv1', 'DCNv2'])
+def test_deform_conv_in_bfloat16_on_the_cpu_computes_in_float32(modulated):
+    """torchvision's CPU kernels have no bfloat16: the values and gradients are float32's on
+    the same (bfloat16) inputs, rounded to bfloat16."""
+    geometry = GEOMETRIES['strided, dilated, grouped']
+    args = tuple(geometry.values())
+    results = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        inputs = [t.detach().bfloat16().to(dtype).requires_grad_()
+                  for t in _conv_inputs(torch.float32, geometry, modulated)]
+        out = (mmcv.ops.modulated_deform_conv2d(*inputs, None, *args) if modulated
+               else mmcv.ops.deform_conv2d(*inputs, *args))
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        out.backward(grad.bfloat16().to(dtype))
+        assert out.dtype == dtype
+        results[dtype] = [out, *(t.grad for t in inputs)]
+    for low, full in zip(results[torch.bfloat16], results[torch.float32]):
+        assert torch.equal(low, full.bfloat16())
+
+
 def test_deform_conv_backward_runs_torchvisions_backward_once(monkeypatch):
     """mmcv's DCNv1 backward makes two compiled calls (input and offset, then weight); the
     weight's gradient of the first is kept for the second."""

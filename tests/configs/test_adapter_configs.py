@@ -44,6 +44,21 @@ def test_full_adapter_config_builds_with_the_papers_parameters(config):
         assert round(millions, 1) == FULL_CONFIGS[config]
 
 
+@pytest.mark.parametrize('config', sorted(FULL_CONFIGS) + [
+    f'{family}/{task}_{family}-d6-p8_adapter_{suffix}.py' for family in FAMILIES
+    for task, suffix in (('mask-rcnn', 'demo-coco'), ('upernet', 'demo-ade'))])
+def test_adapter_recipes_follow_the_official_code_of_their_task(config):
+    """Detection: the trunk's last map on every level; segmentation: the map after interaction
+    i on level i, and the official test mode (512² windows at stride 341) in the full
+    recipes."""
+    cfg = Config.fromfile(str(REPO_ROOT / 'configs' / config))
+    segmentation = 'upernet' in config
+    assert cfg.model.backbone.vit_features == ('per_interaction' if segmentation else 'last')
+    if segmentation and 'demo' not in config:
+        assert cfg.model.test_cfg == dict(mode='slide', crop_size=(512, 512),
+                                          stride=(341, 341))
+
+
 def _demo_run(config: str, data_root: Path, work_dir: Path) -> Config:
     cfg = load_tool_config(str(REPO_ROOT / config), None, 'none', str(work_dir))
     point_at_data_root(cfg, data_root)

@@ -8,6 +8,7 @@ from typing import Optional
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
@@ -73,6 +74,30 @@ def test_probe_head_concatenates_each_blocks_class_token():
     plain = LinearProbeHead(in_channels=[32], in_index=[0], num_classes=5)
     with pytest.raises(ValueError, match=r'set LinearProbeHead\(use_cls_token=True\)'):
         plain([(maps[0], cls_tokens[0])])
+
+
+def test_probe_head_normalises_the_class_token_as_the_patch_tokens():
+    """What reaches the BatchNorm: each map's tokens and its class token, broadcast over the
+    grid, both layer-normalised by the map's norm (weight and bias of its own)."""
+    from vitdense.seg import LinearProbeHead
+    torch.manual_seed(0)
+    head = LinearProbeHead(in_channels=[8], in_index=[0], use_cls_token=True, num_classes=3,
+                           norm_cfg=dict(type='BN')).eval()
+    norm = head.token_norms[0]
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    feature_map, cls_token = 3 + 2 * torch.randn(2, 8, 3, 4), 5 + 3 * torch.randn(2, 8)
+    seen = []
+    head.bn.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        head([(feature_map, cls_token)])
+
+    def layer_norm(tokens: torch.Tensor) -> torch.Tensor:   # (..., C)
+        return F.layer_norm(tokens, (8,), norm.weight, norm.bias, eps=1e-6)
+    expected = torch.cat([layer_norm(feature_map.permute(0, 2, 3, 1)).permute(0, 3, 1, 2),
+                          layer_norm(cls_token)[:, :, None, None].expand(-1, -1, 3, 4)], 1)
+    torch.testing.assert_close(seen[0], expected, rtol=0, atol=1e-5)
 
 
 def test_ade20k_probe_with_the_class_token(tmp_path):

@@ -187,6 +187,41 @@ def test_instance_tta_keeps_each_detection_mask_flipped_back():
     assert torch.equal(merged.masks[-1], extra_mask[0])
 
 
+def test_instance_tta_keeps_the_best_detections_with_their_own_labels_and_masks():
+    """Past ``max_per_img`` the highest scores are kept, each with its label and mask."""
+    from vitdense.det import InstanceTTAModel
+    masks = torch.zeros(3, 8, 10, dtype=torch.bool)
+    for k in range(3):
+        masks[k, k, k] = True
+    view = _instance_sample([[0, 0, 2, 2], [4, 0, 6, 2], [8, 0, 10, 2]], [0.5, 0.9, 0.7],
+                            [3, 4, 5], masks, flip=False)
+    tta = InstanceTTAModel(module=RegressToOne(nn.Identity()),
+                           tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5),
+                                        max_per_img=2))
+    merged = tta.merge_preds([[view]])[0].pred_instances
+    assert merged.bboxes.tolist() == [[4, 0, 6, 2], [8, 0, 10, 2]]
+    assert merged.scores.tolist() == pytest.approx([0.9, 0.7])
+    assert merged.labels.tolist() == [4, 5]
+    assert torch.equal(merged.masks, masks[[1, 2]])
+
+
+@pytest.mark.parametrize('name', [name for name in DENSE_RECIPES if 'mask-rcnn' in name])
+def test_shipped_instance_tta_suppresses_at_mmdets_iou(name, tmp_path):
+    """The recipes' merging is mmdet's (class-wise NMS at IoU 0.5, 100 per image): two
+    views' boxes of one class overlapping at IoU 0.6 merge into one, at 0.4 both stay."""
+    cfg = _config(name, tmp_path)
+    from vitdense.det import InstanceTTAModel
+    tta = InstanceTTAModel(module=RegressToOne(nn.Identity()), tta_cfg=cfg.tta_model.tta_cfg)
+    assert tta.tta_cfg['max_per_img'] == 100
+    masks = torch.zeros(1, 8, 10, dtype=torch.bool)
+    first = _instance_sample([[0, 0, 10, 6]], [0.9], [1], masks, flip=False)
+    # the same box shifted: IoU 0.6 (width 10, overlap 7.5) and 0.4 (overlap 5.71...)
+    for shift, kept in ((2.5, 1), (4.2857, 2)):
+        second = _instance_sample([[shift, 0, 10 + shift, 6]], [0.8], [1], masks, flip=False)
+        merged = tta.merge_preds([[first, second]])[0].pred_instances
+        assert len(merged.bboxes) == kept
+
+
 # ---------------------------------------------------------------- sliding windows
 @pytest.fixture(scope='module')
 def demo_segmentor(tmp_path_factory):

@@ -66,6 +66,26 @@ def test_backbone_export_leaves_no_state_and_program_runs_any_size(tmp_path):
     assert max(max_abs_differences(expected, exported(image))) < TOLERANCE
 
 
+def test_adapter_layout_exports_for_any_size(tmp_path):
+    """ViT-Adapter's backbone (the demo adapter's layout, narrower and shallower) exported with
+    dynamic height and width runs at sizes whose levels round differently from the traced
+    one's."""
+    torch.manual_seed(0)
+    adapter = MODELS.build(dict(
+        type='vitdense.ColumnarAdapter', conv_inplane=8, deform_num_heads=2,
+        interaction_indexes=[[0, 0], [1, 1]], use_extra_extractor=False,
+        norm_cfg=dict(type='BN'),
+        backbone=dict(type='vitdense.ViT', arch=dict(TINY_ARCH, num_layers=2), patch_size=8,
+                      img_size=64, dense_class_token=False))).eval()
+    exported = _export(adapter, torch.randn(1, 3, 96, 128), tmp_path / 'adapter.pt2',
+                       'torch-export')
+    for size in ((80, 150), (101, 67)):
+        image = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            expected = adapter(image)
+        assert max(max_abs_differences(expected, exported(image))) < TOLERANCE
+
+
 def _demo_model(config: str, **model_overrides) -> torch.nn.Module:
     """A demo recipe's model with the tiny XCiT and narrow heads, initialised weights."""
     cfg = Config.fromfile(CONFIGS / config)

@@ -449,3 +449,28 @@ def test_an_advice_that_does_not_load_is_not_printed(tmp_path):
                                          r"refused; tensors no option builds: "
                                          r"blocks.0.attn.talking.weight\n"):
         _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)
+
+
+def test_an_mlp_width_whose_ratio_truncates_is_advised_a_ratio_that_builds_it(tmp_path):
+    """Width 112, hidden 115: 115 / 112 times 112 is 114.99... and ``int`` of it 114, so the
+    advised ``mlp_ratio`` is the next float up, which builds 115 and loads."""
+    torch.manual_seed(0)
+    source = perturb_(VisionTransformer(img_size=64, patch_size=16, embed_dim=112, depth=1,
+                                        num_heads=2, num_classes=10,
+                                        mlp_ratio=(115 + 1e-9) / 112))
+    assert source.blocks[0].mlp.fc1.out_features == 115
+    assert int(112 * (115 / 112)) == 114
+    path = tmp_path / 'hidden-115.pth'
+    torch.save(source.state_dict(), path)
+    options = dict(arch=dict(embed_dims=112, num_layers=1, num_heads=2), img_size=64, **CLS)
+    with pytest.raises(ValueError) as refused:
+        _pretrained(ViT, path=path, **options)
+    assert 'mlp_ratio=' in ADVICE.search(str(refused.value)).group(1)
+    options, init_cfg = apply_advice(str(refused.value), options,
+                                     dict(type='Pretrained', checkpoint=str(path)))
+    model = ViT(options.pop('arch'), init_cfg=init_cfg, **options)
+    model.init_weights()
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert_features_match(model.eval()(images), [source.forward_head(
+            source.forward_features(images), pre_logits=True)])

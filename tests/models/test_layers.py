@@ -195,6 +195,20 @@ def test_position_table_resamples_on_load_and_per_grid():
         small.load_state_dict({'weight': torch.zeros(1, 7, 4)})
 
 
+@pytest.mark.parametrize('antialias', [False, True])
+def test_a_float64_table_resamples_in_float64(antialias):
+    """As ``F.interpolate`` (bicubic) on the float64 grid: no float32 rounding on the way."""
+    table = LearnedPositionEmbedding(3, (4, 4), num_prefix_tokens=1, antialias=antialias)
+    table.double()
+    grid = table.weight[:, 1:].reshape(1, 4, 4, 3).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(3, 7), mode='bicubic', antialias=antialias,
+                             align_corners=False).flatten(2).transpose(1, 2)
+    out = table(torch.zeros(1, 1 + 21, 3, dtype=torch.float64), (3, 7))
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out[:, 1:], expected, atol=1e-15, rtol=0)
+    assert torch.equal(out[:, 0], table.weight[:, 0])
+
+
 class _TableOnMap(torch.nn.Module):
     """A position table added to a (1, C, H, W) map's tokens: the grid from the input."""
 

@@ -8,6 +8,12 @@ DeiT trunk (``patch_embed``, ``pos_embed``, ``blocks``) moves under ``backbone.t
 the trunk's own :meth:`~vitdense.models.ColumnarBackbone.adapt_checkpoint` (timm's block
 names, the class token and its position row dropped: the official adapter carries none).
 
+The two releases' backbones differ in one line that no tensor shows: the detection code adds
+the trunk's last map to every level, the segmentation code the map after interaction i to
+level i. The release is read from the checkpoint (mmdet's or mmseg's version in its ``meta``,
+detector or segmentor heads among its tensors; ``--release`` where these are missing) and the
+config's adapter must compute what it computed (``vit_features``), or the conversion stops.
+
     python tools/model_converters/vit_adapter_official.py \\
         mask_rcnn_deit_adapter_small_fpn_3x_coco.pth.tar vit-adapter-s_mask-rcnn_coco.pth \\
         --config configs/vit/mask-rcnn_vit-s-p16_adapter_3x_coco.py
@@ -26,6 +32,8 @@ from vitdense.engine.hosts import build_model
 from vitdense.models import ColumnarBackbone
 
 BACKBONE = 'backbone.'
+#: our adapter's ``vit_features`` that computes what each official release's backbone does
+RELEASE_FEATURES = {'detection': 'last', 'segmentation': 'per_interaction'}
 #: the official backbone's trunk tensors; every other backbone tensor is the adapter's
 TRUNK_KEYS = re.compile(r'^(patch_embed\.|pos_embed$|cls_token$|blocks\.)')
 
@@ -55,6 +63,38 @@ def convert(state_dict: dict, trunk: ColumnarBackbone) -> OrderedDict:
     return converted
 
 
+def official_release(checkpoint: dict) -> str:
+    """``'detection'`` or ``'segmentation'``: the official release a checkpoint comes from,
+    by the host library named in its ``meta`` and the heads among its tensors."""
+    meta = checkpoint.get('meta') or {}
+    state_dict = checkpoint.get('state_dict', checkpoint)
+    signs = {'detection': ['mmdet_version' in meta,
+                           any(key.startswith(('rpn_head.', 'roi_head.')) for key in state_dict)],
+             'segmentation': ['mmseg_version' in meta,
+                              any(key.startswith('decode_head.') for key in state_dict)]}
+    found = [release for release, seen in signs.items() if any(seen)]
+    if len(found) != 1:
+        raise ValueError(
+            f'cannot tell which official release the checkpoint comes from (signs of '
+            f'{" and ".join(found) or "neither"}: mmdet_version / mmseg_version in its meta, '
+            f'rpn_head / roi_head or decode_head tensors): give --release detection or '
+            f'--release segmentation')
+    return found[0]
+
+
+def check_vit_features(release: str, vit_features: str) -> None:
+    """Raises unless our adapter's ``vit_features`` computes what ``release``'s backbone
+    computes."""
+    expected = RELEASE_FEATURES[release]
+    if vit_features != expected:
+        adds, recipes = (('the last trunk map to every level', 'Mask R-CNN') if expected == 'last'
+                         else ('the trunk map after interaction i to level i', 'UperNet'))
+        raise ValueError(
+            f"a checkpoint of the official {release} release adds {adds}, the config's adapter "
+            f"has vit_features={vit_features!r}: use a config with backbone "
+            f"vit_features={expected!r} (the {recipes} adapter recipes)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,15 +102,24 @@ def main() -> None:
     parser.add_argument('dst', help='converted checkpoint to write')
     parser.add_argument('--config', required=True,
                         help='our adapter config whose model must load it strictly')
+    parser.add_argument('--release', choices=sorted(RELEASE_FEATURES),
+                        help='the official release the checkpoint comes from, where its meta '
+                             'and tensors do not say')
     args = parser.parse_args()
     checkpoint = safe_load(args.src, map_location='cpu')
     if not isinstance(checkpoint, dict):
         raise SystemExit(f'{args.src} holds a {type(checkpoint).__name__}, not a checkpoint dict')
-    model = build_model(Config.fromfile(args.config), 'count')
+    cfg = Config.fromfile(args.config)
+    try:
+        release = args.release or official_release(checkpoint)
+        check_vit_features(release, cfg.model.backbone.get('vit_features', 'last'))
+    except ValueError as error:
+        raise SystemExit(f'{args.src}: {error}') from None
+    model = build_model(cfg, 'count')
     converted = convert(checkpoint.get('state_dict', checkpoint), model.backbone.trunk)
     model.load_state_dict(converted, strict=True)
     print(f'loads strictly into the model of {args.config}')
-    meta = dict(checkpoint.get('meta') or {}, converted_from=args.src)
+    meta = dict(checkpoint.get('meta') or {}, converted_from=args.src, official_release=release)
     meta.pop('config', None)  # an mmdet 2.x / mmseg 0.x config that our tools cannot read
     save_plain(dict(state_dict=converted, meta=meta), args.dst)
     print(f'wrote {len(converted)} tensors to {args.dst}')

@@ -238,16 +238,18 @@ def _roi_grid(rois: Tensor, spatial_scale: float, bins_hw: tuple[int, int],
 def _roi_align_max(input: Tensor, rois: Tensor, bins_hw: tuple[int, int], spatial_scale: float,
                    sampling_ratio: int, aligned: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Max-pooled RoIAlign: per bin, the largest bilinear sample (the first of equals, samples
-    visited row by row) and its coordinates; an empty bin holds -FLT_MAX at (-1, -1)."""
+    visited row by row) and its sample's row and column in the bin; an empty bin holds
+    -FLT_MAX at (-1, -1). The samples are computed and compared in float32 at least: a
+    float16 or bfloat16 input rounds only the maximum, not which sample it is, and the
+    indices (small integers) are exact in any dtype where a coordinate would not be."""
     _, channels, height, width = input.shape
-    (ys, xs), (count_y, count_x) = _roi_grid(rois.to(input.dtype), spatial_scale, bins_hw,
+    dtype = torch.promote_types(input.dtype, torch.float32)
+    (ys, xs), (count_y, count_x) = _roi_grid(rois.to(dtype), spatial_scale, bins_hw,
                                              sampling_ratio, aligned)
-    pixels = input.permute(0, 2, 3, 1).reshape(-1, channels)   # (batch * H * W, C)
+    pixels = input.to(dtype).permute(0, 2, 3, 1).reshape(-1, channels)   # (batch * H * W, C)
     first_pixel = (rois[:, 0].long() * height * width)[:, None, None]
-    # -FLT_MAX in the input's dtype, as the kernel converts it: -inf in float16
-    lowest = -_FLT_MAX if torch.finfo(input.dtype).max >= _FLT_MAX else float('-inf')
-    best = input.new_full((len(rois), channels, *bins_hw), lowest)
-    best_y, best_x = torch.full_like(best, -1.0), torch.full_like(best, -1.0)
+    best = pixels.new_full((len(rois), channels, *bins_hw), -_FLT_MAX)
+    best_row, best_col = torch.full_like(best, -1.0), torch.full_like(best, -1.0)
     for iy in range(ys.shape[-1]):
         for ix in range(xs.shape[-1]):
             y = ys[:, :, None, iy].expand(-1, -1, bins_hw[1])
@@ -257,9 +259,10 @@ def _roi_align_max(input: Tensor, rois: Tensor, bins_hw: tuple[int, int], spatia
             taken = (iy < count_y) & (ix < count_x)
             better = (value.permute(0, 3, 1, 2) > best) & taken[:, None, None, None]
             best = torch.where(better, value.permute(0, 3, 1, 2), best)
-            best_y = torch.where(better, y[:, None], best_y)
-            best_x = torch.where(better, x[:, None], best_x)
-    return best, best_y, best_x
+            best_row = best_row.masked_fill(better, iy)
+            best_col = best_col.masked_fill(better, ix)
+    # -FLT_MAX in the input's dtype, as the kernel converts it: -inf in float16
+    return best.to(input.dtype), best_row, best_col
 
 
 @_kernel
@@ -268,13 +271,16 @@ def roi_align_forward(input: Tensor, rois: Tensor, output: Tensor, argmax_y: Ten
                       spatial_scale: float, sampling_ratio: int, pool_mode: int,
                       aligned: bool) -> None:
     """RoIAlign of ``rois`` (K, 5: batch index, x1, y1, x2, y2) into ``output``: averaged on
-    torchvision's kernel, or max-pooled with each maximum's coordinates in ``argmax_y/x``."""
+    torchvision's kernel, or max-pooled with each maximum's sample row and column in its bin
+    in ``argmax_y/x`` (the compiled kernel stores the sample's coordinates there; only the
+    backward below reads them, and the coordinates rounded to a float16 or bfloat16 buffer
+    would misplace the gradient)."""
     if pool_mode == _POOL_MAX:
-        pooled, best_y, best_x = _roi_align_max(
+        pooled, best_row, best_col = _roi_align_max(
             input, rois, (int(aligned_height), int(aligned_width)), float(spatial_scale),
             int(sampling_ratio), bool(aligned))
-        argmax_y.copy_(best_y)
-        argmax_x.copy_(best_x)
+        argmax_y.copy_(best_row)
+        argmax_x.copy_(best_col)
     else:
         dtype = _roi_align_dtype(input.dtype)
         pooled = torch.ops.torchvision.roi_align(
@@ -310,20 +316,35 @@ def _atomic_adds_allowed(device: torch.device) -> Iterator[None]:
             torch.use_deterministic_algorithms(True)
 
 
-def _roi_align_max_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor,
-                            argmax_x: Tensor, grad_input: Tensor) -> None:
-    """Adds each bin's gradient to the four pixels around its maximum's sample point; a
-    maximum sampled at y = -1 exactly gets none, as in mmcv's kernel, which reads y = -1 as
-    the mark of an empty bin."""
+def _roi_align_max_backward(grad_output: Tensor, rois: Tensor, best_row: Tensor,
+                            best_col: Tensor, grad_input: Tensor, spatial_scale: float,
+                            sampling_ratio: int, aligned: bool) -> None:
+    """Adds each bin's gradient to the four pixels around its maximum's sample point, the
+    point recomputed in float32 at least from the RoI and the sample's row and column (as
+    the forward computed it); a maximum sampled at y = -1 exactly gets none, as in mmcv's
+    kernel, which reads y = -1 as the mark of an empty bin."""
     _, channels, height, width = grad_input.shape
-    index, weights = _bilinear_corners(argmax_y, argmax_x, height, width)
-    sampled = argmax_y != -1
+    dtype = torch.promote_types(grad_output.dtype, torch.float32)
+    bins_hw = tuple(grad_output.shape[2:])
+    (ys, xs), _ = _roi_grid(rois.to(dtype), spatial_scale, bins_hw, sampling_ratio, aligned)
+    if not ys.shape[-1] or not xs.shape[-1]:
+        return   # no RoI has a sample
+    rows, cols = best_row.long(), best_col.long()
+    sampled = rows >= 0
+    k, c, bh, bw = rows.shape
+    y = ys[:, None, :, None, :].expand(k, c, bh, bw, -1).gather(
+        -1, rows.clamp(min=0)[..., None])[..., 0]
+    x = xs[:, None, None, :, :].expand(k, c, bh, bw, -1).gather(
+        -1, cols.clamp(min=0)[..., None])[..., 0]
+    sampled &= y != -1
+    index, weights = _bilinear_corners(y, x, height, width)
     first_pixel = ((rois[:, 0].long() * channels)[:, None]
                    + torch.arange(channels, device=rois.device)) * (height * width)
-    flat = grad_input.view(-1)
+    grad = torch.zeros(grad_input.numel(), dtype=dtype, device=grad_input.device)
     for i, w in zip(index, weights):   # a bin without a sample adds 0 (no sync to skip it)
-        flat.index_put_(((first_pixel[:, :, None, None] + i).flatten(),),
-                        (grad_output * w * sampled).flatten(), accumulate=True)
+        grad.index_put_(((first_pixel[:, :, None, None] + i).flatten(),),
+                        (grad_output.to(dtype) * w * sampled).flatten(), accumulate=True)
+    grad_input.add_(grad.view_as(grad_input))
 
 
 @_kernel
@@ -333,7 +354,8 @@ def roi_align_backward(grad_output: Tensor, rois: Tensor, argmax_y: Tensor, argm
                        aligned: bool) -> None:
     """Adds the gradient of RoIAlign with respect to its input to ``grad_input``."""
     if pool_mode == _POOL_MAX:
-        _roi_align_max_backward(grad_output, rois, argmax_y, argmax_x, grad_input)
+        _roi_align_max_backward(grad_output, rois, argmax_y, argmax_x, grad_input,
+                                float(spatial_scale), int(sampling_ratio), bool(aligned))
         return
     batch, channels, height, width = grad_input.shape
     dtype = _roi_align_dtype(grad_output.dtype)
@@ -549,11 +571,12 @@ def _kernel_offsets(input: Tensor, offset: Tensor, mask: Tensor | None, kernel_h
     values with the output's layout, whatever the buffer's shape (DyHead computes them on a
     map twice the output's size); DCNv1's checks the offset's shape.
 
-    Edges: a tap at ``y <= -1``, ``y >= H``, ``x <= -1`` or ``x >= W`` (or NaN) reads 0 and
-    passes no gradient to its offset or the input; the kernels move such a tap to (-2, -2).
+    Edges: a tap at ``y <= -1``, ``y >= H``, ``x <= -1`` or ``x >= W`` reads 0 and passes no
+    gradient to its offset or the input; the kernels move such a tap to (-2, -2).
     torchvision's kernels differ at exactly -1 (a one-sided derivative by the offset) and
     fail on NaN, so the offset of every such tap is replaced by the one that puts it at
-    (-2, -2), where both read and pass nothing.
+    (-2, -2), where both read and pass nothing. A NaN tap is moved too: it reads 0 and passes
+    a gradient of 0, where the compiled backward passes NaN.
     """
     batch, _, height, width = input.shape
     kh, kw = kernel_hw
@@ -580,10 +603,21 @@ def _write_read_part(buffer: Tensor, grad: Tensor) -> None:
     buffer.view(len(buffer), -1)[:, :grad[0].numel()].copy_(grad.reshape(len(grad), -1))
 
 
+def _deform_conv2d_operands(input: Tensor, *tensors: Tensor | None) -> list[Tensor | None]:
+    """The tensors in the dtype torchvision's kernels compute in: its CPU kernels have no
+    bfloat16, so bfloat16 on the CPU computes in float32 (the callers' buffers round the
+    results back)."""
+    if input.dtype != torch.bfloat16 or input.device.type != 'cpu':
+        return [input, *tensors]
+    return [None if t is None else t.float() for t in (input, *tensors)]
+
+
 def _deform_conv2d(input: Tensor, weight: Tensor, offset: Tensor, mask: Tensor | None,
                    bias: Tensor | None, geometry: tuple[int, ...]) -> Tensor:
     """torchvision's deformable convolution; ``geometry`` is (stride h, w, padding h, w,
     dilation h, w, groups, deformable groups), the offsets read as by :func:`_kernel_offsets`."""
+    input, weight, offset, mask, bias = _deform_conv2d_operands(input, weight, offset, mask,
+                                                                bias)
     use_mask = mask is not None
     mask = mask if use_mask else input.new_zeros(input.shape[0], 1)
     bias = bias if bias is not None else weight.new_zeros(weight.shape[0])
@@ -596,6 +630,8 @@ def _deform_conv2d_backward(grad_output: Tensor, input: Tensor, weight: Tensor, 
                             geometry: tuple[int, ...]) -> tuple[Tensor, ...]:
     """torchvision's gradients of :func:`_deform_conv2d`: by input, weight, offset, mask and
     bias."""
+    input, grad_output, weight, offset, mask, bias = _deform_conv2d_operands(
+        input, grad_output, weight, offset, mask, bias)
     use_mask = mask is not None
     mask = mask if use_mask else input.new_zeros(input.shape[0], 1)
     bias = bias if bias is not None else weight.new_zeros(weight.shape[0])

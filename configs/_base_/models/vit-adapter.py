@@ -1,8 +1,10 @@
 # ViT-Adapter's layout (Chen et al., ICLR 2023, §3 and §4.1) as a variable the dense adapter
 # recipes take: the spatial prior (64-wide stem), four interactions of equal depth, 4 points
 # and 6 heads of deformable attention per level, CFFN at a quarter width, value width equal to
-# the trunk's, two extra extractors, the trunk's last map added to every level, SyncBN. Leaves
-# give the family's trunk (`backbone`, with pyramid=False) and, for wider trunks, the heads.
+# the trunk's, two extra extractors, the trunk's last map added to every level (the official
+# detection code; the segmentation recipes add the map after interaction i to level i), SyncBN.
+# Leaves give the family's trunk (`backbone`, with pyramid=False) and, for wider trunks, the
+# heads.
 vit_adapter = dict(
     type='vitdense.ColumnarAdapter',
     conv_inplane=64,
@@ -13,6 +15,7 @@ vit_adapter = dict(
     cffn_ratio=0.25,
     deform_ratio=1.0,
     add_vit_feature=True,
+    vit_features='last',
     use_extra_extractor=True,
     with_cp=False,
     norm_cfg=dict(type='SyncBN'))

@@ -22,6 +22,10 @@ from .base import ColumnarBackbone
 
 #: the spatial prior's levels the injectors read: strides 8, 16, 32
 PRIOR_LEVELS = 3
+#: which trunk map is added to each output level (``vit_features``): the last one to every
+#: level (the official detection release), or the map after interaction i to level i (the
+#: official segmentation release)
+VIT_FEATURES = ('last', 'per_interaction')
 
 
 def default_interaction_indexes(num_layers: int) -> tuple[tuple[int, int], ...]:
@@ -52,7 +56,10 @@ class ColumnarAdapter(BaseModule):
         with_cffn: the extractors' convolutional FFN.
         cffn_ratio: the CFFN's hidden width as a share of the trunk's.
         deform_ratio: the deformable attention's value width as a share of the trunk's.
-        add_vit_feature: add the trunk's last map, resized, to every level.
+        add_vit_feature: add a trunk map, resized, to every level.
+        vit_features: which trunk map each level gets: ``'last'``, the last one for every
+            level (the official detection code), or ``'per_interaction'``, the map after
+            interaction i for level i (the official segmentation code; four interactions).
         use_extra_extractor: two more extractors after the last group.
         drop_path_rate: stochastic depth of the extractors' CFFN (the official code passes
             the trunk's maximal rate).
@@ -75,6 +82,7 @@ class ColumnarAdapter(BaseModule):
                  cffn_ratio: float = 0.25,
                  deform_ratio: float = 1.0,
                  add_vit_feature: bool = True,
+                 vit_features: str = 'last',
                  use_extra_extractor: bool = True,
                  drop_path_rate: float = 0.,
                  with_cp: bool = False,
@@ -85,6 +93,13 @@ class ColumnarAdapter(BaseModule):
         dims = self.trunk.embed_dims
         self.interaction_indexes = self._check_groups(interaction_indexes)
         self.add_vit_feature = add_vit_feature
+        if vit_features not in VIT_FEATURES:
+            raise ValueError(f'vit_features must be one of {VIT_FEATURES}, got {vit_features!r}')
+        if vit_features == 'per_interaction' and len(self.interaction_indexes) != 4:
+            raise ValueError(f"vit_features='per_interaction' adds the map after interaction i "
+                             f"to level i of four: give four interaction groups, got "
+                             f"{len(self.interaction_indexes)}, or use vit_features='last'")
+        self.vit_features = vit_features
         norm_cfg = norm_cfg or dict(type='SyncBN')
         self.level_embed = nn.Parameter(torch.zeros(PRIOR_LEVELS, dims))
         self.spm = SpatialPriorModule(conv_inplane, dims, self.trunk.in_channels, norm_cfg)
@@ -190,6 +205,7 @@ class ColumnarAdapter(BaseModule):
         tokens, hw = self._embed(x)
         geometry = AdapterGeometry.of([c.shape[2:] for c in prior_maps], hw, x.device)
         num_patches = hw[0] * hw[1]
+        trunk_tokens = []  # after each interaction
         for interaction, (first, last) in zip(self.interactions, self.interaction_indexes):
             def run_blocks(patches: torch.Tensor, first: int = first,
                            last: int = last) -> torch.Tensor:
@@ -198,6 +214,7 @@ class ColumnarAdapter(BaseModule):
                 return tokens[:, tokens.shape[1] - num_patches:]
             _, prior = interaction(tokens[:, tokens.shape[1] - num_patches:], prior,
                                    run_blocks, geometry)
+            trunk_tokens.append(tokens)
 
         batch, dims = x.shape[0], prior.shape[-1]
         levels = prior.split([h * w for h, w in geometry.prior_shapes], dim=1)
@@ -205,13 +222,22 @@ class ColumnarAdapter(BaseModule):
         # image given as a channels-last view of tokens (torch 2.14: gradcheck fails)
         c2, c3, c4 = (level.transpose(1, 2).reshape(batch, dims, h, w).contiguous()
                       for level, (h, w) in zip(levels, geometry.prior_shapes))
-        # the stride-8 level upsampled can be a pixel larger than the stem's map
-        c1 = self.up(c2)[:, :, :c1.shape[2], :c1.shape[3]] + c1
+        # the stride-8 level upsampled can be a pixel larger than the stem's map: its first
+        # rows and columns are gathered (a slice, a view whose size export cannot relate to
+        # the input's, would fix the exported graph to the traced size)
+        up = self.up(c2)
+        rows, cols = (torch.arange(size, device=x.device) for size in c1.shape[2:])
+        c1 = up.index_select(2, rows).index_select(3, cols) + c1
         outs = [c1, c2, c3, c4]
         if self.add_vit_feature:
-            trunk_map = self.trunk._to_map(tokens, hw).contiguous()
+            only_last = self.vit_features == 'last'
+            trunk_maps = [self.trunk._to_map(sequence, hw).contiguous()
+                          for sequence in (trunk_tokens[-1:] if only_last else trunk_tokens)]
+            if only_last:
+                trunk_maps *= len(outs)
             outs = [out + F.interpolate(trunk_map, size=out.shape[2:], mode='bilinear',
-                                        align_corners=False) for out in outs]
+                                        align_corners=False)
+                    for out, trunk_map in zip(outs, trunk_maps)]
         return tuple(norm(out) for norm, out in
                      zip((self.norm1, self.norm2, self.norm3, self.norm4), outs))
 

@@ -120,8 +120,11 @@ class MultiScaleDeformableAttention(nn.Module):
                                                     num_points, 2)
         weights = self.attention_weights(query).view(batch, queries, heads, -1).softmax(-1)
         weights = weights.view(batch, queries, heads, levels, num_points)
-        # offsets are in pixels of each level: (x, y) divided by (w, h)
-        normaliser = query.new_tensor([(w, h) for h, w in shapes])
+        # offsets are in pixels of each level: (x, y) divided by (w, h), symbolic sizes kept
+        # symbolic (a tensor made of the sizes would fix them in an exported graph)
+        normaliser = torch.stack([torch.stack([torch.full((), size, device=query.device)
+                                               for size in (w, h)])
+                                  for h, w in shapes]).to(offsets.dtype)
         locations = (points[:, :, None, :, None, :]
                      + offsets / normaliser[None, None, None, :, None, :])
         return self.output_proj(deformable_sampling(value, shapes, locations, weights))

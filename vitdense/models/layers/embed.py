@@ -94,16 +94,17 @@ class PositionKernel(NamedTuple):
         return f"{kernel}{f', scale factor offset by {self.offset}' if self.offset else ''}"
 
 
-def _interpolation_matrix(old: int, new: int, antialias: bool,
-                          device: torch.device, offset: float = 0.) -> torch.Tensor:
-    """(new, old) float32 weights of bicubic resampling along one axis, as timm's
+def _interpolation_matrix(old: int, new: int, antialias: bool, device: torch.device,
+                          dtype: torch.dtype, offset: float = 0.) -> torch.Tensor:
+    """(new, old) weights of bicubic resampling along one axis, as timm's
     ``resample_abs_pos_embed`` does it (``align_corners=False``): the identity resampled.
     ``offset``: DINO's resampling, which gives ``F.interpolate`` the scale factor
     ``(new + offset) / old`` instead of the size, so sources are read at a slightly other
     pitch (DINOv2's hub models without registers: 0.1)."""
     resize = dict(scale_factor=((new + offset) / old, 1.)) if offset else dict(size=(new, old))
     with torch.no_grad():
-        basis = torch.eye(old, device=device).view(1, 1, old, old)  # column c: row c's unit
+        # column c: row c's unit
+        basis = torch.eye(old, device=device, dtype=dtype).view(1, 1, old, old)
         return F.interpolate(basis, mode='bicubic', antialias=antialias, align_corners=False,
                              **resize)[0, 0]
 
@@ -115,15 +116,18 @@ def resample_position_table(table: torch.Tensor, old: Grid, new: Grid, num_prefi
     interpolation matrix per axis applied by matmuls (bicubic is separable). The one
     resampling of the package: eager, compiled (any symbolic grid, with its backward) and
     exported runs take the same operations and round alike; it equals timm's up to float
-    rounding, and is exact where ``new == old`` (identity matrices). ``offset``: DINO's
-    scale-factor offset on both axes (:func:`_interpolation_matrix`) wherever the grid
-    changes; DINO's code returns the table unchanged at its own grid, and so does this."""
+    rounding, and is exact where ``new == old`` (identity matrices). It computes in the
+    table's dtype, float32 at least (float64 tables resample as precisely as they hold).
+    ``offset``: DINO's scale-factor offset on both axes (:func:`_interpolation_matrix`)
+    wherever the grid changes; DINO's code returns the table unchanged at its own grid, and
+    so does this."""
     offset = offset if offset and tuple(new) != tuple(old) else 0.
-    rows, cols = (_interpolation_matrix(o, n, antialias, table.device, offset)
+    dtype = torch.promote_types(table.dtype, torch.float32)
+    rows, cols = (_interpolation_matrix(o, n, antialias, table.device, dtype, offset)
                   for o, n in zip(old, new))
     prefix, patches = table[:, :num_prefix_tokens], table[:, num_prefix_tokens:]
     dims = patches.shape[-1]
-    grid = patches.float().reshape(old[0], old[1] * dims)
+    grid = patches.to(dtype).reshape(old[0], old[1] * dims)
     resampled = cols @ (rows @ grid).reshape(new[0], old[1], dims)  # (rows, cols, C)
     return torch.cat([prefix, resampled.reshape(1, -1, dims).to(table.dtype)], dim=1)
 
