@@ -1,11 +1,13 @@
 """The hooks a vitdense run adds to mmengine's Runner: atomic checkpoints, exact resume, the
-save on a preemption signal, the non-finite step guard and training on a time budget."""
+save on a preemption signal, the non-finite step guard, training on a time budget and EoMT's
+mask annealing."""
 from .checkpoint import SafeCheckpointHook
+from .eomt import EoMTMaskAnnealingHook
 from .nonfinite import NonFiniteGuardHook, NonFiniteLossError
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionHook
 from .resume import ExactResumeHook, find_resumable_checkpoint
 from .time_budget import TimeBudgetHook, TimeBudgetLogProcessor, train_on_time_budget
 
-__all__ = ['ExactResumeHook', 'NonFiniteGuardHook', 'NonFiniteLossError', 'PREEMPTED_EXIT_CODE',
+__all__ = ['EoMTMaskAnnealingHook', 'ExactResumeHook', 'NonFiniteGuardHook', 'NonFiniteLossError', 'PREEMPTED_EXIT_CODE',
            'Preempted', 'PreemptionHook', 'SafeCheckpointHook', 'TimeBudgetHook',
            'TimeBudgetLogProcessor', 'find_resumable_checkpoint', 'train_on_time_budget']
