@@ -7,8 +7,9 @@ launch of a tool's process (:mod:`~vitdense.engine.launch`), its command line an
 compilation and the data checks."""
 from .compile import CompileHook, compile_model
 from .hooks import (PREEMPTED_EXIT_CODE, EoMTMaskAnnealingHook, ExactResumeHook,
-                    NonFiniteGuardHook, NonFiniteLossError, Preempted, PreemptionHook, SafeCheckpointHook, TimeBudgetHook,
-                    TimeBudgetLogProcessor, find_resumable_checkpoint, train_on_time_budget)
+                    NonFiniteGuardHook, NonFiniteLossError, Preempted, PreemptionHook,
+                    SafeCheckpointHook, TimeBudgetHook, TimeBudgetLogProcessor,
+                    find_resumable_checkpoint, train_on_time_budget)
 from .optim import LayerDecayOptimWrapperConstructor, ShardedLamb
 from .preflight import CheckedDataset, DataError, check_data
 from .wrappers import CPUDistributedDataParallel, FullyShardedModel, ShardedRunner
