@@ -132,6 +132,7 @@ def task_of(name: str) -> str:
                          ('upernet_', 'Semantic Segmentation'),
                          ('fpn_', 'Semantic Segmentation'),
                          ('linear-probe_', 'Semantic Segmentation'),
+                         ('eomt_', 'Semantic Segmentation'),
                          ('ms-probe_', 'Semantic Segmentation')):
         if name.startswith(prefix):
             return task

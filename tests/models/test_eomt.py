@@ -157,7 +157,7 @@ def test_eval_logits_match_official(img_size, probability):
     forward's, relative, in float32."""
     official, ours = eomt_pair(img_size, seed=sum(img_size))
     official.attn_mask_probs.fill_(probability)
-    ours.mask_probabilities.fill_(probability)
+    ours.set_mask_probabilities([probability] * NUM_BLOCKS)
     images = torch.randn(2, 3, *img_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         official_masks, official_classes = official(images)
@@ -223,7 +223,7 @@ def test_training_predicts_before_every_masked_block_and_anneals_to_the_plain_vi
     unmasked model's."""
     _, ours = eomt_pair(SIZES[0], seed=3)
     images = torch.randn(2, 3, *SIZES[0])
-    ours.train().mask_probabilities.zero_()
+    ours.train().set_mask_probabilities([0.0] * NUM_BLOCKS)
     classes, masks = ours(images)
     assert len(classes) == len(masks) == NUM_BLOCKS + 1
     (classes[-1].sum() + masks[0].sum()).backward()
@@ -265,3 +265,20 @@ def test_refuses_images_not_a_multiple_of_the_patch():
     _, ours = eomt_pair(SIZES[0], seed=0)
     with pytest.raises(ValueError, match='multiples of the patch size 14'):
         ours(torch.randn(1, 3, 56, 50))
+
+
+def test_annealed_masks_are_saved_with_the_weights():
+    """A model loaded from a trained one's state dict runs as it does: masks annealed away,
+    the plain backbone and one prediction in eval mode."""
+    _, trained = eomt_pair(SIZES[0], seed=0)
+    trained.set_mask_probabilities([0.0] * NUM_BLOCKS)
+    _, fresh = eomt_pair(SIZES[0], seed=1)
+    assert fresh.mask_probabilities.tolist() == [1.0] * NUM_BLOCKS
+    fresh.load_state_dict(trained.state_dict())
+    images = torch.randn(1, 3, *SIZES[0])
+    with torch.no_grad():
+        classes, _ = fresh(images)
+        assert len(classes) == 1
+        torch.testing.assert_close(classes[-1], trained(images)[0][-1], rtol=0, atol=0)
+    with pytest.raises(ValueError, match='masks 3 blocks: give one probability each, got 2'):
+        fresh.set_mask_probabilities([1.0, 1.0])

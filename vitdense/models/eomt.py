@@ -15,7 +15,7 @@ The model drives a columnar backbone's blocks itself (:meth:`ColumnarBackbone.em
 used unchanged.
 """
 import math
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -87,8 +87,12 @@ class EoMT(BaseModule):
         dim = self.backbone.embed_dims
         self.num_queries, self.num_blocks, self.masked_attn = num_queries, num_blocks, masked_attn
         #: the probability that each of the last ``num_blocks`` blocks keeps its mask for a
-        #: query (one: always; zero: never), set by the annealing schedule
+        #: query (one: always; zero: never), set by :meth:`set_mask_probabilities`; saved
+        #: with the weights, so a trained model loads with its masks annealed away
         self.register_buffer('mask_probabilities', torch.ones(num_blocks))
+        # the same as Python numbers, which the forward branches on without reading a
+        # tensor (no synchronisation, no graph break, and models on the meta device run)
+        self._probabilities = [1.0] * num_blocks
         self.queries = nn.Embedding(num_queries, dim)
         self.class_head = nn.Linear(dim, num_classes + 1)
         self.mask_head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim),
@@ -96,6 +100,21 @@ class EoMT(BaseModule):
         # to stride 4: log2(patch size) - 2 doublings, at least one (EoMT §3.2)
         num_upscale = max(1, int(math.log2(self.backbone.patch_size)) - 2)
         self.upscale = nn.Sequential(*(Upscale2x(dim) for _ in range(num_upscale)))
+
+    def set_mask_probabilities(self, probabilities: Sequence[float]) -> None:
+        """Set the probability that each masked block keeps its mask (as float32)."""
+        if len(probabilities) != self.num_blocks:
+            raise ValueError(f'EoMT masks {self.num_blocks} blocks: give one probability each, '
+                             f'got {len(probabilities)}')
+        values = torch.tensor([float(p) for p in probabilities], dtype=torch.float32)
+        self.mask_probabilities.copy_(values)
+        self._probabilities = values.tolist()
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        loaded = state_dict.get(f'{prefix}mask_probabilities')
+        if loaded is not None and not loaded.is_meta:
+            self._probabilities = loaded.float().tolist()
 
     @staticmethod
     def _check_backbone(backbone: nn.Module, num_blocks: int) -> None:
@@ -134,7 +153,7 @@ class EoMT(BaseModule):
         return self.class_head(queries), mask_logits
 
     def _attention_mask(self, mask_logits: torch.Tensor, num_prefix: int, hw: tuple[int, int],
-                        probability: torch.Tensor) -> torch.Tensor:
+                        probability: float) -> torch.Tensor:
         """(B, N, N): every token attends to every token, except each query to the patches
         outside its predicted mask (logits at the patch grid > 0); a query keeps that mask
         with ``probability`` (EoMT §3.3-3.4)."""
@@ -166,7 +185,7 @@ class EoMT(BaseModule):
                 queries = self.queries.weight.expand(tokens.shape[0], -1, -1)
                 tokens = torch.cat([queries, tokens], dim=1)
             if index >= first and self.masked_attn:
-                probability = self.mask_probabilities[index - first]
+                probability = self._probabilities[index - first]
                 if self.training or probability > 0:
                     classes, masks = self._predict(tokens, num_prefix, hw)
                     class_logits.append(classes)

@@ -59,8 +59,10 @@ class EoMTHead(Mask2FormerHead):
         BaseDenseHead.init_weights(self)
 
     def forward(self, x: tuple[list[torch.Tensor], list[torch.Tensor]],
-                batch_data_samples: SampleList) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """EoMT's (class logits, mask logits) per prediction, as they come."""
+                batch_data_samples: Optional[SampleList] = None
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """EoMT's (class logits, mask logits) per prediction, as they come (mmseg's
+        ``mode='tensor'`` passes no samples)."""
         class_logits, mask_logits = x
         if class_logits[-1].shape[1] != self.num_queries:
             raise ValueError(f'EoMTHead has num_queries={self.num_queries} but the backbone '

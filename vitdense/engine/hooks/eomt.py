@@ -45,8 +45,7 @@ class EoMTMaskAnnealingHook(Hook):
         return models
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        probabilities = [annealed_mask_probability(runner.iter, start, end, self.power).item()
+                         for start, end in zip(self.start_iters, self.end_iters)]
         for eomt in self._models(runner):
-            buffer = eomt.mask_probabilities
-            for block, (start, end) in enumerate(zip(self.start_iters, self.end_iters)):
-                buffer[block] = annealed_mask_probability(runner.iter, start, end, self.power,
-                                                          buffer.dtype)
+            eomt.set_mask_probabilities(probabilities)
