@@ -16,7 +16,9 @@ from vitdense.engine.hooks import EoMTMaskAnnealingHook
 from vitdense.models import EoMT, ViT
 from vitdense.models.eomt import annealed_mask_probability
 
-from common import max_relative_diff, perturb_
+from vitdense.registry import MODELS
+
+from common import TINY_BACKBONES, max_relative_diff, perturb_
 
 WIDTH, DEPTH, HEADS, PATCH, REGISTERS = 64, 6, 4, 14, 4
 NUM_CLASSES, NUM_QUERIES, NUM_BLOCKS = 5, 8, 3
@@ -259,6 +261,19 @@ def test_refuses_backbones_it_cannot_drive(options, message):
                    init_cfg=None, **options)
     with pytest.raises(ValueError, match=message):
         EoMT(backbone, NUM_CLASSES, NUM_QUERIES, NUM_BLOCKS)
+
+
+@pytest.mark.parametrize('family, message', [
+    ('cait', 'has talking heads'),
+    ('xcit', 'has CrossCovarianceAttention'),
+    ('convit', 'class token of ConViT joins before block 1'),
+])
+def test_refuses_the_families_without_maskable_token_attention(family, message):
+    """docs/eomt.md: CaiT's talking heads, XCiT's channel attention and ConViT's late class
+    token are refused by name."""
+    backbone = MODELS.build(dict(TINY_BACKBONES[family], out_type='cls_token', init_cfg=None))
+    with pytest.raises(ValueError, match=message):
+        EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2)
 
 
 def test_refuses_images_not_a_multiple_of_the_patch():
