@@ -14,6 +14,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from vitdense.engine.hooks import EoMTMaskAnnealingHook
 from vitdense.models import EoMT, ViT
+from vitdense.models.backbones.vit import DINOV3, EVA02
 from vitdense.models.eomt import annealed_mask_probability
 
 from vitdense.registry import MODELS
@@ -255,6 +256,8 @@ def test_layer_decay_ids_follow_the_official_groups():
 @pytest.mark.parametrize('options, message', [
     (dict(out_type='featmap', pyramid=False), "out_type='cls_token'"),
     (dict(out_type='avg_featmap', class_token=False, window_size=2), 'in windows'),
+    (dict(out_type='cls_token', pos_embed='none', use_rel_pos_bias=True),
+     'relative position biases'),
 ])
 def test_refuses_backbones_it_cannot_drive(options, message):
     backbone = ViT(dict(embed_dims=WIDTH, num_layers=DEPTH, num_heads=HEADS), patch_size=PATCH,
@@ -274,6 +277,26 @@ def test_refuses_the_families_without_maskable_token_attention(family, message):
     backbone = MODELS.build(dict(TINY_BACKBONES[family], out_type='cls_token', init_cfg=None))
     with pytest.raises(ValueError, match=message):
         EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2)
+
+
+@pytest.mark.parametrize('options', [DINOV3, dict(EVA02, patch_size=PATCH)],
+                         ids=['dinov3', 'eva02'])
+def test_rotary_vits_take_the_queries_unrotated(options):
+    """DINOv3's and EVA-02's rotary positions turn the patches only: the queries, like the
+    class token and registers, are prefix tokens without a position. A query moved to
+    another slot gives the same logits for it."""
+    torch.manual_seed(0)
+    options = {key: value for key, value in options.items() if key != 'patch_size'}
+    backbone = ViT(dict(embed_dims=WIDTH, num_layers=DEPTH, num_heads=HEADS), patch_size=PATCH,
+                   img_size=SIZES[0], out_type='cls_token', init_cfg=None, **options)
+    ours = perturb_(EoMT(backbone, NUM_CLASSES, NUM_QUERIES, NUM_BLOCKS))
+    ours.set_mask_probabilities([0.0] * NUM_BLOCKS)
+    images = torch.randn(1, 3, *SIZES[0])
+    with torch.no_grad():
+        classes = ours(images)[0][-1]
+        ours.queries.weight.copy_(ours.queries.weight.roll(1, dims=0))
+        rolled = ours(images)[0][-1]
+    torch.testing.assert_close(rolled, classes.roll(1, dims=1), rtol=1e-5, atol=1e-5)
 
 
 def test_refuses_images_not_a_multiple_of_the_patch():

@@ -139,6 +139,13 @@ class EoMT(BaseModule):
                 raise ValueError(f'EoMT masks the attention of the last {num_blocks} blocks; '
                                  f'block {index} of {name} has talking heads, whose fused '
                                  f'path takes no mask')
+            if isinstance(block.attn, MultiheadSelfAttention) and (
+                    block.attn.relative_position_bias is not None or
+                    block.attn.rel_pos is not None):
+                raise ValueError(f'block {index} of {name} adds relative position biases, '
+                                 f'whose tables have rows for the patches (and a class token) '
+                                 f'only: EoMT\'s queries have no position; use a backbone '
+                                 f'without use_rel_pos_bias / use_rel_pos')
             if not isinstance(block.attn, MultiheadSelfAttention) or block.window_size:
                 raise ValueError(f'EoMT needs global token attention in the last {num_blocks} '
                                  f'blocks of {name}; block {index} has '
