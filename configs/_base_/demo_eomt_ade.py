@@ -29,7 +29,7 @@ default_hooks = dict(
     timer=dict(type='IterTimerHook'),
     logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
     param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='vitdense.SafeCheckpointHook', by_epoch=False, interval={{_base_.max_iters}},
-                    max_keep_ckpts=1),
+    checkpoint=dict(type='vitdense.SafeCheckpointHook', by_epoch=False,
+                    interval={{_base_.max_iters}}, max_keep_ckpts=1),
     sampler_seed=dict(type='DistSamplerSeedHook'),
     visualization=dict(type='SegVisualizationHook'))
