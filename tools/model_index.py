@@ -127,12 +127,13 @@ def shipped_configs() -> list[Path]:
 
 
 def task_of(name: str) -> str:
+    if name.startswith('eomt_'):
+        return 'Instance Segmentation' if 'coco' in name else 'Semantic Segmentation'
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
                          ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),
                          ('fpn_', 'Semantic Segmentation'),
                          ('linear-probe_', 'Semantic Segmentation'),
-                         ('eomt_', 'Semantic Segmentation'),
                          ('ms-probe_', 'Semantic Segmentation')):
         if name.startswith(prefix):
             return task

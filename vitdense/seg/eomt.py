@@ -9,13 +9,11 @@ as the official EoMT trains).
 """
 from typing import Optional, Union
 
-import torch
 from mmdet.models.dense_heads.base_dense_head import BaseDenseHead
-from mmdet.registry import MODELS as MMDET_MODELS
-from mmdet.registry import TASK_UTILS
 from mmseg.models.decode_heads import Mask2FormerHead
 from mmseg.utils import SampleList
 
+from ..det.eomt import Predictions, build_mask_classification_training, eomt_predictions
 from ..registry import MODELS
 
 
@@ -42,30 +40,15 @@ class EoMTHead(Mask2FormerHead):
         BaseDenseHead.__init__(self, init_cfg=init_cfg)
         self.num_classes = self.out_channels = num_classes
         self.num_queries, self.align_corners = num_queries, align_corners
-        self.ignore_index = ignore_index
-        self.train_cfg, self.test_cfg = train_cfg, test_cfg
-        self.assigner = TASK_UTILS.build(train_cfg['assigner'])
-        self.sampler = TASK_UTILS.build(train_cfg['sampler'], default_args=dict(context=self))
-        self.num_points = train_cfg.get('num_points', 12544)
-        self.oversample_ratio = train_cfg.get('oversample_ratio', 3.0)
-        self.importance_sample_ratio = train_cfg.get('importance_sample_ratio', 0.75)
-        self.class_weight = loss_cls.get('class_weight')
-        self.loss_cls = MMDET_MODELS.build(loss_cls)
-        self.loss_mask = MMDET_MODELS.build(loss_mask)
-        self.loss_dice = MMDET_MODELS.build(loss_dice)
+        self.ignore_index, self.test_cfg = ignore_index, test_cfg
+        build_mask_classification_training(self, loss_cls, loss_mask, loss_dice, train_cfg)
 
     def init_weights(self) -> None:
         """Nothing to initialise (Mask2FormerHead's initialises its decoders)."""
         BaseDenseHead.init_weights(self)
 
-    def forward(self, x: tuple[list[torch.Tensor], list[torch.Tensor]],
-                batch_data_samples: Optional[SampleList] = None
-                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def forward(self, x: Predictions,
+                batch_data_samples: Optional[SampleList] = None) -> Predictions:
         """EoMT's (class logits, mask logits) per prediction, as they come (mmseg's
         ``mode='tensor'`` passes no samples)."""
-        class_logits, mask_logits = x
-        if class_logits[-1].shape[1] != self.num_queries:
-            raise ValueError(f'EoMTHead has num_queries={self.num_queries} but the backbone '
-                             f'predicts {class_logits[-1].shape[1]} queries: set the same '
-                             f'number in both')
-        return class_logits, mask_logits
+        return eomt_predictions(self, x)
