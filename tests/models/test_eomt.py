@@ -266,14 +266,32 @@ def test_refuses_backbones_it_cannot_drive(options, message):
         EoMT(backbone, NUM_CLASSES, NUM_QUERIES, NUM_BLOCKS)
 
 
+def test_cait_takes_the_masks_through_its_talking_heads():
+    """On CaiT (talking heads in every block) the masks change what the queries see, and
+    once annealed away the model is the unmasked one."""
+    torch.manual_seed(0)
+    backbone = MODELS.build(dict(TINY_BACKBONES['cait'], patch_size=PATCH,
+                                 out_type='cls_token', init_cfg=None))
+    masked = perturb_(EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2))
+    masked.set_mask_probabilities([1.0, 1.0])
+    unmasked = EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2, masked_attn=False)
+    unmasked.load_state_dict(masked.state_dict())
+    unmasked.eval()
+    images = torch.randn(2, 3, *SIZES[1])
+    with torch.no_grad():
+        plain = unmasked(images)[0][-1]
+        assert max_relative_diff(masked(images)[0][-1], plain) > 1e-3
+        masked.set_mask_probabilities([0.0, 0.0])
+        torch.testing.assert_close(masked(images)[0][-1], plain)
+
+
 @pytest.mark.parametrize('family, message', [
-    ('cait', 'has talking heads'),
     ('xcit', 'has CrossCovarianceAttention'),
     ('convit', 'class token of ConViT joins before block 1'),
 ])
 def test_refuses_the_families_without_maskable_token_attention(family, message):
-    """docs/eomt.md: CaiT's talking heads, XCiT's channel attention and ConViT's late class
-    token are refused by name."""
+    """docs/eomt.md: XCiT's channel attention and ConViT's late class token are refused by
+    name."""
     backbone = MODELS.build(dict(TINY_BACKBONES[family], out_type='cls_token', init_cfg=None))
     with pytest.raises(ValueError, match=message):
         EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2)

@@ -63,9 +63,10 @@ class EoMT(BaseModule):
     Args:
         backbone: the backbone or its config. It must keep its final norm, which the mask
             module reads through: build it with ``out_type='cls_token'`` (its pooling is not
-            used). Supported: token attention (ViT) without window attention or talking
-            heads in the last ``num_blocks`` blocks; other families are refused
-            (``docs/eomt.md`` says why).
+            used). Supported: token attention (ViT; CaiT's talking heads, through their
+            written-out maps) without window attention or relative position biases in the
+            last ``num_blocks`` blocks; other families are refused (``docs/eomt.md`` says
+            why).
         num_classes: classes, without the "no object" class the class head adds.
         num_queries: learned queries (EoMT: 100 for ADE20k semantic, 200 for COCO).
         num_blocks: the last blocks the queries take part in (EoMT: 4 of ViT-L's 24).
@@ -135,10 +136,6 @@ class EoMT(BaseModule):
                              f'in place from the first block')
         for index in range(backbone.num_layers - num_blocks, backbone.num_layers):
             block = backbone.blocks[index]
-            if isinstance(block.attn, MultiheadSelfAttention) and block.attn.talking_heads:
-                raise ValueError(f'EoMT masks the attention of the last {num_blocks} blocks; '
-                                 f'block {index} of {name} has talking heads, whose fused '
-                                 f'path takes no mask')
             if isinstance(block.attn, MultiheadSelfAttention) and (
                     block.attn.relative_position_bias is not None or
                     block.attn.rel_pos is not None):

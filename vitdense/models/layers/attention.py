@@ -161,9 +161,10 @@ class MultiheadSelfAttention(nn.Module):
             bias = None if bias is None else bias[..., :num_queries, :]
         drop = self.attn_drop if self.training else 0.
         if self.talking_heads:
+            # talking heads build no additive bias: ``bias`` is the mask or None
             out = talking_heads_attention(q, k, v, self.scale, self.mix_logits,
                                           self.mix_weights, terms, drop,
-                                          self.talking_heads_path)
+                                          self.talking_heads_path, mask=bias)
         else:
             out = _fused_attention(q, k, v, self.scale, terms, drop, bias)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
@@ -171,11 +172,7 @@ class MultiheadSelfAttention(nn.Module):
     def _masked(self, bias: Optional[torch.Tensor], attn_mask: torch.Tensor,
                 q: torch.Tensor) -> torch.Tensor:
         """The additive ``bias`` with -inf where ``attn_mask`` is False, or the boolean mask
-        itself, one per image for all heads (SDPA takes it as is)."""
-        if self.talking_heads:
-            raise ValueError('an attention mask is not supported with talking heads: their '
-                             'head mixing runs before the softmax, where a mask would need '
-                             'the written-out maps; use a model without talking_heads')
+        itself, one per image for all heads (SDPA and talking heads' maps take it as is)."""
         expected = (q.shape[0] // self.num_branches, q.shape[-2], q.shape[-2])
         if attn_mask.dtype != torch.bool or tuple(attn_mask.shape) != expected:
             raise ValueError(f'attn_mask must be a boolean tensor of shape (B, N, N) = '
