@@ -1,6 +1,6 @@
-"""EoMT's demo recipes as shipped: semantic (mmseg) and instance (mmdet) segmentation train
-through tools/train.py and are scored by the hosts' metrics (IoUMetric, CocoMetric); the
-semantic loss (the hosts' Mask2Former losses on every prediction) goes down over a few
+"""EoMT's demo recipes as shipped: semantic (mmseg; ViT and CaiT) and instance (mmdet, ViT)
+segmentation train through tools/train.py and are scored by the hosts' metrics (IoUMetric,
+CocoMetric); the semantic loss (the hosts' Mask2Former losses on every prediction) goes down over a few
 iterations, and the annealing hook leaves the masks off once the schedule ends."""
 import json
 import subprocess
@@ -21,6 +21,7 @@ from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config
 
 SEMANTIC = 'configs/vit/eomt_vit-d6-p8_demo-ade.py'
 INSTANCE = 'configs/vit/eomt_vit-d6-p8_demo-coco.py'
+CAIT_SEMANTIC = 'configs/cait/eomt_cait-d6-p8_demo-ade.py'
 SIZE = 64
 #: the losses of a prediction: the final one's, then (``d<i>.``) before each masked block
 LOSSES = ('loss_cls', 'loss_mask', 'loss_dice')
@@ -34,7 +35,8 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.mark.parametrize('config, make, prefix, metric', [
     (SEMANTIC, make_demo_ade, 'decode.', 'mIoU'),
     (INSTANCE, make_demo_coco, '', 'coco/segm_mAP'),
-], ids=['semantic', 'instance'])
+    (CAIT_SEMANTIC, make_demo_ade, 'decode.', 'mIoU'),
+], ids=['semantic', 'instance', 'semantic-cait'])
 def test_demo_config_trains_through_the_tool_and_is_scored(config, make, prefix, metric,
                                                            tmp_path):
     """Two iterations of the shipped config through tools/train.py: finite losses for the

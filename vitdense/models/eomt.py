@@ -62,7 +62,8 @@ class EoMT(BaseModule):
 
     Args:
         backbone: the backbone or its config. It must keep its final norm, which the mask
-            module reads through: build it with ``out_type='cls_token'`` (its pooling is not
+            module reads through: build it with ``out_type='cls_token'`` (CaiT:
+            ``'avg_featmap'``, which builds no class-attention stage; the pooling is not
             used). Supported: token attention (ViT; CaiT's talking heads, through their
             written-out maps) without window attention or relative position biases in the
             last ``num_blocks`` blocks; other families are refused (``docs/eomt.md`` says
@@ -126,7 +127,8 @@ class EoMT(BaseModule):
         if not isinstance(getattr(backbone, 'norm', None), nn.LayerNorm):
             raise ValueError(f"EoMT reads its predictions through the backbone's final norm, "
                              f"which {name} builds only for classification: build it with "
-                             f"out_type='cls_token'")
+                             f"out_type='cls_token' (CaiT: 'avg_featmap', which builds no "
+                             f"class-attention stage) and fc_norm=False")
         if not 1 <= num_blocks <= backbone.num_layers:
             raise ValueError(f'num_blocks must be between 1 and the {backbone.num_layers} '
                              f'blocks of {name}, got {num_blocks}')
