@@ -127,6 +127,8 @@ def shipped_configs() -> list[Path]:
 
 
 def task_of(name: str) -> str:
+    if name.startswith('eomt_'):
+        return 'Instance Segmentation' if 'coco' in name else 'Semantic Segmentation'
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
                          ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),
@@ -145,6 +147,8 @@ def training_data(name: str) -> str:
                                                                  .split('-')[0].split('.')[0]]
     if name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_')):
         return 'COCO'
+    if name.startswith('eomt_'):
+        return 'ADE20K' if '_ade20k-' in name else 'COCO'
     if name.startswith(('upernet_', 'fpn_', 'linear-probe_', 'ms-probe_')):
         return 'ADE20K'
     return 'ImageNet-1k'

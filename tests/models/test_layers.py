@@ -104,6 +104,63 @@ def test_branched_attention_equals_independent_branches():
         assert torch.allclose(out[b], single(x[b]), atol=1e-6)
 
 
+@pytest.mark.parametrize('num_branches', (1, 2))
+def test_attention_mask_hides_keys_per_image(num_branches):
+    """A boolean (B, N, N) mask (EoMT's masked attention) gives each image's rows the softmax
+    over the keys it allows, in every head and branch."""
+    torch.manual_seed(0)
+    attn = MultiheadSelfAttention(dim=8, num_heads=2, num_branches=num_branches).eval()
+    x = torch.randn(num_branches, 2, 5, 8) if num_branches > 1 else torch.randn(2, 5, 8)
+    mask = torch.rand(2, 5, 5) > 0.5
+    mask[:, :, 0] = True  # every row attends somewhere
+    out = attn(x, attn_mask=mask)
+    for b in range(num_branches):
+        branch = attn if num_branches == 1 else MultiheadSelfAttention(dim=8, num_heads=2)
+        if num_branches > 1:
+            with torch.no_grad():
+                for name in ('qkv', 'proj'):
+                    getattr(branch, name).weight.copy_(getattr(attn, name).weight[b])
+                    getattr(branch, name).bias.copy_(getattr(attn, name).bias[b])
+        tokens = x if num_branches == 1 else x[b]
+        q, k, v = branch.qkv(tokens).reshape(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        logits = ((q * 4 ** -0.5) @ k.transpose(-2, -1)).masked_fill(~mask[:, None], -torch.inf)
+        expected = branch.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 8))
+        torch.testing.assert_close(out if num_branches == 1 else out[b], expected)
+    assert not torch.allclose(out, attn(x))
+
+
+def test_talking_heads_take_an_attention_mask_on_their_maps():
+    """Masked keys get -inf in the mixed logits and zero in the mixed weights (so the weight
+    mix's bias does not reach them); a fused path forced with a mask is refused."""
+    torch.manual_seed(0)
+    attn = MultiheadSelfAttention(dim=8, num_heads=2, talking_heads=True).eval()
+    with torch.no_grad():
+        attn.mix_weights.bias.fill_(0.3)
+    x, mask = torch.randn(2, 5, 8), torch.rand(2, 5, 5) > 0.5
+    mask[:, :, 0] = True
+    q, k, v = attn.qkv(x).reshape(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    logits = torch.einsum('bhnm,gh->bgnm', (q * 4 ** -0.5) @ k.transpose(-2, -1),
+                          attn.mix_logits.weight) + attn.mix_logits.bias.view(1, 2, 1, 1)
+    weights = logits.masked_fill(~mask[:, None], -torch.inf).softmax(-1)
+    weights = torch.einsum('bhnm,gh->bgnm', weights, attn.mix_weights.weight) \
+        + attn.mix_weights.bias.view(1, 2, 1, 1)
+    weights = weights.masked_fill(~mask[:, None], 0.)
+    expected = attn.proj((weights @ v).transpose(1, 2).reshape(2, 5, 8))
+    torch.testing.assert_close(attn(x, attn_mask=mask), expected)
+    forced = MultiheadSelfAttention(8, 2, talking_heads=True, talking_heads_path='fold')
+    with pytest.raises(ValueError, match="an attention mask takes the 'maps'"):
+        forced(x, attn_mask=mask)
+
+
+def test_attention_mask_refusals():
+    x, mask = torch.randn(2, 5, 8), torch.ones(2, 5, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r'shape \(B, N, N\) = \(2, 5, 5\), got torch.float32'):
+        MultiheadSelfAttention(8, 2)(x, attn_mask=mask.float())
+    block = TransformerBlock(8, MultiheadSelfAttention(8, 2), window_size=2)
+    with pytest.raises(ValueError, match='does not combine with window attention'):
+        block(x[:, 1:], (2, 2), attn_mask=mask[:, 1:, 1:])
+
+
 @pytest.mark.parametrize('num_branches,talking_heads', [(1, False), (2, False), (1, True)])
 def test_block_updating_only_the_first_tokens_equals_the_full_block(num_branches,
                                                                      talking_heads):

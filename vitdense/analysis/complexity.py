@@ -16,7 +16,8 @@ prepares a parameter, and at the table's own grid it is the identity).
 memory, no arithmetic), one image: a classifier's logits, a segmentor's decode head (no
 auxiliary head, as at test time), a detector's backbone, neck and RPN plus its box head on
 ``test_cfg.rpn.max_per_img`` proposals and its mask head on ``test_cfg.rcnn.max_per_img``
-boxes (the most a test image gets; RoIAlign itself has no multiply-adds).
+boxes (the most a test image gets; RoIAlign itself has no multiply-adds); a detector without
+RPN whose backbone makes the predictions (EoMT), its backbone (and neck).
 
 Command line: ``tools/analysis_tools/get_flops.py``.
 """
@@ -79,11 +80,13 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> None:
-    """Backbone, neck and RPN on the image; box and mask heads on the most RoIs a test
-    image can have (their features are RoIAlign outputs: only their shape matters). A
+    """Backbone, neck and RPN on the image (EoMT: its backbone alone, which predicts the
+    classes and masks); box and mask heads on the most RoIs a test image can have (their features are RoIAlign outputs: only their shape matters). A
     cascade runs every stage's box head on the proposals and every stage's mask head on
     the detections (mmdet averages the stages' masks)."""
     features = model.extract_feat(images)
+    if cfg.model.backbone.type == 'vitdense.EoMT':  # its class and mask logits are the heads'
+        return
     model.rpn_head(features)
     roi_head, test_cfg = cfg.model.roi_head, cfg.model.test_cfg
     for heads, extractor, count in (

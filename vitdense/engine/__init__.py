@@ -6,17 +6,18 @@ launch of a tool's process (:mod:`~vitdense.engine.launch`), its command line an
 (:mod:`~vitdense.engine.resume_choice`), the host libraries (:mod:`~vitdense.engine.hosts`),
 compilation and the data checks."""
 from .compile import CompileHook, compile_model
-from .hooks import (PREEMPTED_EXIT_CODE, ExactResumeHook, NonFiniteGuardHook, NonFiniteLossError,
-                    PeftCheckpointHook, Preempted, PreemptionHook, SafeCheckpointHook,
-                    TimeBudgetHook, TimeBudgetLogProcessor, find_resumable_checkpoint,
-                    train_on_time_budget)
+from .hooks import (PREEMPTED_EXIT_CODE, EoMTMaskAnnealingHook, ExactResumeHook,
+                    NonFiniteGuardHook, NonFiniteLossError, PeftCheckpointHook, Preempted,
+                    PreemptionHook, SafeCheckpointHook, TimeBudgetHook, TimeBudgetLogProcessor,
+                    find_resumable_checkpoint, train_on_time_budget)
 from .optim import LayerDecayOptimWrapperConstructor, ShardedLamb
 from .preflight import CheckedDataset, DataError, check_data
 from .wrappers import CPUDistributedDataParallel, FullyShardedModel, ShardedRunner
 
 __all__ = ['CPUDistributedDataParallel', 'CheckedDataset', 'CompileHook', 'DataError',
-           'ExactResumeHook', 'FullyShardedModel', 'LayerDecayOptimWrapperConstructor',
-           'NonFiniteGuardHook', 'NonFiniteLossError', 'PREEMPTED_EXIT_CODE', 'PeftCheckpointHook',
-           'Preempted', 'PreemptionHook', 'SafeCheckpointHook', 'ShardedLamb', 'ShardedRunner',
+           'EoMTMaskAnnealingHook', 'ExactResumeHook', 'FullyShardedModel',
+           'LayerDecayOptimWrapperConstructor', 'NonFiniteGuardHook', 'NonFiniteLossError',
+           'PREEMPTED_EXIT_CODE', 'PeftCheckpointHook', 'Preempted', 'PreemptionHook',
+           'SafeCheckpointHook', 'ShardedLamb', 'ShardedRunner',
            'TimeBudgetHook', 'TimeBudgetLogProcessor', 'check_data', 'compile_model',
            'find_resumable_checkpoint', 'train_on_time_budget']

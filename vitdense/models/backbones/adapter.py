@@ -193,7 +193,7 @@ class ColumnarAdapter(BaseModule):
         for index in range(first, last + 1):
             if index and index == trunk.class_token_layer:
                 tokens = trunk._prepend_cls_token(tokens)
-            tokens = trunk._run_block(index, trunk.blocks[index], tokens, hw)
+            tokens = trunk.run_block(index, trunk.blocks[index], tokens, hw)
         return tokens
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -553,8 +553,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             raise ValueError(f'{type(self).__name__} expects images of shape (B, '
                              f'{self.in_channels}, H, W), got {tuple(x.shape)}')
 
-    def _run_block(self, index: int, block: nn.Module, tokens: torch.Tensor,
-                   hw: tuple[int, int], **kwargs) -> torch.Tensor:
+    def run_block(self, index: int, block: nn.Module, tokens: torch.Tensor,
+                  hw: tuple[int, int], **kwargs) -> torch.Tensor:
+        """Block ``index`` on ``tokens`` (recomputed in backward where ``with_cp`` says)."""
         # whenever gradients are recorded, not only when the tokens need one: the first
         # block of a frozen embedding (peft adapters) gets no such tokens, yet its adapters
         # do; a block where nothing needs a gradient saves nothing either way
@@ -567,14 +568,17 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         prefix = [token for token in (self.cls_token, self.reg_token) if token is not None]
         return torch.cat([t.expand(tokens.shape[0], -1, -1) for t in prefix] + [tokens], dim=1)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """The tokens entering the first block and their patch grid: images padded (with
+        ``padding='image'``), patches embedded, the prefix tokens that join before block 0,
+        positions, dropout and the pre-norm. Models that run the blocks themselves (EoMT)
+        start from here."""
         self._check_input(x)
-        image_hw = (x.shape[2], x.shape[3])
         if self.padding == 'image':
             # no branch on the size and no modulo of a negative size: an exported graph
             # pads any input (by zero pixels where none are needed)
             pad_h, pad_w = ((self.patch_size - size % self.patch_size) % self.patch_size
-                            for size in image_hw)
+                            for size in (x.shape[2], x.shape[3]))
             x = F.pad(x, (0, pad_w, 0, pad_h))
         tokens, hw = self.patch_embed(x)
         if self.class_token_layer == 0 or self.cls_token is None and self.reg_token is not None:
@@ -584,6 +588,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         tokens = self.pos_drop(tokens)
         if self.norm_pre is not None:
             tokens = self.norm_pre(tokens)
+        return tokens, hw
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        tokens, hw = self.embed(x)
+        image_hw = (x.shape[2], x.shape[3])
 
         features, class_tokens = [], []
         last = self.out_indices[-1] if self.dense else self.num_layers - 1
@@ -594,7 +603,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             if index and index == self.class_token_layer:
                 tokens = self._prepend_cls_token(tokens)
             extra = dict(num_queries=1) if reads_trunk_class_token and index == last else {}
-            tokens = self._run_block(index, block, tokens, hw, **extra)
+            tokens = self.run_block(index, block, tokens, hw, **extra)
             if self.dense and index in self.out_indices:
                 features.append(self._to_map(tokens, hw))
                 if self.output_cls_token:

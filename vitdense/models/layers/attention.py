@@ -61,8 +61,9 @@ def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """``F.scaled_dot_product_attention`` of logits ``scale·q·k`` plus ``terms`` plus an
     additive ``bias`` (heads, queries, keys); values narrower than the queries and keys with
     the terms are zero-padded to their width and the output cut back, since the fused CPU
-    and flash kernels take one head width."""
-    bias = None if bias is None else bias.to(q.dtype)
+    and flash kernels take one head width. A boolean ``bias`` is a mask (True: attend)."""
+    if bias is not None and bias.is_floating_point():
+        bias = bias.to(q.dtype)
     if terms is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
                                               scale=scale)
@@ -105,7 +106,7 @@ class MultiheadSelfAttention(nn.Module):
             raise ValueError('talking heads attention does not support parallel branches')
         if rel_pos_grid is not None and num_branches > 1:
             raise ValueError('relative positions do not support parallel branches')
-        self.num_heads = num_heads
+        self.num_heads, self.num_branches = num_heads, num_branches
         self.scale = (dim // num_heads) ** -0.5
         self.attn_drop = attn_drop
         self.qkv = make_linear(dim, dim * 3, qkv_bias, num_branches)
@@ -147,24 +148,44 @@ class MultiheadSelfAttention(nn.Module):
         return self.relative_position_bias(hw, num_tokens)
 
     def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
-                num_queries: Optional[int] = None) -> torch.Tensor:
+                num_queries: Optional[int] = None,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attention of every token, or of the first ``num_queries`` tokens only (all
-        tokens still serve as keys and values); output (..., queries, C)."""
+        tokens still serve as keys and values); output (..., queries, C). ``attn_mask``:
+        boolean (B, N, N), True where a token may attend to another, the same for every
+        head (EoMT's masked attention); every row needs a True."""
         q, k, v = self._queries_keys_values(x, hw)
         terms = _logit_terms(self.rel_pos, q, hw)
         bias = self._bias(hw, k.shape[-2])
+        if attn_mask is not None:
+            bias = self._masked(bias, attn_mask, q)
         if num_queries is not None:
             q = q[..., :num_queries, :]
             terms = None if terms is None else (terms[0][..., :num_queries, :], terms[1])
             bias = None if bias is None else bias[..., :num_queries, :]
         drop = self.attn_drop if self.training else 0.
         if self.talking_heads:
+            # talking heads build no additive bias: ``bias`` is the mask or None
             out = talking_heads_attention(q, k, v, self.scale, self.mix_logits,
                                           self.mix_weights, terms, drop,
-                                          self.talking_heads_path)
+                                          self.talking_heads_path, mask=bias)
         else:
             out = _fused_attention(q, k, v, self.scale, terms, drop, bias)
         return self.proj_drop(self.proj(_merge_heads(out).view(*x.shape[:-2], -1, x.shape[-1])))
+
+    def _masked(self, bias: Optional[torch.Tensor], attn_mask: torch.Tensor,
+                q: torch.Tensor) -> torch.Tensor:
+        """The additive ``bias`` with -inf where ``attn_mask`` is False, or the boolean mask
+        itself, one per image for all heads (SDPA and talking heads' maps take it as is)."""
+        expected = (q.shape[0] // self.num_branches, q.shape[-2], q.shape[-2])
+        if attn_mask.dtype != torch.bool or tuple(attn_mask.shape) != expected:
+            raise ValueError(f'attn_mask must be a boolean tensor of shape (B, N, N) = '
+                             f'{expected}, got {attn_mask.dtype} {tuple(attn_mask.shape)}')
+        # parallel branches are folded into the batch branch-major
+        mask = attn_mask.repeat(self.num_branches, 1, 1)[:, None]
+        if bias is None:
+            return mask
+        return bias.to(q.dtype).masked_fill(~mask, float('-inf'))
 
     def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
         """(B, heads, N, N): the weights the forward pass applies to the values of tokens x

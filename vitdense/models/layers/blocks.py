@@ -167,12 +167,19 @@ class TransformerBlock(nn.Module):
     def _merge_branches(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.num_branches == 1 else x.sum(0)
 
-    def forward(self, x: torch.Tensor, hw: Grid,
-                num_queries: Optional[int] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Grid, num_queries: Optional[int] = None,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Update all tokens or, with ``num_queries``, only the first ones (a classifier's
         class token in its last block): the others are keys and values and are not
-        returned, which spares the FFN and most of the attention for them."""
-        if num_queries is None and self.window_size:
+        returned, which spares the FFN and most of the attention for them. ``attn_mask``:
+        which tokens each token attends to, (B, N, N) boolean, for token mixers that take
+        one (EoMT's masked attention)."""
+        if attn_mask is not None:
+            if self.window_size or num_queries is not None:
+                raise ValueError('an attention mask is over the whole token sequence: it '
+                                 'does not combine with window attention or num_queries')
+            mixed = self.attn(self.norm1(x), hw, attn_mask=attn_mask)
+        elif num_queries is None and self.window_size:
             mixed = window_attention(self.attn, self.norm1(x), hw, self.window_size)
         elif num_queries is None:
             mixed = self.attn(self.norm1(x), hw)

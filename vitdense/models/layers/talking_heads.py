@@ -25,7 +25,9 @@ one signature (:data:`TalkingHeadsKernel`); :func:`choose_path` picks one per ca
   than the maps at ADE20k's (docs/benchmarks.md), so no default.
 - ``'maps'``: one written-out map per head (:func:`written_out_weights`), the readable form;
   taken below those token counts (:data:`FUSED_PATHS`), with attention dropout on the mixed
-  weights (which no fused path has) and under ``torch.export``.
+  weights (which no fused path has) and under ``torch.export``; the only path that takes an
+  attention mask (EoMT's masked attention): masked keys get -inf in the mixed logits and zero
+  in the mixed weights, so ``bw`` does not reach them either.
 
 Forcing a path is an option of the layer (``MultiheadSelfAttention(talking_heads_path=)``)
 or, for every layer of a model for a while, :func:`forced_path`. On every path ``bl`` is
@@ -167,10 +169,10 @@ def _mixed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                  mix_logits: nn.Linear, mix_weights: nn.Linear, terms: Optional[LogitTerms],
-                 dropout: float) -> torch.Tensor:
+                 dropout: float, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The ``'maps'`` path: every head's weights written out, dropout on the mixed ones."""
     weights = written_out_weights(*with_logit_terms(q * scale, k, terms), mix_logits,
-                                  mix_weights)
+                                  mix_weights, mask)
     return (F.dropout(weights, dropout) if dropout else weights) @ v
 
 
@@ -231,10 +233,18 @@ PATHS = tuple(KERNELS)
 def talking_heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                             mix_logits: nn.Linear, mix_weights: nn.Linear,
                             terms: Optional[LogitTerms] = None, dropout: float = 0.,
-                            path: Optional[str] = None) -> torch.Tensor:
+                            path: Optional[str] = None,
+                            mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Talking-heads attention of (B, heads, Nq, d) queries over (B, heads, N, d) keys and
     values, with logits ``scale·q·k`` plus ``terms`` and ``dropout`` on the mixed weights;
-    output (B, heads, Nq, d), by the path :func:`choose_path` picks (``path``: forced)."""
+    output (B, heads, Nq, d), by the path :func:`choose_path` picks (``path``: forced).
+    ``mask``: boolean, broadcastable to (B, heads, Nq, N), True where a query may attend;
+    it takes the ``'maps'`` path."""
+    if mask is not None:
+        if path not in (None, 'maps'):
+            raise ValueError(f"an attention mask takes the 'maps' talking-heads path, not the "
+                             f"forced {path!r}: force 'maps' or none")
+        return _written_out(q, k, v, scale, mix_logits, mix_weights, terms, dropout, mask)
     path = choose_path(q.device, k.shape[-2], dropout, path)
     if not runs_on(path, q.device):
         raise ValueError(f'talking-heads path {path!r} does not run on {q.device.type} '
@@ -253,8 +263,13 @@ def mix_heads(maps: torch.Tensor, mix: nn.Linear) -> torch.Tensor:
 
 
 def written_out_weights(queries: torch.Tensor, keys: torch.Tensor, mix_logits: nn.Linear,
-                        mix_weights: nn.Linear) -> torch.Tensor:
+                        mix_weights: nn.Linear,
+                        mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(B, heads, Nq, N) talking-heads weights as maps: logits ``queries·keys`` mixed across
-    heads, softmax, mixed again (CaiT §2); the readable form of the folded call."""
-    logits = queries @ keys.transpose(-2, -1)
-    return mix_heads(mix_heads(logits, mix_logits).softmax(dim=-1), mix_weights)
+    heads, softmax, mixed again (CaiT §2); the readable form of the folded call. ``mask``
+    (True: attend): -inf in the mixed logits, zero in the mixed weights."""
+    logits = mix_heads(queries @ keys.transpose(-2, -1), mix_logits)
+    if mask is None:
+        return mix_heads(logits.softmax(dim=-1), mix_weights)
+    weights = mix_heads(logits.masked_fill(~mask, float('-inf')).softmax(dim=-1), mix_weights)
+    return weights.masked_fill(~mask, 0.)

@@ -1,0 +1,3 @@
+# Demo: EoMT with a small ViT (6 blocks, 128 wide, 8×8 patches, position table sized for the
+# 128 px images) from scratch on the demo ADE20k-layout set.
+_base_ = '../_base_/demo_eomt_ade.py'
