@@ -45,58 +45,56 @@ LOG2E = tl.constexpr(math.log2(math.e))
 #: (query rows, key columns, pipeline stages) of a program, per kernel; every program is
 #: one warpgroup (4 warps); blocks past the first are kept for up to :data:`WIDE_HEADS`
 #: heads only (their live state grows with the heads)
-BLOCKS = {'lse': ((32, 16, 2), (64, 16, 2)), 'forward': ((32, 16, 2), (64, 16, 2)),
-          'delta': ((32, 16, 2),), 'dkdv': ((32, 16, 2),), 'dq': ((32, 16, 2),)}
+BLOCKS = {'lse': ((64, 16, 1, 4),), 'forward': ((64, 16, 1, 4),), 'delta': ((64, 16, 1, 4),),
+          'dkdv': ((16, 64, 1, 4),), 'dq': ((64, 16, 1, 4),)}
 WIDE_HEADS = 8
-NUM_WARPS = 4
-#: heads whose accumulators one program keeps, per kernel, for a head count: the largest
-#: divisor of the heads up to this many
-GROUPS = {'forward': 2, 'delta': 2, 'dkdv': 2, 'dq': 2}
+#: per kernel, how many (group head, head) pairs one program's live state may hold: its
+#: group is the largest divisor of the heads within that (one head at least); beyond it
+#: sm_90a's 255 registers per thread spill at 8 heads of 48 (benchmarks/triton_registers.py)
+GROUP_PAIRS = {'forward': 16, 'delta': 16, 'dkdv': 8, 'dq': 8}
 INTERPRETING = triton.knobs.runtime.interpret
 
 
 def group_size(kernel: str, heads: int) -> int:
     """Heads per program of ``kernel`` (every kernel but the log-sum-exp pass splits its
-    output heads across programs)."""
-    return max(g for g in range(1, GROUPS[kernel] + 1) if heads % g == 0)
+    output heads across programs, :data:`GROUP_PAIRS`)."""
+    return max(g for g in range(1, heads + 1)
+               if heads % g == 0 and (g == 1 or g * heads <= GROUP_PAIRS[kernel]))
 
 
 def _configs(kernel: str) -> list[triton.Config]:
     """Autotuning candidates; the interpreter takes the smallest blocks only (each
     candidate would run in it), so that small test grids span several blocks."""
     blocks = BLOCKS[kernel][:1] if INTERPRETING else BLOCKS[kernel]
-    return [triton.Config({'BLOCK_M': m, 'BLOCK_N': n}, num_warps=NUM_WARPS, num_stages=s)
-            for m, n, s in blocks]
+    return [triton.Config({'BLOCK_M': m, 'BLOCK_N': n}, num_warps=w, num_stages=s)
+            for m, n, s, w in blocks]
 
 
-def choosable_configs(kernel: str, heads: int) -> list[triton.Config]:
-    """The candidates the autotuner may choose for ``kernel`` at ``heads``."""
-    configs = _configs(kernel)
+def _choosable(configs: list[triton.Config], heads: int) -> list[triton.Config]:
+    """Of a kernel's candidates, those the autotuner may choose at ``heads``."""
     return configs if heads <= WIDE_HEADS else configs[:1]
 
 
-def _prune(kernel: str) -> Callable:
-    def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list:
-        heads = kwargs.get('HEADS', named_args.get('HEADS'))
-        return configs if heads <= WIDE_HEADS else configs[:1]
-    return prune
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    return _choosable(configs, kwargs.get('HEADS', named_args.get('HEADS')))
 
 
-def _autotuned(kernel: str) -> Callable:
+def _autotuned(kernel: str, key: tuple[str, ...] = ()) -> Callable:
     """Autotuning per head count, widths, dtype and token count (rounded to a power of
     two: one tuning per size class) over the kernel's few candidates."""
     return triton.autotune(configs=_configs(kernel),
-                           key=['HEADS', 'WIDTH', 'DIMS', 'TOKENS_P2'],
-                           prune_configs_by={'early_config_prune': _prune(kernel)})
+                           key=['HEADS', 'WIDTH', 'DIMS', 'TOKENS_P2', *key],
+                           prune_configs_by={'early_config_prune': _prune})
 
 
 @triton.jit
-def _load_slices(ptr, rows, num_rows, width, SLICES: tl.constexpr):
-    """The (rows, :data:`SLICE`) slices of a (num_rows, width) matrix, zero outside it."""
+def _load_slices(ptr, rows, num_rows, width, SLICES: tl.constexpr, live=True):
+    """The (rows, :data:`SLICE`) slices of a (num_rows, width) matrix, zero outside it (and
+    everywhere unless ``live``)."""
     cols = tl.arange(0, 16)
     slices = ()
     for c in tl.static_range(SLICES):
-        mask = (rows[:, None] < num_rows) & (c * 16 + cols[None, :] < width)
+        mask = (rows[:, None] < num_rows) & (c * 16 + cols[None, :] < width) & live
         slices = slices + (tl.load(ptr + rows[:, None] * width + c * 16 + cols[None, :],
                                    mask=mask, other=0.),)
     return slices
@@ -114,24 +112,15 @@ def _store_slices(ptr, slices, rows, num_rows, width, SLICES: tl.constexpr):
 
 @triton.jit
 def _load_heads(ptr, first, rows, num_rows, width, HEADS: tl.constexpr,
-                SLICES: tl.constexpr):
+                SLICES: tl.constexpr, live=True):
     """Heads ``first`` to ``first + HEADS`` of one image's (heads, num_rows, width) tensor,
-    as a flat tuple of slices (head-major)."""
+    as a flat tuple of slices (head-major); ``live`` (true, known at run time only) keeps
+    loads inside a loop that do not depend on it from being hoisted out of it."""
     slices = ()
     for h in tl.static_range(HEADS):
         slices = slices + _load_slices(ptr + (first + h) * num_rows * width, rows,
-                                       num_rows, width, SLICES)
+                                       num_rows, width, SLICES, live)
     return slices
-
-
-@triton.jit
-def _load_rows(ptr, first, rows, num_rows, HEADS: tl.constexpr):
-    """Heads ``first`` to ``first + HEADS`` of one image's (heads, num_rows) statistics."""
-    values = ()
-    for h in tl.static_range(HEADS):
-        values = values + (tl.load(ptr + (first + h) * num_rows + rows,
-                                   mask=rows < num_rows, other=0.),)
-    return values
 
 
 @triton.jit
@@ -148,32 +137,51 @@ def _products(a, b, HEADS: tl.constexpr, SLICES: tl.constexpr, PRECISION: tl.con
 
 
 @triton.jit
-def _mix(mix_ptr, tiles, first, scale, HEADS: tl.constexpr, OUT: tl.constexpr,
+def _loaded_products(a_ptr, a_rows, num_a, b_ptr, b_rows, num_b, width, live,
+                     HEADS: tl.constexpr, SLICES: tl.constexpr, PRECISION: tl.constexpr):
+    """Per head of one image, ``a_h b_hᵀ`` of the (a_rows, width) and (b_rows, width)
+    blocks of its (heads, num_a, width) and (heads, num_b, width) tensors, each head's
+    operands loaded just before its product (so that one head's are live at a time)."""
+    products = ()
+    for h in tl.static_range(HEADS):
+        a = _load_slices(a_ptr + h * num_a * width, a_rows, num_a, width, SLICES, live)
+        b = _load_slices(b_ptr + h * num_b * width, b_rows, num_b, width, SLICES, live)
+        products = products + _products(a, b, 1, SLICES, PRECISION)
+    return products
+
+
+@triton.jit
+def _mix(mix_ptr, tiles, first, scale, live, HEADS: tl.constexpr, OUT: tl.constexpr,
          TRANSPOSED: tl.constexpr):
     """``scale · Σ_g mix[h, g] tiles[g]`` for h from ``first`` to ``first + OUT``
-    (``TRANSPOSED``: ``mix[g, h]``), in-thread multiply-adds."""
+    (``TRANSPOSED``: ``mix[g, h]``), in-thread multiply-adds. The mix's weights are loaded
+    under ``live``, true but known at run time only, so that they are read per block (from
+    cache) rather than hoisted out of the loop into heads² registers."""
     mixed = ()
     for h in tl.static_range(OUT):
         acc = tl.zeros(tiles[0].shape, tl.float32)
         for g in tl.static_range(HEADS):
             if TRANSPOSED:
-                weight = tl.load(mix_ptr + g * HEADS + first + h)
+                weight = tl.load(mix_ptr + g * HEADS + first + h, mask=live, other=0.)
             else:
-                weight = tl.load(mix_ptr + (first + h) * HEADS + g)
+                weight = tl.load(mix_ptr + (first + h) * HEADS + g, mask=live, other=0.)
             acc += (weight * scale) * tiles[g]
         mixed = mixed + (acc,)
     return mixed
 
 
 @triton.jit
-def _weights(logits, lse, wl_ptr, rows, keys, num_queries, num_keys, HEADS: tl.constexpr):
+def _weights(logits, lse_ptr, wl_ptr, rows, keys, num_queries, num_keys, live,
+             HEADS: tl.constexpr):
     """Every head's softmax weights ``P_h`` from the logits and the rows' log-sum-exp
-    (base 2), zero outside the image's queries and keys."""
-    mixed = _mix(wl_ptr, logits, 0, LOG2E, HEADS, HEADS, False)
+    (base 2; one image's (heads, num_queries)), zero outside the image's queries and keys."""
     inside = (rows[:, None] < num_queries) & (keys[None, :] < num_keys)
     weights = ()
     for h in tl.static_range(HEADS):
-        weights = weights + (tl.where(inside, tl.exp2(mixed[h] - lse[h][:, None]), 0.),)
+        mixed = _mix(wl_ptr, logits, h, LOG2E, live, HEADS, 1, False)[0]
+        lse = tl.load(lse_ptr + h * num_queries + rows, mask=(rows < num_queries) & live,
+                      other=0.)
+        weights = weights + (tl.where(inside, tl.exp2(mixed - lse[:, None]), 0.),)
     return weights
 
 
@@ -198,7 +206,7 @@ def _lse_kernel(q_ptr, k_ptr, wl_ptr, lse_ptr, num_queries, num_keys, TOKENS_P2,
         keys = start + tl.arange(0, BLOCK_N)
         k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
         mixed = _mix(wl_ptr, _products(q, k, HEADS, slices, PRECISION), 0,
-                     LOG2E, HEADS, HEADS, False)
+                     LOG2E, start < num_keys, HEADS, HEADS, False)
         new_max, new_total = (), ()
         for h in tl.static_range(HEADS):
             logits = tl.where(keys[None, :] < num_keys, mixed[h], float('-inf'))
@@ -225,7 +233,7 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_q
     dim_slices: tl.constexpr = (DIMS + 15) // 16
     q = _load_heads(q_ptr + image * HEADS * num_queries * WIDTH, 0, rows, num_queries,
                     WIDTH, HEADS, slices)
-    lse = _load_rows(lse_ptr + image * HEADS * num_queries, 0, rows, num_queries, HEADS)
+    lse_ptr += image * HEADS * num_queries
     k_ptr += image * HEADS * num_keys * WIDTH
     v_ptr += image * HEADS * num_keys * DIMS
     out = ()
@@ -234,9 +242,10 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_q
     for start in range(0, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
-        weights = _weights(_products(q, k, HEADS, slices, PRECISION), lse, wl_ptr, rows,
-                           keys, num_queries, num_keys, HEADS)
-        mixed = _mix(ww_ptr, weights, first, 1., HEADS, GROUP, False)
+        weights = _weights(_products(q, k, HEADS, slices, PRECISION), lse_ptr, wl_ptr,
+                           rows,
+                           keys, num_queries, num_keys, start < num_keys, HEADS)
+        mixed = _mix(ww_ptr, weights, first, 1., start < num_keys, HEADS, GROUP, False)
         v = _load_heads(v_ptr, first, keys, num_keys, DIMS, GROUP, dim_slices)
         new = ()
         for h in tl.static_range(GROUP):
@@ -267,7 +276,7 @@ def _delta_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, lse_ptr, e_ptr, num_que
                     WIDTH, HEADS, slices)
     grad = _load_heads(grad_ptr + image * HEADS * num_queries * DIMS, first, rows,
                        num_queries, DIMS, GROUP, dim_slices)
-    lse = _load_rows(lse_ptr + image * HEADS * num_queries, 0, rows, num_queries, HEADS)
+    lse_ptr += image * HEADS * num_queries
     k_ptr += image * HEADS * num_keys * WIDTH
     v_ptr += image * HEADS * num_keys * DIMS
     sums = ()
@@ -276,8 +285,9 @@ def _delta_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, lse_ptr, e_ptr, num_que
     for start in range(0, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
-        weights = _weights(_products(q, k, HEADS, slices, PRECISION), lse, wl_ptr, rows,
-                           keys, num_queries, num_keys, HEADS)
+        weights = _weights(_products(q, k, HEADS, slices, PRECISION), lse_ptr, wl_ptr,
+                           rows,
+                           keys, num_queries, num_keys, start < num_keys, HEADS)
         v = _load_heads(v_ptr, first, keys, num_keys, DIMS, GROUP, dim_slices)
         d_mixed = _products(grad, v, GROUP, dim_slices, PRECISION)
         new = ()
@@ -293,85 +303,74 @@ def _delta_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, lse_ptr, e_ptr, num_que
 
 
 @triton.jit
-def _logit_gradients(q, k, v, grad, lse, deltas, wl_ptr, ww_ptr, rows, keys, num_queries,
-                     num_keys, HEADS: tl.constexpr, SLICES: tl.constexpr,
-                     DIM_SLICES: tl.constexpr, PRECISION: tl.constexpr):
-    """Every head's logits ``S_g``, weights ``P_g`` and the gradient of its mixed logits
-    ``dS̃_g = P_g ∘ (Σ_h Ww[h,g] dO_h v_hᵀ − D_g)`` for one tile."""
-    logits = _products(q, k, HEADS, SLICES, PRECISION)
-    weights = _weights(logits, lse, wl_ptr, rows, keys, num_queries, num_keys, HEADS)
-    d_weights = _mix(ww_ptr, _products(grad, v, HEADS, DIM_SLICES, PRECISION), 0, 1., HEADS,
-                     HEADS, True)
+def _logit_gradients(weights, grad_ptr, v_ptr, delta_ptr, ww_ptr, rows, keys, num_queries,
+                     num_keys, live, HEADS: tl.constexpr, DIMS: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    """Every head's gradient of its mixed logits ``dS̃_g = P_g ∘ (dP_g − D_g)``,
+    ``dP_g = Σ_h Ww[h,g] dO_h v_hᵀ``, for one tile of one image."""
+    d_mixed = _loaded_products(grad_ptr, rows, num_queries, v_ptr, keys, num_keys, DIMS,
+                               live, HEADS, (DIMS + 15) // 16, PRECISION)
     d_logits = ()
     for g in tl.static_range(HEADS):
-        d_logits = d_logits + (weights[g] * (d_weights[g] - deltas[g][:, None]),)
-    return logits, weights, d_logits
+        d_weights = _mix(ww_ptr, d_mixed, g, 1., live, HEADS, 1, True)[0]
+        delta = tl.load(delta_ptr + g * num_queries + rows, mask=(rows < num_queries) & live,
+                        other=0.)
+        d_logits = d_logits + (weights[g] * (d_weights - delta[:, None]),)
+    return d_logits
 
 
-@_autotuned('dkdv')
+@_autotuned('dkdv', ('KEYS',))
 @triton.jit
-def _dkdv_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr, dk_ptr,
-                 dv_ptr, num_queries, num_keys, TOKENS_P2, HEADS: tl.constexpr,
-                 WIDTH: tl.constexpr, DIMS: tl.constexpr, GROUP: tl.constexpr,
+def _dkdv_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr, out_ptr,
+                 num_queries, num_keys, TOKENS_P2, HEADS: tl.constexpr, WIDTH: tl.constexpr,
+                 DIMS: tl.constexpr, GROUP: tl.constexpr, KEYS: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``dv_h = Σ_i P̂_hᵀ dO_h`` and ``dk_g = Σ_i dS_gᵀ q_g`` (``dS_g = Σ_h Wl[h,g] dS̃_h``)
-    of one block of keys and the group's heads, over every block of queries."""
+    """One block of keys' gradients of the group's heads, over every block of queries:
+    ``dk_g = Σ_i dS_gᵀ q_g`` (``dS_g = Σ_h Wl[h,g] dS̃_h``) if ``KEYS``, else
+    ``dv_h = Σ_i P̂_hᵀ dO_h`` (one at a time: both accumulators spill at 8 heads)."""
     image, first = tl.program_id(1), tl.program_id(2) * GROUP
     keys = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     slices: tl.constexpr = (WIDTH + 15) // 16
     dim_slices: tl.constexpr = (DIMS + 15) // 16
+    out_slices: tl.constexpr = slices if KEYS else dim_slices
     k_ptr += image * HEADS * num_keys * WIDTH
     v_ptr += image * HEADS * num_keys * DIMS
-    k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
-    v = _load_heads(v_ptr, 0, keys, num_keys, DIMS, HEADS, dim_slices)
     q_ptr += image * HEADS * num_queries * WIDTH
     grad_ptr += image * HEADS * num_queries * DIMS
     lse_ptr += image * HEADS * num_queries
     delta_ptr += image * HEADS * num_queries
-    dk, dv = (), ()
-    for i in tl.static_range(GROUP * slices):
-        dk = dk + (tl.zeros([BLOCK_N, 16], tl.float32),)
-    for i in tl.static_range(GROUP * dim_slices):
-        dv = dv + (tl.zeros([BLOCK_N, 16], tl.float32),)
+    acc = ()
+    for i in tl.static_range(GROUP * out_slices):
+        acc = acc + (tl.zeros([BLOCK_N, 16], tl.float32),)
     for start in range(0, num_queries, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
-        q = _load_heads(q_ptr, 0, rows, num_queries, WIDTH, HEADS, slices)
-        grad = _load_heads(grad_ptr, 0, rows, num_queries, DIMS, HEADS, dim_slices)
-        lse = _load_rows(lse_ptr, 0, rows, num_queries, HEADS)
-        deltas = _load_rows(delta_ptr, 0, rows, num_queries, HEADS)
-        _, weights, d_logits = _logit_gradients(q, k, v, grad, lse, deltas, wl_ptr, ww_ptr,
-                                                rows, keys, num_queries, num_keys, HEADS,
-                                                slices, dim_slices, PRECISION)
-        mixed = _mix(ww_ptr, weights, first, 1., HEADS, GROUP, False)
-        d_keys = _mix(wl_ptr, d_logits, first, 1., HEADS, GROUP, True)
-        group_q = _load_heads(q_ptr, first, rows, num_queries, WIDTH, GROUP, slices)
-        group_grad = _load_heads(grad_ptr, first, rows, num_queries, DIMS, GROUP, dim_slices)
-        new_dv, new_dk = (), ()
+        live = start < num_queries
+        logits = _loaded_products(q_ptr, rows, num_queries, k_ptr, keys, num_keys, WIDTH,
+                                  live, HEADS, slices, PRECISION)
+        weights = _weights(logits, lse_ptr, wl_ptr, rows, keys, num_queries, num_keys, live,
+                           HEADS)
+        if KEYS:
+            d_logits = _logit_gradients(weights, grad_ptr, v_ptr, delta_ptr, ww_ptr, rows,
+                                        keys, num_queries, num_keys, live, HEADS, DIMS,
+                                        PRECISION)
+            mixed = _mix(wl_ptr, d_logits, first, 1., live, HEADS, GROUP, True)
+            operands = _load_heads(q_ptr, first, rows, num_queries, WIDTH, GROUP, slices)
+        else:
+            mixed = _mix(ww_ptr, weights, first, 1., live, HEADS, GROUP, False)
+            operands = _load_heads(grad_ptr, first, rows, num_queries, DIMS, GROUP,
+                                   dim_slices)
+        new = ()
         for h in tl.static_range(GROUP):
-            for c in tl.static_range(dim_slices):
-                new_dv = new_dv + (tl.dot(tl.trans(mixed[h].to(v[0].dtype)),
-                                          group_grad[h * dim_slices + c],
-                                          dv[h * dim_slices + c], input_precision=PRECISION),)
-            for c in tl.static_range(slices):
-                new_dk = new_dk + (tl.dot(tl.trans(d_keys[h].to(k[0].dtype)),
-                                          group_q[h * slices + c], dk[h * slices + c],
-                                          input_precision=PRECISION),)
-        dv, dk = new_dv, new_dk
+            for c in tl.static_range(out_slices):
+                new = new + (tl.dot(tl.trans(mixed[h].to(operands[0].dtype)),
+                                    operands[h * out_slices + c], acc[h * out_slices + c],
+                                    input_precision=PRECISION),)
+        acc = new
+    width: tl.constexpr = WIDTH if KEYS else DIMS
     for h in tl.static_range(GROUP):
-        _store_slices(dk_ptr + ((image * HEADS + first + h) * num_keys) * WIDTH,
-                      dk[h * slices:(h + 1) * slices], keys, num_keys, WIDTH, slices)
-        _store_slices(dv_ptr + ((image * HEADS + first + h) * num_keys) * DIMS,
-                      dv[h * dim_slices:(h + 1) * dim_slices], keys, num_keys, DIMS,
-                      dim_slices)
-
-
-@triton.jit
-def _pick(tiles, index, HEADS: tl.constexpr):
-    """``tiles[index]`` for a head ``index`` known at run time only (selects)."""
-    picked = tiles[0]
-    for g in tl.static_range(1, HEADS):
-        picked = tl.where(index == g, tiles[g], picked)
-    return picked
+        _store_slices(out_ptr + ((image * HEADS + first + h) * num_keys) * width,
+                      acc[h * out_slices:(h + 1) * out_slices], keys, num_keys, width,
+                      out_slices)
 
 
 @_autotuned('dq')
@@ -386,13 +385,10 @@ def _dq_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     slices: tl.constexpr = (WIDTH + 15) // 16
     dim_slices: tl.constexpr = (DIMS + 15) // 16
-    q = _load_heads(q_ptr + image * HEADS * num_queries * WIDTH, 0, rows, num_queries,
-                    WIDTH, HEADS, slices)
-    grad = _load_heads(grad_ptr + image * HEADS * num_queries * DIMS, 0, rows, num_queries,
-                       DIMS, HEADS, dim_slices)
-    lse = _load_rows(lse_ptr + image * HEADS * num_queries, 0, rows, num_queries, HEADS)
-    deltas = _load_rows(delta_ptr + image * HEADS * num_queries, 0, rows, num_queries,
-                        HEADS)
+    q_ptr += image * HEADS * num_queries * WIDTH
+    grad_ptr += image * HEADS * num_queries * DIMS
+    lse_ptr += image * HEADS * num_queries
+    delta_ptr += image * HEADS * num_queries
     k_ptr += image * HEADS * num_keys * WIDTH
     v_ptr += image * HEADS * num_keys * DIMS
     dq, sums = (), ()
@@ -402,23 +398,27 @@ def _dq_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr
         sums = sums + (tl.zeros([BLOCK_M], tl.float32),)
     for start in range(0, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
-        v = _load_heads(v_ptr, 0, keys, num_keys, DIMS, HEADS, dim_slices)
-        logits, _, d_logits = _logit_gradients(q, k, v, grad, lse, deltas, wl_ptr, ww_ptr,
-                                               rows, keys, num_queries, num_keys, HEADS,
-                                               slices, dim_slices, PRECISION)
-        d_queries = _mix(wl_ptr, d_logits, first, 1., HEADS, GROUP, True)
+        live = start < num_keys
+        logits = _loaded_products(q_ptr, rows, num_queries, k_ptr, keys, num_keys, WIDTH,
+                                  live, HEADS, slices, PRECISION)
+        weights = _weights(logits, lse_ptr, wl_ptr, rows, keys, num_queries, num_keys, live,
+                           HEADS)
+        d_logits = _logit_gradients(weights, grad_ptr, v_ptr, delta_ptr, ww_ptr, rows, keys,
+                                    num_queries, num_keys, live, HEADS, DIMS, PRECISION)
+        d_queries = _mix(wl_ptr, d_logits, first, 1., live, HEADS, GROUP, True)
+        group_logits = _loaded_products(q_ptr + first * num_queries * WIDTH, rows,
+                                        num_queries, k_ptr + first * num_keys * WIDTH, keys,
+                                        num_keys, WIDTH, live, GROUP, slices, PRECISION)
         group_k = _load_heads(k_ptr, first, keys, num_keys, WIDTH, GROUP, slices)
         new_dq, new_sums = (), ()
         for g in tl.static_range(GROUP):
             for c in tl.static_range(slices):
-                new_dq = new_dq + (tl.dot(d_queries[g].to(k[0].dtype),
+                new_dq = new_dq + (tl.dot(d_queries[g].to(group_k[0].dtype),
                                           group_k[g * slices + c], dq[g * slices + c],
                                           input_precision=PRECISION),)
-            group_logits = _pick(logits, first + g, HEADS)
             for h in tl.static_range(HEADS):
                 new_sums = new_sums + (sums[g * HEADS + h] +
-                                       tl.sum(d_logits[h] * group_logits, axis=1),)
+                                       tl.sum(d_logits[h] * group_logits[g], axis=1),)
         dq, sums = new_dq, new_sums
     for g in tl.static_range(GROUP):
         _store_slices(dq_ptr + ((image * HEADS + first + g) * num_queries) * WIDTH,
@@ -428,15 +428,25 @@ def _dq_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr
                      sums[g * HEADS + h], mask=rows < num_queries)
 
 
+#: pointer arguments of the kernels that are float32 whatever the operands' dtype (the
+#: mixes, the rows' statistics and the per-row partials)
+FLOAT32_POINTERS = ('wl_ptr', 'ww_ptr', 'lse_ptr', 'delta_ptr', 'e_ptr', 'f_ptr')
+
+
 class Launch(NamedTuple):
     """One kernel's launch: the kernel, its grid's extent past the blocks, its sizes."""
-    kernel: Callable
+    kernel: triton.runtime.Autotuner
     #: the grid's second and third extents (images, head groups)
     programs: tuple[int, int]
     #: the grid's first extent counts blocks of these tokens with this block size key
     tokens: int
     block: str
     sizes: dict
+
+    @property
+    def configs(self) -> list[triton.Config]:
+        """The candidates the autotuner may choose for this launch."""
+        return _choosable(self.kernel.configs, self.sizes['HEADS'])
 
 
 def _sizes(heads: int, width: int, dims: int, dtype: torch.dtype, tokens: int) -> dict:
@@ -452,14 +462,16 @@ def launches(heads: int, width: int, dims: int, dtype: torch.dtype, batch: int,
     sizes = _sizes(heads, width, dims, dtype, num_keys)
     grouped = {name: dict(sizes, GROUP=group_size(name, heads))
                for name in ('forward', 'delta', 'dkdv', 'dq')}
+    key_blocks = grouped.pop('dkdv')
+    grouped['dk'], grouped['dv'] = (dict(key_blocks, KEYS=keys) for keys in (True, False))
     programs = {name: (batch, heads // size['GROUP']) for name, size in grouped.items()}
     return {'lse': Launch(_lse_kernel, (batch, 1), num_queries, 'BLOCK_M', sizes),
             'forward': Launch(_forward_kernel, programs['forward'], num_queries, 'BLOCK_M',
                               grouped['forward']),
             'delta': Launch(_delta_kernel, programs['delta'], num_queries, 'BLOCK_M',
                             grouped['delta']),
-            'dkdv': Launch(_dkdv_kernel, programs['dkdv'], num_keys, 'BLOCK_N',
-                           grouped['dkdv']),
+            'dk': Launch(_dkdv_kernel, programs['dk'], num_keys, 'BLOCK_N', grouped['dk']),
+            'dv': Launch(_dkdv_kernel, programs['dv'], num_keys, 'BLOCK_N', grouped['dv']),
             'dq': Launch(_dq_kernel, programs['dq'], num_queries, 'BLOCK_M',
                          grouped['dq'])}
 
@@ -534,8 +546,9 @@ def _talking_heads_triton_backward(grad: Tensor, queries: Tensor, keys: Tensor,
     deltas = torch.einsum('hg,bhgi->bgi', mixes[1], pair_rows).contiguous()
     d_weight_mix = pair_rows.sum((0, 3))
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    _launch(kernels['dkdv'], grad, q, k, v, *mixes, lse, deltas, dk, dv, num_queries,
-            num_keys)
+    for name, out in (('dk', dk), ('dv', dv)):
+        _launch(kernels[name], grad, q, k, v, *mixes, lse, deltas, out, num_queries,
+                num_keys)
     _launch(kernels['dq'], grad, q, k, v, *mixes, lse, deltas, dq, pair_rows, num_queries,
             num_keys)
     # F[b, h, g, i] = Σ_j dS̃_h S_g: the logit mix's gradient
