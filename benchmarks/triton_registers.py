@@ -69,10 +69,8 @@ def ptxas_resources(compiled) -> Resources:
     """Registers and spills as ``ptxas -arch=sm_90a -v`` reports them for ``compiled``'s
     PTX, its shared memory, and its count of atomic instructions."""
     ptx = compiled.asm['ptx']
-    arch = 'sm_90a'
-    with open(os.devnull, 'w'):
-        result = subprocess.run([PTXAS, f'-arch={arch}', '-v', '-', '-o', os.devnull],
-                                input=ptx, capture_output=True, text=True, check=True)
+    result = subprocess.run([PTXAS, '-arch=sm_90a', '-v', '-', '-o', os.devnull], input=ptx,
+                            capture_output=True, text=True, check=True)
     report = result.stdout + result.stderr
     registers = re.search(r'Used (\d+) registers', report)
     spills = re.search(r'(\d+) bytes spill stores, (\d+) bytes spill loads', report)
@@ -88,8 +86,7 @@ def choosable(heads: int, width: int, dims: int, dtype: torch.dtype
               ) -> Iterator[tuple[str, triton.Config, dict]]:
     """Every (kernel name, configuration, compile-time constants) the autotuner may choose
     for ``heads`` heads of queries ``width`` and values ``dims`` wide in ``dtype``."""
-    launches = kernels.launches(heads, width, dims, dtype, 1, 1, 1)
-    for name, launch in launches.items():
+    for name, launch in kernels.launches(heads, width, dims, dtype, 1, 1, 1).items():
         for config in launch.configs:
             constants = {key: value for key, value in launch.sizes.items()
                          if key in launch.kernel.fn.arg_names and key != 'TOKENS_P2'}
@@ -99,8 +96,9 @@ def choosable(heads: int, width: int, dims: int, dtype: torch.dtype
 def report(heads: int, width: int, dims: int, dtype: torch.dtype
            ) -> Iterator[tuple[str, triton.Config, Resources]]:
     """Each choosable kernel's configuration and its resources on sm_90a."""
+    launches = kernels.launches(heads, width, dims, dtype, 1, 1, 1)
     for name, config, constants in choosable(heads, width, dims, dtype):
-        fn = kernels.launches(heads, width, dims, dtype, 1, 1, 1)[name].kernel.fn
+        fn = launches[name].kernel.fn
         pointers = {arg: 'fp32' if arg in kernels.FLOAT32_POINTERS else TRITON_DTYPES[dtype]
                     for arg in fn.arg_names if arg.endswith('_ptr')}
         compiled = compile_for_sm90(fn, pointers, constants, config.num_warps,

@@ -131,9 +131,11 @@ def test_heads_split_across_programs_divide_the_heads():
     from vitdense.models.layers.talking_heads_triton import GROUP_PAIRS, group_size
     for heads in range(1, 17):
         for kernel, pairs in GROUP_PAIRS.items():
-            group = group_size(kernel, heads)
+            group = group_size(kernel, heads, torch.bfloat16)
             assert heads % group == 0 and (group == 1 or group * heads <= pairs)
-    assert [group_size('forward', h) for h in (4, 6, 8, 16)] == [4, 2, 2, 1]
+            assert group_size(kernel, heads, torch.float32) <= group
+    assert [group_size('forward', h, torch.bfloat16) for h in (4, 6, 8, 16)] == [4, 2, 2, 1]
+    assert [group_size('forward', h, torch.float32) for h in (4, 6, 8, 16)] == [2, 1, 1, 1]
 
 
 def test_memory_account_counts_the_kernel_as_the_cpu_operator():

@@ -48,18 +48,20 @@ LOG2E = tl.constexpr(math.log2(math.e))
 BLOCKS = {'lse': ((64, 16, 1, 4),), 'forward': ((64, 16, 1, 4),), 'delta': ((64, 16, 1, 4),),
           'dkdv': ((16, 64, 1, 4),), 'dq': ((64, 16, 1, 4),)}
 WIDE_HEADS = 8
-#: per kernel, how many (group head, head) pairs one program's live state may hold: its
-#: group is the largest divisor of the heads within that (one head at least); beyond it
-#: sm_90a's 255 registers per thread spill at 8 heads of 48 (benchmarks/triton_registers.py)
+#: per kernel, how many (group head, head) pairs one program's live state may hold in half
+#: precision (half as many in float32): its group is the largest divisor of the heads
+#: within that (one head at least); beyond it sm_90a's 255 registers per thread spill at
+#: 8 heads of 48 (benchmarks/triton_registers.py)
 GROUP_PAIRS = {'forward': 16, 'delta': 16, 'dkdv': 8, 'dq': 8}
 INTERPRETING = triton.knobs.runtime.interpret
 
 
-def group_size(kernel: str, heads: int) -> int:
-    """Heads per program of ``kernel`` (every kernel but the log-sum-exp pass splits its
-    output heads across programs, :data:`GROUP_PAIRS`)."""
+def group_size(kernel: str, heads: int, dtype: torch.dtype) -> int:
+    """Heads per program of ``kernel`` for operands of ``dtype`` (every kernel but the
+    log-sum-exp pass splits its output heads across programs, :data:`GROUP_PAIRS`)."""
+    pairs = GROUP_PAIRS[kernel] // (2 if dtype == torch.float32 else 1)
     return max(g for g in range(1, heads + 1)
-               if heads % g == 0 and (g == 1 or g * heads <= GROUP_PAIRS[kernel]))
+               if heads % g == 0 and (g == 1 or g * heads <= pairs))
 
 
 def _configs(kernel: str) -> list[triton.Config]:
@@ -185,18 +187,47 @@ def _weights(logits, lse_ptr, wl_ptr, rows, keys, num_queries, num_keys, live,
     return weights
 
 
+@triton.jit
+def _query_block(q_ptr, rows, num_queries, HEADS: tl.constexpr, WIDTH: tl.constexpr,
+                 RESIDENT: tl.constexpr):
+    """A block of query rows' slices of every head, kept in registers over the keys if
+    ``RESIDENT`` (half precision), else none: read per block of keys (float32's would
+    spill)."""
+    if RESIDENT:
+        q = _load_heads(q_ptr, 0, rows, num_queries, WIDTH, HEADS, (WIDTH + 15) // 16)
+    else:
+        q = ()
+    return q
+
+
+@triton.jit
+def _block_logits(q, q_ptr, rows, num_queries, k_ptr, keys, num_keys, live,
+                  HEADS: tl.constexpr, WIDTH: tl.constexpr, RESIDENT: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """Every head's logits ``q·k`` of a block of queries (:func:`_query_block`) and keys."""
+    slices: tl.constexpr = (WIDTH + 15) // 16
+    if RESIDENT:
+        logits = _products(q, _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices),
+                           HEADS, slices, PRECISION)
+    else:
+        logits = _loaded_products(q_ptr, rows, num_queries, k_ptr, keys, num_keys, WIDTH,
+                                  live, HEADS, slices, PRECISION)
+    return logits
+
+
 @_autotuned('lse')
 @triton.jit
 def _lse_kernel(q_ptr, k_ptr, wl_ptr, lse_ptr, num_queries, num_keys, TOKENS_P2,
                 HEADS: tl.constexpr, WIDTH: tl.constexpr, DIMS: tl.constexpr,
-                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                RESIDENT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     """Each (head, row)'s log-sum-exp (base 2) of the mixed logits of one block of query
     rows, in one pass over the keys with the sum kept relative to the running maximum."""
     image = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     slices: tl.constexpr = (WIDTH + 15) // 16
-    q = _load_heads(q_ptr + image * HEADS * num_queries * WIDTH, 0, rows, num_queries,
-                    WIDTH, HEADS, slices)
+    q_ptr += image * HEADS * num_queries * WIDTH
+    q = _query_block(q_ptr, rows, num_queries, HEADS, WIDTH, RESIDENT)
     k_ptr += image * HEADS * num_keys * WIDTH
     row_max, total = (), ()
     for h in tl.static_range(HEADS):
@@ -204,8 +235,9 @@ def _lse_kernel(q_ptr, k_ptr, wl_ptr, lse_ptr, num_queries, num_keys, TOKENS_P2,
         total = total + (tl.zeros([BLOCK_M], tl.float32),)
     for start in range(0, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
-        mixed = _mix(wl_ptr, _products(q, k, HEADS, slices, PRECISION), 0,
+        logits = _block_logits(q, q_ptr, rows, num_queries, k_ptr, keys, num_keys,
+                               start < num_keys, HEADS, WIDTH, RESIDENT, PRECISION)
+        mixed = _mix(wl_ptr, logits, 0,
                      LOG2E, start < num_keys, HEADS, HEADS, False)
         new_max, new_total = (), ()
         for h in tl.static_range(HEADS):
@@ -224,15 +256,15 @@ def _lse_kernel(q_ptr, k_ptr, wl_ptr, lse_ptr, num_queries, num_keys, TOKENS_P2,
 @triton.jit
 def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_queries,
                     num_keys, TOKENS_P2, HEADS: tl.constexpr, WIDTH: tl.constexpr,
-                    DIMS: tl.constexpr, GROUP: tl.constexpr, PRECISION: tl.constexpr,
+                    DIMS: tl.constexpr, GROUP: tl.constexpr, RESIDENT: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The output heads ``P̂_h v_h`` of one group of heads and block of query rows."""
     image, first = tl.program_id(1), tl.program_id(2) * GROUP
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     slices: tl.constexpr = (WIDTH + 15) // 16
     dim_slices: tl.constexpr = (DIMS + 15) // 16
-    q = _load_heads(q_ptr + image * HEADS * num_queries * WIDTH, 0, rows, num_queries,
-                    WIDTH, HEADS, slices)
+    q_ptr += image * HEADS * num_queries * WIDTH
+    q = _query_block(q_ptr, rows, num_queries, HEADS, WIDTH, RESIDENT)
     lse_ptr += image * HEADS * num_queries
     k_ptr += image * HEADS * num_keys * WIDTH
     v_ptr += image * HEADS * num_keys * DIMS
@@ -241,8 +273,9 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_q
         out = out + (tl.zeros([BLOCK_M, 16], tl.float32),)
     for start in range(0, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
-        weights = _weights(_products(q, k, HEADS, slices, PRECISION), lse_ptr, wl_ptr,
+        logits = _block_logits(q, q_ptr, rows, num_queries, k_ptr, keys, num_keys,
+                               start < num_keys, HEADS, WIDTH, RESIDENT, PRECISION)
+        weights = _weights(logits, lse_ptr, wl_ptr,
                            rows,
                            keys, num_queries, num_keys, start < num_keys, HEADS)
         mixed = _mix(ww_ptr, weights, first, 1., start < num_keys, HEADS, GROUP, False)
@@ -264,7 +297,7 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_q
 @triton.jit
 def _delta_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, lse_ptr, e_ptr, num_queries,
                   num_keys, TOKENS_P2, HEADS: tl.constexpr, WIDTH: tl.constexpr,
-                  DIMS: tl.constexpr, GROUP: tl.constexpr, PRECISION: tl.constexpr,
+                  DIMS: tl.constexpr, GROUP: tl.constexpr, RESIDENT: tl.constexpr, PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per row of one block of queries, ``E_hg = Σ_j P_g ∘ dP̂_h`` for every head g and
     the group's heads h, with ``dP̂_h = dO_h v_hᵀ``."""
@@ -272,8 +305,8 @@ def _delta_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, lse_ptr, e_ptr, num_que
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     slices: tl.constexpr = (WIDTH + 15) // 16
     dim_slices: tl.constexpr = (DIMS + 15) // 16
-    q = _load_heads(q_ptr + image * HEADS * num_queries * WIDTH, 0, rows, num_queries,
-                    WIDTH, HEADS, slices)
+    q_ptr += image * HEADS * num_queries * WIDTH
+    q = _query_block(q_ptr, rows, num_queries, HEADS, WIDTH, RESIDENT)
     grad = _load_heads(grad_ptr + image * HEADS * num_queries * DIMS, first, rows,
                        num_queries, DIMS, GROUP, dim_slices)
     lse_ptr += image * HEADS * num_queries
@@ -284,8 +317,9 @@ def _delta_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, lse_ptr, e_ptr, num_que
         sums = sums + (tl.zeros([BLOCK_M], tl.float32),)
     for start in range(0, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        k = _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices)
-        weights = _weights(_products(q, k, HEADS, slices, PRECISION), lse_ptr, wl_ptr,
+        logits = _block_logits(q, q_ptr, rows, num_queries, k_ptr, keys, num_keys,
+                               start < num_keys, HEADS, WIDTH, RESIDENT, PRECISION)
+        weights = _weights(logits, lse_ptr, wl_ptr,
                            rows,
                            keys, num_queries, num_keys, start < num_keys, HEADS)
         v = _load_heads(v_ptr, first, keys, num_keys, DIMS, GROUP, dim_slices)
@@ -460,12 +494,14 @@ def launches(heads: int, width: int, dims: int, dtype: torch.dtype, batch: int,
     """Every kernel of both directions with its grid and sizes, by name (what a register
     check compiles, and what the operators launch)."""
     sizes = _sizes(heads, width, dims, dtype, num_keys)
-    grouped = {name: dict(sizes, GROUP=group_size(name, heads))
+    grouped = {name: dict(sizes, GROUP=group_size(name, heads, dtype))
                for name in ('forward', 'delta', 'dkdv', 'dq')}
     key_blocks = grouped.pop('dkdv')
     grouped['dk'], grouped['dv'] = (dict(key_blocks, KEYS=keys) for keys in (True, False))
     programs = {name: (batch, heads // size['GROUP']) for name, size in grouped.items()}
-    return {'lse': Launch(_lse_kernel, (batch, 1), num_queries, 'BLOCK_M', sizes),
+    for name in ('lse', 'forward', 'delta'):
+        grouped.setdefault(name, dict(sizes))['RESIDENT'] = dtype != torch.float32
+    return {'lse': Launch(_lse_kernel, (batch, 1), num_queries, 'BLOCK_M', grouped['lse']),
             'forward': Launch(_forward_kernel, programs['forward'], num_queries, 'BLOCK_M',
                               grouped['forward']),
             'delta': Launch(_delta_kernel, programs['delta'], num_queries, 'BLOCK_M',
