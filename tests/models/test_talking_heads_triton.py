@@ -88,9 +88,9 @@ def test_gradients_are_the_same_bits_from_run_to_run():
     are summed by torch."""
     from vitdense.models.layers.talking_heads_triton import talking_heads_triton
     torch.manual_seed(0)
-    inputs = [torch.randn(2, 4, 21, 48, requires_grad=True) for _ in range(3)]
-    inputs += [torch.randn(4, 4, requires_grad=True) for _ in range(2)]
-    probe = torch.randn(2, 4, 21, 48)
+    inputs = [torch.randn(2, 2, 19, 16, requires_grad=True) for _ in range(3)]
+    inputs += [torch.randn(2, 2, requires_grad=True) for _ in range(2)]
+    probe = torch.randn(2, 2, 19, 16)
     runs = [torch.autograd.grad(talking_heads_triton(*inputs)[0], inputs, probe)
             for _ in range(2)]
     for first, second in zip(*runs):
@@ -128,14 +128,15 @@ def test_autotuning_is_keyed_on_the_token_count_and_prunes_by_heads():
 
 
 def test_heads_split_across_programs_divide_the_heads():
-    from vitdense.models.layers.talking_heads_triton import GROUP_PAIRS, group_size
-    for heads in range(1, 17):
-        for kernel, pairs in GROUP_PAIRS.items():
-            group = group_size(kernel, heads, torch.bfloat16)
-            assert heads % group == 0 and (group == 1 or group * heads <= pairs)
-            assert group_size(kernel, heads, torch.float32) <= group
+    from vitdense.models.layers.talking_heads_triton import (FLOAT32_GROUP_PAIRS, GROUP_PAIRS,
+                                                             group_size)
+    for dtype, table in ((torch.bfloat16, GROUP_PAIRS), (torch.float32, FLOAT32_GROUP_PAIRS)):
+        for heads in range(1, 17):
+            for kernel, pairs in table.items():
+                group = group_size(kernel, heads, dtype)
+                assert heads % group == 0 and (group == 1 or group * heads <= pairs)
     assert [group_size('forward', h, torch.bfloat16) for h in (4, 6, 8, 16)] == [4, 2, 2, 1]
-    assert [group_size('forward', h, torch.float32) for h in (4, 6, 8, 16)] == [2, 1, 1, 1]
+    assert [group_size('dq', h, torch.float32) for h in (2, 4, 8)] == [2, 1, 1]
 
 
 def test_memory_account_counts_the_kernel_as_the_cpu_operator():
@@ -159,7 +160,7 @@ def test_the_kernel_checks_pass_in_the_interpreter():
     child = subprocess.run(
         [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', __file__],
         env=dict(os.environ, TRITON_INTERPRET='1'), capture_output=True, text=True,
-        timeout=600)
+        timeout=1200)
     report = child.stdout[-4000:] + child.stderr[-2000:]
     assert child.returncode == 0, report
     passed = re.search(r'\b(\d+) passed\b', child.stdout)

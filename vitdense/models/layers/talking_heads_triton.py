@@ -11,15 +11,15 @@ one ``tl.dot`` into the same accumulator. Notation (queries pre-scaled): ``S_g =
 - Forward, two passes (an online post-mix would carry ``P_g v_h`` for every pair of heads):
   :func:`_lse_kernel` keeps each row's running maximum and sum of ``2^(S̃ log₂e)`` and stores
   the log-sum-exp (base 2); :func:`_forward_kernel` forms ``P_h`` exactly from it, mixes and
-  multiplies by the values, its program's output heads only (:data:`GROUPS`).
+  multiplies by the values, its program's output heads only (:data:`GROUP_PAIRS`).
 - Backward in FlashAttention-2's structure, every tile recomputed from q, k, v and the rows'
   log-sum-exp, each output element written by one program, no atomics, so the gradients
   are the same bits from run to run: :func:`_delta_kernel` (query blocks) sums
   ``E_hg = Σ_j P_g ∘ dP̂_h`` per row, which gives the softmax's ``D_g = Σ_h Ww[h,g] E_hg``
-  and ``dWw[h,g] = Σ_i E_hg``; :func:`_dkdv_kernel` (key blocks) ``dv`` and ``dk``;
-  :func:`_dq_kernel` (query blocks) ``dq`` and per-row ``Σ_j dS̃_h ∘ S_g``, whose sum is
-  ``dWl``. The per-row partials of the mixes' gradients are summed by torch afterwards.
-- Live state is bounded by splitting heads across programs (:data:`GROUPS`): a program
+  and ``dWw[h,g] = Σ_i E_hg``; :func:`_dkdv_kernel` (key blocks) ``dk`` and, run again,
+  ``dv``; :func:`_dq_kernel` (query blocks) ``dq`` and per-row ``Σ_j dS̃_h ∘ S_g``, whose
+  sum is ``dWl``. The per-row partials of the mixes' gradients are summed by torch afterwards.
+- Live state is bounded by splitting heads across programs (:data:`GROUP_PAIRS`): a program
   keeps the accumulators of its group's heads only, recomputing the all-heads tiles.
 
 Both directions are registered operators (``vitdense::talking_heads_triton``), so autograd,
@@ -31,7 +31,7 @@ weights are rounded to the operands' precision for the products (as flash attent
 float32 inputs multiply in full precision (no TF32).
 """
 import math
-from typing import Callable, Iterator, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import triton
@@ -39,27 +39,28 @@ import triton.language as tl
 from torch import Tensor
 
 #: columns of one slice of a head's width (the tensor cores' K step)
-SLICE = 16
+SLICE = tl.constexpr(16)
 #: ``log₂ e``: the exponentials are ``exp2`` of logits in base 2
 LOG2E = tl.constexpr(math.log2(math.e))
-#: (query rows, key columns, pipeline stages) of a program, per kernel; every program is
-#: one warpgroup (4 warps); blocks past the first are kept for up to :data:`WIDE_HEADS`
-#: heads only (their live state grows with the heads)
+#: (query rows, key columns, pipeline stages, warps) of a program, per kernel: one
+#: warpgroup, so that every dot of a kernel shares one MMA layout; candidates past the first
+#: are kept for up to :data:`WIDE_HEADS` heads only (their live state grows with the heads)
 BLOCKS = {'lse': ((64, 16, 1, 4),), 'forward': ((64, 16, 1, 4),), 'delta': ((64, 16, 1, 4),),
           'dkdv': ((16, 64, 1, 4),), 'dq': ((64, 16, 1, 4),)}
 WIDE_HEADS = 8
-#: per kernel, how many (group head, head) pairs one program's live state may hold in half
-#: precision (half as many in float32): its group is the largest divisor of the heads
-#: within that (one head at least); beyond it sm_90a's 255 registers per thread spill at
-#: 8 heads of 48 (benchmarks/triton_registers.py)
+#: per kernel, how many (group head, head) pairs one program's live state may hold, in half
+#: precision and in float32: its group is the largest divisor of the heads within that (one
+#: head at least); chosen by sm_90a's registers at 8 heads of 48
+#: (benchmarks/triton_registers.py, docs/memory.md)
 GROUP_PAIRS = {'forward': 16, 'delta': 16, 'dkdv': 8, 'dq': 8}
+FLOAT32_GROUP_PAIRS = {'forward': 16, 'delta': 8, 'dkdv': 4, 'dq': 4}
 INTERPRETING = triton.knobs.runtime.interpret
 
 
 def group_size(kernel: str, heads: int, dtype: torch.dtype) -> int:
     """Heads per program of ``kernel`` for operands of ``dtype`` (every kernel but the
     log-sum-exp pass splits its output heads across programs, :data:`GROUP_PAIRS`)."""
-    pairs = GROUP_PAIRS[kernel] // (2 if dtype == torch.float32 else 1)
+    pairs = (FLOAT32_GROUP_PAIRS if dtype == torch.float32 else GROUP_PAIRS)[kernel]
     return max(g for g in range(1, heads + 1)
                if heads % g == 0 and (g == 1 or g * heads <= pairs))
 
@@ -93,11 +94,11 @@ def _autotuned(kernel: str, key: tuple[str, ...] = ()) -> Callable:
 def _load_slices(ptr, rows, num_rows, width, SLICES: tl.constexpr, live=True):
     """The (rows, :data:`SLICE`) slices of a (num_rows, width) matrix, zero outside it (and
     everywhere unless ``live``)."""
-    cols = tl.arange(0, 16)
+    cols = tl.arange(0, SLICE)
     slices = ()
     for c in tl.static_range(SLICES):
-        mask = (rows[:, None] < num_rows) & (c * 16 + cols[None, :] < width) & live
-        slices = slices + (tl.load(ptr + rows[:, None] * width + c * 16 + cols[None, :],
+        mask = (rows[:, None] < num_rows) & (c * SLICE + cols[None, :] < width) & live
+        slices = slices + (tl.load(ptr + rows[:, None] * width + c * SLICE + cols[None, :],
                                    mask=mask, other=0.),)
     return slices
 
@@ -105,10 +106,10 @@ def _load_slices(ptr, rows, num_rows, width, SLICES: tl.constexpr, live=True):
 @triton.jit
 def _store_slices(ptr, slices, rows, num_rows, width, SLICES: tl.constexpr):
     """Store (rows, :data:`SLICE`) slices into a (num_rows, width) matrix."""
-    cols = tl.arange(0, 16)
+    cols = tl.arange(0, SLICE)
     for c in tl.static_range(SLICES):
-        mask = (rows[:, None] < num_rows) & (c * 16 + cols[None, :] < width)
-        tl.store(ptr + rows[:, None] * width + c * 16 + cols[None, :],
+        mask = (rows[:, None] < num_rows) & (c * SLICE + cols[None, :] < width)
+        tl.store(ptr + rows[:, None] * width + c * SLICE + cols[None, :],
                  slices[c].to(ptr.dtype.element_ty), mask=mask)
 
 
@@ -191,10 +192,10 @@ def _weights(logits, lse_ptr, wl_ptr, rows, keys, num_queries, num_keys, live,
 def _query_block(q_ptr, rows, num_queries, HEADS: tl.constexpr, WIDTH: tl.constexpr,
                  RESIDENT: tl.constexpr):
     """A block of query rows' slices of every head, kept in registers over the keys if
-    ``RESIDENT`` (half precision), else none: read per block of keys (float32's would
-    spill)."""
+    ``RESIDENT``, else none: read per block of keys (float32's spill in the forward and
+    Δ kernels)."""
     if RESIDENT:
-        q = _load_heads(q_ptr, 0, rows, num_queries, WIDTH, HEADS, (WIDTH + 15) // 16)
+        q = _load_heads(q_ptr, 0, rows, num_queries, WIDTH, HEADS, (WIDTH + SLICE - 1) // SLICE)
     else:
         q = ()
     return q
@@ -205,7 +206,7 @@ def _block_logits(q, q_ptr, rows, num_queries, k_ptr, keys, num_keys, live,
                   HEADS: tl.constexpr, WIDTH: tl.constexpr, RESIDENT: tl.constexpr,
                   PRECISION: tl.constexpr):
     """Every head's logits ``q·k`` of a block of queries (:func:`_query_block`) and keys."""
-    slices: tl.constexpr = (WIDTH + 15) // 16
+    slices: tl.constexpr = (WIDTH + SLICE - 1) // SLICE
     if RESIDENT:
         logits = _products(q, _load_heads(k_ptr, 0, keys, num_keys, WIDTH, HEADS, slices),
                            HEADS, slices, PRECISION)
@@ -225,7 +226,7 @@ def _lse_kernel(q_ptr, k_ptr, wl_ptr, lse_ptr, num_queries, num_keys, TOKENS_P2,
     rows, in one pass over the keys with the sum kept relative to the running maximum."""
     image = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slices: tl.constexpr = (WIDTH + 15) // 16
+    slices: tl.constexpr = (WIDTH + SLICE - 1) // SLICE
     q_ptr += image * HEADS * num_queries * WIDTH
     q = _query_block(q_ptr, rows, num_queries, HEADS, WIDTH, RESIDENT)
     k_ptr += image * HEADS * num_keys * WIDTH
@@ -256,13 +257,14 @@ def _lse_kernel(q_ptr, k_ptr, wl_ptr, lse_ptr, num_queries, num_keys, TOKENS_P2,
 @triton.jit
 def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_queries,
                     num_keys, TOKENS_P2, HEADS: tl.constexpr, WIDTH: tl.constexpr,
-                    DIMS: tl.constexpr, GROUP: tl.constexpr, RESIDENT: tl.constexpr, PRECISION: tl.constexpr,
+                    DIMS: tl.constexpr, GROUP: tl.constexpr, RESIDENT: tl.constexpr,
+                    PRECISION: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The output heads ``P̂_h v_h`` of one group of heads and block of query rows."""
     image, first = tl.program_id(1), tl.program_id(2) * GROUP
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slices: tl.constexpr = (WIDTH + 15) // 16
-    dim_slices: tl.constexpr = (DIMS + 15) // 16
+    slices: tl.constexpr = (WIDTH + SLICE - 1) // SLICE
+    dim_slices: tl.constexpr = (DIMS + SLICE - 1) // SLICE
     q_ptr += image * HEADS * num_queries * WIDTH
     q = _query_block(q_ptr, rows, num_queries, HEADS, WIDTH, RESIDENT)
     lse_ptr += image * HEADS * num_queries
@@ -270,7 +272,7 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_q
     v_ptr += image * HEADS * num_keys * DIMS
     out = ()
     for i in tl.static_range(GROUP * dim_slices):
-        out = out + (tl.zeros([BLOCK_M, 16], tl.float32),)
+        out = out + (tl.zeros([BLOCK_M, SLICE], tl.float32),)
     for start in range(0, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         logits = _block_logits(q, q_ptr, rows, num_queries, k_ptr, keys, num_keys,
@@ -297,14 +299,15 @@ def _forward_kernel(q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, out_ptr, num_q
 @triton.jit
 def _delta_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, lse_ptr, e_ptr, num_queries,
                   num_keys, TOKENS_P2, HEADS: tl.constexpr, WIDTH: tl.constexpr,
-                  DIMS: tl.constexpr, GROUP: tl.constexpr, RESIDENT: tl.constexpr, PRECISION: tl.constexpr,
+                  DIMS: tl.constexpr, GROUP: tl.constexpr, RESIDENT: tl.constexpr,
+                  PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Per row of one block of queries, ``E_hg = Σ_j P_g ∘ dP̂_h`` for every head g and
     the group's heads h, with ``dP̂_h = dO_h v_hᵀ``."""
     image, first = tl.program_id(1), tl.program_id(2) * GROUP
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slices: tl.constexpr = (WIDTH + 15) // 16
-    dim_slices: tl.constexpr = (DIMS + 15) // 16
+    slices: tl.constexpr = (WIDTH + SLICE - 1) // SLICE
+    dim_slices: tl.constexpr = (DIMS + SLICE - 1) // SLICE
     q_ptr += image * HEADS * num_queries * WIDTH
     q = _query_block(q_ptr, rows, num_queries, HEADS, WIDTH, RESIDENT)
     grad = _load_heads(grad_ptr + image * HEADS * num_queries * DIMS, first, rows,
@@ -343,7 +346,7 @@ def _logit_gradients(weights, grad_ptr, v_ptr, delta_ptr, ww_ptr, rows, keys, nu
     """Every head's gradient of its mixed logits ``dS̃_g = P_g ∘ (dP_g − D_g)``,
     ``dP_g = Σ_h Ww[h,g] dO_h v_hᵀ``, for one tile of one image."""
     d_mixed = _loaded_products(grad_ptr, rows, num_queries, v_ptr, keys, num_keys, DIMS,
-                               live, HEADS, (DIMS + 15) // 16, PRECISION)
+                               live, HEADS, (DIMS + SLICE - 1) // SLICE, PRECISION)
     d_logits = ()
     for g in tl.static_range(HEADS):
         d_weights = _mix(ww_ptr, d_mixed, g, 1., live, HEADS, 1, True)[0]
@@ -364,8 +367,8 @@ def _dkdv_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_p
     ``dv_h = Σ_i P̂_hᵀ dO_h`` (one at a time: both accumulators spill at 8 heads)."""
     image, first = tl.program_id(1), tl.program_id(2) * GROUP
     keys = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    slices: tl.constexpr = (WIDTH + 15) // 16
-    dim_slices: tl.constexpr = (DIMS + 15) // 16
+    slices: tl.constexpr = (WIDTH + SLICE - 1) // SLICE
+    dim_slices: tl.constexpr = (DIMS + SLICE - 1) // SLICE
     out_slices: tl.constexpr = slices if KEYS else dim_slices
     k_ptr += image * HEADS * num_keys * WIDTH
     v_ptr += image * HEADS * num_keys * DIMS
@@ -375,7 +378,7 @@ def _dkdv_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_p
     delta_ptr += image * HEADS * num_queries
     acc = ()
     for i in tl.static_range(GROUP * out_slices):
-        acc = acc + (tl.zeros([BLOCK_N, 16], tl.float32),)
+        acc = acc + (tl.zeros([BLOCK_N, SLICE], tl.float32),)
     for start in range(0, num_queries, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         live = start < num_queries
@@ -417,8 +420,8 @@ def _dq_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr
     row ``F_hg = Σ_j dS̃_h ∘ S_g`` for every head h (summed to ``dWl``)."""
     image, first = tl.program_id(1), tl.program_id(2) * GROUP
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slices: tl.constexpr = (WIDTH + 15) // 16
-    dim_slices: tl.constexpr = (DIMS + 15) // 16
+    slices: tl.constexpr = (WIDTH + SLICE - 1) // SLICE
+    dim_slices: tl.constexpr = (DIMS + SLICE - 1) // SLICE
     q_ptr += image * HEADS * num_queries * WIDTH
     grad_ptr += image * HEADS * num_queries * DIMS
     lse_ptr += image * HEADS * num_queries
@@ -427,7 +430,7 @@ def _dq_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr
     v_ptr += image * HEADS * num_keys * DIMS
     dq, sums = (), ()
     for i in tl.static_range(GROUP * slices):
-        dq = dq + (tl.zeros([BLOCK_M, 16], tl.float32),)
+        dq = dq + (tl.zeros([BLOCK_M, SLICE], tl.float32),)
     for i in tl.static_range(GROUP * HEADS):
         sums = sums + (tl.zeros([BLOCK_M], tl.float32),)
     for start in range(0, num_keys, BLOCK_N):
@@ -499,8 +502,9 @@ def launches(heads: int, width: int, dims: int, dtype: torch.dtype, batch: int,
     key_blocks = grouped.pop('dkdv')
     grouped['dk'], grouped['dv'] = (dict(key_blocks, KEYS=keys) for keys in (True, False))
     programs = {name: (batch, heads // size['GROUP']) for name, size in grouped.items()}
-    for name in ('lse', 'forward', 'delta'):
-        grouped.setdefault(name, dict(sizes))['RESIDENT'] = dtype != torch.float32
+    grouped['lse'] = dict(sizes, RESIDENT=True)
+    for name in ('forward', 'delta'):
+        grouped[name]['RESIDENT'] = dtype != torch.float32
     return {'lse': Launch(_lse_kernel, (batch, 1), num_queries, 'BLOCK_M', grouped['lse']),
             'forward': Launch(_forward_kernel, programs['forward'], num_queries, 'BLOCK_M',
                               grouped['forward']),
