@@ -75,15 +75,16 @@ def written_out_talking_heads(q, k, v, scale, mix_logits, mix_weights, bias=None
 
 
 def talking_heads_case(hw, rel_pos: bool, class_token: bool, heads: int = 3,
-                       batch: int = 2) -> dict:
-    """Inputs of one talking-heads call: ``heads`` of 8, the grid's tokens (and a class
-    token in front), relative positions or none."""
+                       batch: int = 2, width: int = 8) -> dict:
+    """Inputs of one talking-heads call: ``heads`` of ``width``, the grid's tokens (and a
+    class token in front), relative positions or none."""
     torch.manual_seed(0)
     tokens = hw[0] * hw[1] + class_token
-    q, k, v = (torch.randn(batch, heads, tokens, 8, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(batch, heads, tokens, width, requires_grad=True)
+               for _ in range(3))
     case = dict(q=q, k=k, v=v, mixes=mixes(heads), table=None)
     if rel_pos:
-        case['table'] = DecomposedRelativePosition(8, hw, zero_init=False)
+        case['table'] = DecomposedRelativePosition(width, hw, zero_init=False)
     return case
 
 
@@ -91,6 +92,7 @@ def run_talking_heads(case: dict, hw, path: Optional[str], dtype=None) -> dict:
     """Output and gradients by the library's ``path`` (None: the test's written-out maps)."""
     q, k, v, (mix_logits, mix_weights), table = (case[n] for n in ('q', 'k', 'v', 'mixes',
                                                                   'table'))
+    scale = q.shape[-1] ** -0.5
     inputs = dict(q=q, k=k, v=v, mix_logits=mix_logits.weight, bias_logits=mix_logits.bias,
                   mix_weights=mix_weights.weight, bias_weights=mix_weights.bias)
     if table is not None:
@@ -98,11 +100,11 @@ def run_talking_heads(case: dict, hw, path: Optional[str], dtype=None) -> dict:
     with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         if path is None:
             bias = None if table is None else reference_bias(table, q, hw)
-            out = written_out_talking_heads(q, k, v, 8 ** -0.5, mix_logits, mix_weights, bias)
+            out = written_out_talking_heads(q, k, v, scale, mix_logits, mix_weights, bias)
         else:
             terms = None if table is None else table(q, hw)
-            out = talking_heads_attention(q, k, v, 8 ** -0.5, mix_logits, mix_weights,
-                                          terms, path=path)
+            out = talking_heads_attention(q, k, v, scale, mix_logits, mix_weights, terms,
+                                          path=path)
     result = grads(out, inputs)
     # softmax is shift-invariant: the logit mix's bias gets no gradient on either path
     # (rounding noise only: of the logit mix's own gradient's scale under autocast)

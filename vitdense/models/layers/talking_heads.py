@@ -19,10 +19,11 @@ one signature (:data:`TalkingHeadsKernel`); :func:`choose_path` picks one per ca
   The largest tensor is the folded queries, B × heads × N × (heads · head width); the cost
   is heads × the attention FLOPs, and the call runs again in backward rather than keeping
   its heads-times-larger operands.
-- ``'triton'``, only where forced: :func:`.talking_heads_triton.talking_heads_triton`, one
-  Triton kernel with the CPU operator's products and no map in memory (CUDA tensors, or CPU
-  tensors under Triton's interpreter); on an H200 slower than the fold at COCO's grid and
-  than the maps at ADE20k's (docs/benchmarks.md), so no default.
+- ``'triton'``, only where forced: :func:`.talking_heads_triton.talking_heads_triton`,
+  Triton kernels laid out for the tensor cores (every head its own tile, FlashAttention-2's
+  backward without atomics) with the architecture's products and no map in memory (CUDA
+  tensors, or CPU tensors under Triton's interpreter); not timed on a GPU yet, so no
+  default (docs/memory.md).
 - ``'maps'``: one written-out map per head (:func:`written_out_weights`), the readable form;
   taken below those token counts (:data:`FUSED_PATHS`), with attention dropout on the mixed
   weights (which no fused path has) and under ``torch.export``; the only path that takes an
