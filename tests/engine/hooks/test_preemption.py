@@ -4,7 +4,8 @@ already trained, in one process and in two (the signal reaching one of them only
 with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``. A stop
 signal sent to the process group as loader workers start, before their shield is set, stops
 the run as any other; SIGKILL 2 s after SIGTERM leaves the last complete checkpoint to resume
-from. Started through tools/torchrun.sh, a stopped run exits 75 and a failed one does not."""
+from. The demo classifier with its shipped runtime (a seed drawn per run) stops and resumes
+exactly too. Started through tools/torchrun.sh, a stopped run exits 75 and a failed one does not."""
 from __future__ import annotations
 
 import itertools
