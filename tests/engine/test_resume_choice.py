@@ -171,7 +171,8 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: 
         cfg = Config(dict(work_dir='work_dirs/run'))
     try:
         apply_resume(cfg, 'auto')
-        outcome = f'resume={cfg.resume} load_from={cfg.load_from}'
+        outcome = (f'resume={cfg.resume} load_from={cfg.load_from} '
+                   f'seed={cfg.get("randomness", {}).get("seed")}')
     except RuntimeError as err:
         outcome = f'error: {err}'
     with open(os.path.join(out, f'rank{rank}.txt'), 'w') as f:
@@ -190,7 +191,7 @@ def _resume_two_processes(nodes: list[Path], out: Path, launcher: str = 'pytorch
 
 def _checkpoint(node: Path, step: int, size: int = 1) -> None:
     (node / 'work_dirs/run').mkdir(parents=True, exist_ok=True)
-    torch.save({'state_dict': {'w': torch.zeros(size)}, 'meta': {'iter': step}},
+    torch.save({'state_dict': {'w': torch.zeros(size)}, 'meta': {'iter': step, 'seed': 1234}},
                node / f'work_dirs/run/iter_{step}.pth')
 
 
@@ -209,5 +210,5 @@ def test_one_resume_decision_for_the_job(tmp_path, launcher):
     _checkpoint(node1, 6, size=1000)
     for outcome in _resume_two_processes([node0, node1], tmp_path, launcher):
         assert 'rank(s) [1] cannot read (rank 1: its file of that name is another' in outcome
-    outcomes = _resume_two_processes([node0, node0], tmp_path, launcher)
-    assert outcomes == ['resume=True load_from=work_dirs/run/iter_6.pth'] * 2
+    outcomes = _resume_two_processes([node0, node0], tmp_path, launcher)  # with its seed
+    assert outcomes == ['resume=True load_from=work_dirs/run/iter_6.pth seed=1234'] * 2
