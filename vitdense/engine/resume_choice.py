@@ -1,5 +1,6 @@
 """Which checkpoint a launched tool resumes from: one decision for the whole job, made by
-process 0 and checked by every process (``tools/train.py --resume``)."""
+process 0 and checked by every process (``tools/train.py --resume``); the resumed run is built
+with that checkpoint's seed."""
 from __future__ import annotations
 
 import logging
