@@ -186,6 +186,10 @@ NOT_RUN = {
                                                 '(tests/tools/data/test_make_demo_data.py '
                                                 'runs the tool)',
     'bash tools/run_tests.sh -m "not slow"': 'runs this suite, less its slow tests',
+    'bash tools/run_isa_tests.sh': 'runs tests of this suite, once per ISA level',
+    'bash tools/run_isa_tests.sh '
+    '"tests/tools/test_train.py::test_compiled_training_has_the_eager_losses"':
+        'runs a test of this suite, once per ISA level',
     'time python -m pytest -q tests/configs/test_host_heads.py --durations=0':
         'runs a file of this suite, which the suite runs',
     'pip install --no-deps openmim': _NETWORK,

@@ -61,6 +61,29 @@ def test_a_group_torchrun_restarted_resumes_from_the_last_checkpoint(tmp_path, m
     assert cfg.resume and cfg.load_from == str(tmp_path / 'iter_3.pth')
 
 
+def test_a_resumed_run_is_built_with_its_checkpoints_seed(tmp_path, capfd):
+    # The shipped runtime draws its seed (seed=None); a run resuming through --resume, or
+    # through a config's resume=True alone (mmengine's last_checkpoint), takes the
+    # checkpoint's, with a warning when the config named another. diff_rank_seed is kept.
+    MMLogger.get_instance(f'seed-{tmp_path.name}')
+    torch.save({'state_dict': {}, 'meta': {'iter': 3, 'seed': 1234}}, tmp_path / 'iter_3.pth')
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_3.pth'))
+    cfg = load_config(str(REPO_ROOT / TINY_CLASSIFIER), None, 'none', str(tmp_path))
+    shipped = dict(cfg.randomness)
+    assert shipped['seed'] is None and shipped['diff_rank_seed']
+    apply_resume(cfg, str(tmp_path / 'iter_3.pth'))
+    assert cfg.randomness == dict(shipped, seed=1234)
+    cfg = load_config(str(REPO_ROOT / TINY_CLASSIFIER), {'resume': True, 'randomness.seed': 7}, 'none',
+                      str(tmp_path))
+    apply_resume(cfg, None)
+    assert cfg.randomness == dict(shipped, seed=1234)
+    assert 'randomness.seed=7 is replaced by the seed of the checkpoint resumed, 1234' in (
+        capfd.readouterr().out)
+    cfg = load_config(str(REPO_ROOT / TINY_CLASSIFIER), None, 'none', str(tmp_path))
+    apply_resume(cfg, None)  # not resuming: the seed is drawn
+    assert cfg.randomness.seed is None
+
+
 def test_training_from_iteration_0_over_a_checkpoint_is_refused(tmp_path, monkeypatch):
     cfg = load_config(CONFIG, None, 'none', str(tmp_path))
     refuse_to_start_over(cfg)  # nothing there
@@ -148,7 +171,8 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: 
         cfg = Config(dict(work_dir='work_dirs/run'))
     try:
         apply_resume(cfg, 'auto')
-        outcome = f'resume={cfg.resume} load_from={cfg.load_from}'
+        outcome = (f'resume={cfg.resume} load_from={cfg.load_from} '
+                   f'seed={cfg.get("randomness", {}).get("seed")}')
     except RuntimeError as err:
         outcome = f'error: {err}'
     with open(os.path.join(out, f'rank{rank}.txt'), 'w') as f:
@@ -167,7 +191,7 @@ def _resume_two_processes(nodes: list[Path], out: Path, launcher: str = 'pytorch
 
 def _checkpoint(node: Path, step: int, size: int = 1) -> None:
     (node / 'work_dirs/run').mkdir(parents=True, exist_ok=True)
-    torch.save({'state_dict': {'w': torch.zeros(size)}, 'meta': {'iter': step}},
+    torch.save({'state_dict': {'w': torch.zeros(size)}, 'meta': {'iter': step, 'seed': 1234}},
                node / f'work_dirs/run/iter_{step}.pth')
 
 
@@ -186,5 +210,5 @@ def test_one_resume_decision_for_the_job(tmp_path, launcher):
     _checkpoint(node1, 6, size=1000)
     for outcome in _resume_two_processes([node0, node1], tmp_path, launcher):
         assert 'rank(s) [1] cannot read (rank 1: its file of that name is another' in outcome
-    outcomes = _resume_two_processes([node0, node0], tmp_path, launcher)
-    assert outcomes == ['resume=True load_from=work_dirs/run/iter_6.pth'] * 2
+    outcomes = _resume_two_processes([node0, node0], tmp_path, launcher)  # with its seed
+    assert outcomes == ['resume=True load_from=work_dirs/run/iter_6.pth seed=1234'] * 2

@@ -29,24 +29,28 @@ def _data_roots(root: Path) -> list:
     return [f'{split}_dataloader.dataset.data_root={root}' for split in ('train', 'val', 'test')]
 
 
-def _options(data_root: Path, iters: int) -> list:
-    """--cfg-options for a few 64 px iterations on ``data_root``."""
+def _options(data_root: Path, iters: int, seeded: bool = True) -> list:
+    """--cfg-options for a few 64 px iterations on ``data_root``; ``seeded``: seed 0 for every
+    run, else each run draws its seed as the shipped runtime has it."""
+    seed = ['randomness.seed=0', 'randomness.deterministic=True'] if seeded else []
     return ['--cfg-options', *_data_roots(data_root), f'train_cfg.max_iters={iters}',
             f'train_cfg.val_interval={iters}', f'default_hooks.checkpoint.interval={iters}',
             'model.data_preprocessor.size=(64,64)', 'train_dataloader.batch_size=2',
             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
             'val_dataloader.num_workers=0', 'val_dataloader.persistent_workers=False',
             'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False',
-            'randomness.seed=0', 'randomness.deterministic=True',
-            'default_hooks.logger.interval=1']
+            *seed, 'default_hooks.logger.interval=1']
 
 
 def _run(*args: str, env: dict | None = None) -> str:
     """Run a tool; its idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY``
     changes no result): a second thread spinning on a core that the suite's other worker
-    uses would take its time, up to four times the CPU of the run itself."""
+    uses would take its time, up to four times the CPU of the run itself. A variable of
+    ``env`` set to None is left out."""
+    variables = {**CHECKOUT_ENV, 'OMP_WAIT_POLICY': 'PASSIVE', **(env or {})}
     result = subprocess.run([str(a) for a in args], cwd=REPO_ROOT, capture_output=True, text=True,
-                            env={**CHECKOUT_ENV, 'OMP_WAIT_POLICY': 'PASSIVE', **(env or {})})
+                            env={name: value for name, value in variables.items()
+                                 if value is not None})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout + result.stderr
 
@@ -59,15 +63,17 @@ def _losses(work_dir: Path) -> dict[int, float]:
 def test_train_resume_and_test(data_root, tmp_path):
     # A run stopped after iteration 2 (its checkpoint of iteration 2 alone in a work dir) and
     # resumed repeats the uninterrupted 4-iteration run exactly: the losses of iterations 3-4
-    # and the final weights.
+    # and the final weights. Each run draws its seed (the shipped runtime): the resumed one
+    # takes the checkpoint's.
     full = tmp_path / 'full'
-    _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', full, *_options(data_root, 4),
-         'default_hooks.checkpoint.interval=2', 'default_hooks.checkpoint.max_keep_ckpts=2')
+    _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', full,
+         *_options(data_root, 4, seeded=False), 'default_hooks.checkpoint.interval=2',
+         'default_hooks.checkpoint.max_keep_ckpts=2')
     work = tmp_path / 'work'
     work.mkdir()
     shutil.copy(full / 'iter_2.pth', work)
     log = _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', work, '--resume',
-               *_options(data_root, 4))
+               *_options(data_root, 4, seeded=False))
     assert f'resuming from {work / "iter_2.pth"}' in log and (work / 'iter_4.pth').exists()
     assert {i: _losses(full)[i] for i in (3, 4)} == {i: _losses(work)[i] for i in (3, 4)}
     ours = safe_load(work / 'iter_4.pth')['state_dict']
@@ -109,20 +115,45 @@ def coco_root(tmp_path_factory) -> Path:
     return make_demo_coco(tmp_path_factory.mktemp('coco'), num_train=4, num_val=2, size=64)
 
 
-def _det_options(coco_root: Path, iters: int) -> list:
-    """--cfg-options for the demo Mask R-CNN on ``coco_root``'s 64 px images."""
+def _det_options(coco_root: Path, iters: int, seeded: bool = True) -> list:
+    """--cfg-options for the demo Mask R-CNN on ``coco_root``'s 64 px images; ``seeded`` as
+    for :func:`_options`."""
     annotations = coco_root / 'annotations' / 'instances_val.json'
+    seed = ['randomness.seed=0', 'randomness.deterministic=True'] if seeded else []
     return ['--cfg-options', *_data_roots(coco_root), f'val_evaluator.ann_file={annotations}',
             f'test_evaluator.ann_file={annotations}',
             'train_dataloader.dataset.pipeline.2.scale=(64,64)',
             f'train_cfg.max_iters={iters}', 'train_dataloader.batch_size=2',
             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
-            'randomness.seed=0', 'randomness.deterministic=True',
-            'default_hooks.logger.interval=1']
+            *seed, 'default_hooks.logger.interval=1']
+
+
+def test_demo_mask_rcnn_resumes_exactly_with_its_drawn_seed(coco_root, tmp_path):
+    # The shipped runtime's randomness (each run draws its seed; proposal sampling and
+    # flips draw from it): resumed from the checkpoint of iteration 2, the run ends with the
+    # uninterrupted run's weights, bit for bit.
+    full, work = tmp_path / 'full', tmp_path / 'work'
+    options = [*_det_options(coco_root, 4, seeded=False), 'train_cfg.val_begin=5',
+               'default_hooks.checkpoint.interval=2', 'default_hooks.checkpoint.max_keep_ckpts=2']
+    _run(sys.executable, 'tools/train.py', DET_CONFIG, '--work-dir', full, *options)
+    work.mkdir()
+    shutil.copy(full / 'iter_2.pth', work)
+    _run(sys.executable, 'tools/train.py', DET_CONFIG, '--work-dir', work, '--resume', *options)
+    ours = safe_load(work / 'iter_4.pth')['state_dict']
+    reference = safe_load(full / 'iter_4.pth')['state_dict']
+    assert all(torch.equal(ours[key], reference[key]) for key in reference)
 
 
 def _relative_gaps(losses: dict[int, float], reference: dict[int, float]) -> dict[int, float]:
     return {i: abs(losses[i] - reference[i]) / abs(reference[i]) for i in reference}
+
+
+def _another_isa_and_thread_count() -> dict:
+    """The environment of an eager run whose kernels round otherwise than this process's:
+    two threads instead of one, and ATen's kernels at another instruction-set level (the
+    scalar ``default`` ones, or the CPU's own where this process is forced to ``default``)."""
+    forced_default = torch.backends.cpu.get_cpu_capability() == 'DEFAULT'
+    return dict(OMP_NUM_THREADS='2', ATEN_CPU_CAPABILITY=None if forced_default else 'default')
 
 
 @pytest.mark.parametrize('config', [DET_CONFIG, CONFIG], ids=['mask-rcnn', 'upernet'])
@@ -137,26 +168,22 @@ def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tm
                ) + ['train_cfg.val_begin=21']
     # one thread each, as the suite runs every process: a second thread waits for a core
     # that the suite's other worker holds
-    runs = [('eager', 1, ()), ('compiled', 1, ('--compile', 'aot_eager'))]
-    if config == CONFIG:  # the spread that bounds UperNet's later iterations
-        runs.append(('two-threads', 2, ()))
+    runs = [('eager', {'OMP_NUM_THREADS': '1'}, ()),
+            ('compiled', {'OMP_NUM_THREADS': '1'}, ('--compile', 'aot_eager')),
+            ('eager-elsewhere', _another_isa_and_thread_count(), ())]
     losses, logs = {}, {}
-    for name, threads, compile_options in runs:
+    for name, env, compile_options in runs:
         logs[name] = _run(sys.executable, 'tools/train.py', config, '--work-dir',
-                          tmp_path / name, *compile_options, *options,
-                          env=dict(OMP_NUM_THREADS=str(threads)))
+                          tmp_path / name, *compile_options, *options, env=env)
         losses[name] = _losses(tmp_path / name)
         assert sorted(losses[name]) == list(range(1, 21)), name
     assert 'torch.compile (aot_eager): backbone, ' in logs['compiled']
+    # Training a detector or a segmentor is chaotic: AdamW's first steps (nearly the
+    # gradient's sign), proposal sampling and NMS ties turn rounding into real differences
+    # that grow from iteration to iteration. Eager itself, run on two threads with ATen's
+    # scalar kernels, moves the losses by up to ~1e-3 by iteration 20 (Mask R-CNN 8.3e-4 on
+    # an AVX-512 CPU, where the compiled run moves 4.6e-7); the compiled run stays within
+    # twice that spread, measured here on this CPU.
     compiled = _relative_gaps(losses['compiled'], losses['eager'])
-    # Equal arithmetic: within 1e-4 at every iteration for Mask R-CNN, and for UperNet over
-    # the first ten. Later, AdamW's first steps (nearly the gradient's sign) turn rounding
-    # into real differences: eager itself, on two threads instead of one, moves UperNet's
-    # losses by up to ~5e-4 by iteration 20 (measured 5.3e-4, where the compiled run moves
-    # 1.5e-4). The compiled run stays within that spread.
-    close = list(compiled) if config == DET_CONFIG else range(1, 11)
-    assert all(compiled[i] <= 1e-4 for i in close), compiled
-    if config == CONFIG:
-        spread = _relative_gaps(losses['two-threads'], losses['eager'])
-        assert max(compiled.values()) <= max(1e-4, 2 * max(spread.values())), (compiled,
-                                                                              spread)
+    spread = _relative_gaps(losses['eager-elsewhere'], losses['eager'])
+    assert max(compiled.values()) <= 2 * max(spread.values()), (compiled, spread)

@@ -1,5 +1,6 @@
 """Which checkpoint a launched tool resumes from: one decision for the whole job, made by
-process 0 and checked by every process (``tools/train.py --resume``)."""
+process 0 and checked by every process (``tools/train.py --resume``); the resumed run is built
+with that checkpoint's seed."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +9,7 @@ import os.path as osp
 from mmengine.config import Config
 from mmengine.dist import all_gather_object, broadcast_object_list, get_rank, get_world_size
 from mmengine.logging import print_log
+from mmengine.runner import find_latest_checkpoint
 
 from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
 from vitdense.engine.hooks.resume import find_resumable_checkpoint, remove_interrupted_saves
@@ -29,6 +31,8 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
     A group that torchrun restarted (``--max-restarts``; ``TORCHELASTIC_RESTART_COUNT`` > 0)
     resumes as with ``'auto'``: it continues from the work dir's last checkpoint instead of
     training from iteration 0 over the checkpoints of the group before it.
+
+    Whatever the checkpoint, the run is built with its seed (:func:`take_checkpoint_seed`).
     """
     restarts = torchrun_restarts()
     if resume is None and restarts > 0:
@@ -36,8 +40,14 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
                   'work dir\'s last checkpoint, as with --resume', logger='current',
                   level=logging.WARNING)
         resume = 'auto'
-    if resume is None:
-        return
+    if resume is not None:
+        _choose_for_the_job(cfg, resume)
+    take_checkpoint_seed(cfg)
+
+
+def _choose_for_the_job(cfg: Config, resume: str) -> None:
+    """Process 0's choice of checkpoint, checked by every process, set as ``cfg.resume`` and
+    ``cfg.load_from`` (:func:`apply_resume`)."""
     choice: list = [_choose_checkpoint(cfg.work_dir, resume) if get_rank() == 0 else None]
     if get_world_size() > 1:
         broadcast_object_list(choice, src=0)
@@ -61,6 +71,35 @@ def apply_resume(cfg: Config, resume: str | None) -> None:
     print(f'{where}--resume: ' + (f'resuming from {path}' if path else
                                   'nothing to resume, starting from iteration 0'), flush=True)
     cfg.resume, cfg.load_from = path is not None, path
+
+
+def take_checkpoint_seed(cfg: Config) -> None:
+    """Build a resumed run with the seed of the checkpoint it resumes (``randomness.seed``).
+
+    mmengine's runner seeds itself from the config and builds its training loader (the
+    sampler's shuffling seed, the workers' seeds) before ``Runner.resume`` loads the
+    checkpoint and only then takes its seed: with ``seed=None``, as every shipped runtime
+    has, the resumed run would draw a seed of its own, shuffle the data in another order
+    and differ from the uninterrupted run from its first resumed iteration. The checkpoint
+    mmengine will resume (``load_from``, or the work dir's ``last_checkpoint`` with
+    ``resume=True`` alone) gives its ``meta['seed']``, process 0's; each process adds its
+    rank to it again under ``diff_rank_seed``. Nothing changes for a run that does not
+    resume or a checkpoint without a seed.
+    """
+    if not cfg.get('resume'):
+        return
+    path = cfg.get('load_from') or find_latest_checkpoint(cfg.work_dir)
+    if path is None or not osp.isfile(path):
+        return
+    seed = (safe_load(path, map_location='cpu', mmap=True).get('meta') or {}).get('seed')
+    if seed is None:
+        return
+    randomness = dict(cfg.get('randomness') or {})
+    if randomness.get('seed') not in (None, seed):
+        print_log(f'randomness.seed={randomness["seed"]} is replaced by the seed of the '
+                  f'checkpoint resumed, {seed} ({path}): a resumed run repeats the run that '
+                  'wrote it', logger='current', level=logging.WARNING)
+    cfg.randomness = dict(randomness, seed=seed)
 
 
 def refuse_to_start_over(cfg: Config) -> None:

@@ -4,7 +4,8 @@ already trained, in one process and in two (the signal reaching one of them only
 with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``. A stop
 signal sent to the process group as loader workers start, before their shield is set, stops
 the run as any other; SIGKILL 2 s after SIGTERM leaves the last complete checkpoint to resume
-from. Started through tools/torchrun.sh, a stopped run exits 75 and a failed one does not."""
+from. The demo classifier with its shipped runtime (a seed drawn per run) stops and resumes
+exactly too. Started through tools/torchrun.sh, a stopped run exits 75 and a failed one does not."""
 from __future__ import annotations
 
 import itertools
@@ -418,6 +419,61 @@ def test_launcher_signal_to_the_process_group_stops_and_resume_is_exact(tmp_path
     assert status == 0, log[-3000:]
     resumed = safe_load(str(work / 'epoch_2.pth'))['state_dict']
     assert max(float((resumed[key] - value).abs().max()) for key, value in reference.items()) == 0
+
+
+SHIPPED_PER_EPOCH = 2  # 70 demo images in the recipe's batches of 64
+
+
+def _shipped_leaf(path: Path, data_root: Path, moment: str | None = None) -> Path:
+    """The demo classifier as shipped (its runtime's ``seed=None, diff_rank_seed=True``, its
+    persistent loader worker, LAMB, validation every 2 epochs) on the 70-image demo set for
+    2 epochs, both epochs' checkpoints kept; with ``moment``, its group gets SIGTERM then."""
+    signal_hook = ('' if moment is None else
+                   "custom_imports = dict(imports=['vitdense', 'vitdense.cls', "
+                   "'launcher_signals'], allow_failed_imports=False)\n"
+                   f"custom_hooks = [dict(type='LauncherSignalHook', moment='{moment}', "
+                   f"iterations_per_epoch={SHIPPED_PER_EPOCH})]\n")
+    path.write_text(f"_base_ = ['{DEMO_CLASSIFIER}']\n"
+                    f"train_dataloader = dict(dataset=dict(data_root='{data_root}'))\n"
+                    f"val_dataloader = dict(dataset=dict(data_root='{data_root}'))\n"
+                    "test_dataloader = val_dataloader\n"
+                    "train_cfg = dict(max_epochs=2)\n"
+                    "default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=2))\n"
+                    + signal_hook)
+    return path
+
+
+def _largest_difference(checkpoint: Path, reference: dict) -> float:
+    weights = safe_load(str(checkpoint))['state_dict']
+    return max(float((weights[key] - value).abs().max()) for key, value in reference.items())
+
+
+def test_the_shipped_demo_classifier_stops_and_resumes_exactly_with_its_drawn_seed(tmp_path):
+    # The recipe as users run it: the run draws its seed. SIGTERM to the group in epoch 2
+    # exits 75, and --resume ends bit for bit where the uninterrupted run of that seed ends
+    # (the same recipe given the seed drawn); so does --resume from that run's epoch 1
+    # checkpoint. Both resumed runs are built with the checkpoint's seed (its data order),
+    # not one they draw.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=7, num_val=1, size=72)
+    leaf = _shipped_leaf(tmp_path / 'leaf.py', data_root)
+    work = tmp_path / 'stopped'
+    status, log = _train(_shipped_leaf(tmp_path / 'signalled.py', data_root, 'training'), work)
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
+    assert (work / 'last_checkpoint').read_text() == str(work / 'iter_3.pth')
+    status, log = _train(leaf, work, '--resume')
+    assert status == 0, log[-3000:]
+
+    seed = safe_load(str(work / 'iter_3.pth'))['meta']['seed']
+    status, log = _train(leaf, tmp_path / 'full', '--cfg-options', f'randomness.seed={seed}')
+    assert status == 0, log[-3000:]
+    reference = safe_load(str(tmp_path / 'full' / 'epoch_2.pth'))['state_dict']
+    assert _largest_difference(work / 'epoch_2.pth', reference) == 0
+
+    work = tmp_path / 'from_epoch_1'
+    status, log = _train(leaf, work, '--resume', str(tmp_path / 'full' / 'epoch_1.pth'))
+    assert status == 0, log[-3000:]
+    assert 'resumes a checkpoint of seed' not in log
+    assert _largest_difference(work / 'epoch_2.pth', reference) == 0
 
 
 @pytest.mark.parametrize('held', ['iteration', 'save'])

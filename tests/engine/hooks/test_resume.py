@@ -110,10 +110,13 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         budget_seconds: float | None = None,
         kill_in_validation: int | None = None, val_interval: int = 4,
         distributed: bool = False, workers: int = 0,
-        persistent: bool = False, max_keep_ckpts: int = 1) -> tuple[Record, Runner]:
+        persistent: bool = False, max_keep_ckpts: int = 1,
+        sampler: str = 'InfiniteSampler', seed: int = 0) -> tuple[Record, Runner]:
     """9 iterations, checkpoint every 3 (``max_keep_ckpts`` kept); ``distributed``: one of the processes of a gloo
     group, seeded differently per process (``diff_rank_seed``); ``workers`` training
-    loader workers (``persistent``: kept from pass to pass)."""
+    loader workers (``persistent``: kept from pass to pass); ``sampler``: mmengine's
+    endless one, or ``'DefaultSampler'``, a pass of 3 batches that the loop starts again;
+    ``seed``: the runner's."""
     record = Record(kill_after, kill_in_validation)
     hooks = [ExactResumeHook(), record]
     train_cfg = dict(by_epoch=False, max_iters=9, val_interval=val_interval)
@@ -134,7 +137,7 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         train_dataloader=dict(dataset=AugmentedData(), batch_size=2,
                               collate_fn=dict(type='default_collate'), num_workers=workers,
                               persistent_workers=persistent,
-                              sampler=dict(type='InfiniteSampler', shuffle=True)),
+                              sampler=dict(type=sampler, shuffle=True)),
         val_dataloader=dict(dataset=AugmentedData(), batch_size=3,
                             collate_fn=dict(type='default_collate'),
                             sampler=dict(type='DefaultSampler', shuffle=True)),
@@ -143,7 +146,7 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         param_scheduler=schedulers, train_cfg=train_cfg,
         default_hooks=dict(checkpoint=checkpoint, logger=dict(type='LoggerHook', interval=1)),
         custom_hooks=hooks, resume=resume, experiment_name=f'run{next(RUN_IDS)}',
-        randomness=dict(seed=0, deterministic=True, diff_rank_seed=distributed),
+        randomness=dict(seed=seed, deterministic=True, diff_rank_seed=distributed),
         env_cfg=dict(dist_cfg=dict(backend='gloo')), **multi_process)
     try:
         runner.train()
@@ -189,6 +192,28 @@ def test_resume_mid_pass_with_loader_workers_repeats_the_run(tmp_path, persisten
     run(tmp_path / 'killed', kill_after=5, workers=2, persistent=persistent)
     assert_same_run(full, run(tmp_path / 'killed', resume=True, workers=2,
                                persistent=persistent), first_resumed=4)
+
+
+def test_resume_after_passes_of_a_finite_sampler_repeats_the_run(tmp_path):
+    # An iteration loop over a sampler of 3 batches a pass, resumed from the checkpoint of
+    # iteration 6 (two passes done): the third pass's batches are loaded from the third
+    # pass's seeds, as in the uninterrupted run, not from the first's.
+    full = run(tmp_path / 'full', sampler='DefaultSampler')
+    run(tmp_path / 'killed', kill_after=7, sampler='DefaultSampler')
+    assert_same_run(full, run(tmp_path / 'killed', resume=True, sampler='DefaultSampler'),
+                    first_resumed=7)
+
+
+def test_a_runner_built_with_another_seed_than_its_checkpoint_is_warned(tmp_path, full_run,
+                                                                          capfd):
+    # mmengine takes the checkpoint's seed after the runner built its loader with its own:
+    # the resumed run shuffles otherwise than the run that wrote the checkpoint, and says so.
+    run(tmp_path, kill_after=5)
+    resumed = run(tmp_path, resume=True, seed=1)
+    assert ('this run was built with seed 1 and resumes a checkpoint of seed 0'
+            in capfd.readouterr().out)
+    assert resumed[1].seed == 0
+    assert not all(torch.equal(full_run[0].losses[i], resumed[0].losses[i]) for i in (4, 5, 6))
 
 
 def test_resume_after_a_kill_during_validation(tmp_path, full_run):
@@ -354,6 +379,8 @@ def test_each_part_of_a_batch_seed_key_changes_its_draws():
     assert not torch.equal(first[0], first[1])  # place in the pass
     assert not torch.equal(first[0], second[0])  # pass
     assert not torch.equal(first[0], rank1[0][0])  # rank
+    # keys of equal sums, (0, 0, 1, 0) against (0, 1, 0, 0) and (0, 0, 0, 1)
+    assert not torch.equal(second[0], rank1[0][0]) and not torch.equal(second[0], first[1])
     again = _drawn(rank=0)
     assert all(torch.equal(a, b) for pass_a, pass_b in zip(rank0, again)
                for a, b in zip(pass_a, pass_b))

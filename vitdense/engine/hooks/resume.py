@@ -312,10 +312,24 @@ class ExactResumeHook(Hook):
         self.every_rank: list[dict] | None = None
         self.seeded: _SeededBatches | None = None
         self.unpatch_save: Callable[[], None] | None = None
+        self.built_with_seed: int | None = None
+
+    def before_run(self, runner) -> None:
+        """The seed the runner built the training loader with (its sampler's shuffling)."""
+        self.built_with_seed = runner.seed
 
     def before_train(self, runner) -> None:
         """Seed the training loader's workers per batch; in a multi-process run, have every
-        checkpoint save gather the random state of every process."""
+        checkpoint save gather the random state of every process. Warn when the run resumed
+        a checkpoint of another seed than the one it was built with (mmengine takes the
+        checkpoint's seed after building the loader): it cannot repeat the checkpoint's run."""
+        if self.built_with_seed is not None and runner.seed != self.built_with_seed:
+            print_log(f'this run was built with seed {self.built_with_seed} and resumes a '
+                      f'checkpoint of seed {runner.seed}: its data order and whatever else was '
+                      'drawn from the seed before the checkpoint loaded are not those of the '
+                      'run that wrote it, so it will not repeat that run. Resume with '
+                      'tools/train.py --resume, or set randomness.seed to the checkpoint\'s '
+                      "meta['seed']", logger='current', level=logging.WARNING)
         self.seeded = seed_batches(runner.train_loop.dataloader, runner.seed, get_rank())
         if get_world_size() > 1:
             self.unpatch_save = before_every_save(runner, self._gather_every_rank)
