@@ -145,6 +145,9 @@ def test_slurm_variables_become_the_process_group_environment():
     del reserved['MASTER_PORT']
     export_slurm_environment(reserved)
     assert reserved['MASTER_PORT'] == '12000'  # srun --resv-ports: the step's first port
+    preset = {**reserved, 'MASTER_ADDR': '10.0.0.9', 'MASTER_PORT': '23456'}
+    export_slurm_environment(preset)  # the user's address and port win
+    assert (preset['MASTER_ADDR'], preset['MASTER_PORT']) == ('10.0.0.9', '23456')
     assert first_host('rack[2-3]-n[04,06]') == 'rack2-n04' and first_host('node1') == 'node1'
     with pytest.raises(RuntimeError, match='SLURM_PROCID, SLURM_JOB_ID not set; start the tool '
                                            'with srun'):
@@ -158,6 +161,9 @@ def test_open_mpi_variables_become_the_process_group_environment():
     export_mpi_environment(environ)
     assert (environ['RANK'], environ['WORLD_SIZE'], environ['LOCAL_RANK']) == ('3', '4', '1')
     assert (environ['MASTER_ADDR'], environ['MASTER_PORT']) == ('10.0.0.1', '29500')
+    preset = {**environ, 'MASTER_PORT': '23456'}
+    export_mpi_environment(preset)
+    assert preset['MASTER_PORT'] == '23456'
     one_node = dict(OMPI_COMM_WORLD_RANK='0', OMPI_COMM_WORLD_SIZE='2',
                     OMPI_COMM_WORLD_LOCAL_RANK='0', OMPI_COMM_WORLD_LOCAL_SIZE='2')
     export_mpi_environment(one_node)

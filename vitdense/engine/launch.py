@@ -118,8 +118,9 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
     process whose port another job holds would join that job's group and wait there until
     the timeout. Process 0 opens the store (or, under torchrun, finds its agent's) and writes
     the job's :func:`job_identity`; every other process reads it and stops at once, naming
-    both jobs and the port, when it is not its own job's. A port already held stops process
-    0 at once as well.
+    both jobs and the port, when it is not its own job's; process 0 never overwrites
+    another job's identity in a store it finds (torchrun's agent's). A port already held
+    stops process 0 at once as well, naming the process that holds it (:func:`port_holder`).
     """
     identity, advice = job_identity(os.environ)
     port = f'{os.environ["MASTER_ADDR"]}:{os.environ["MASTER_PORT"]}'
@@ -128,8 +129,9 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
     except torch.distributed.DistNetworkError as err:
         if 'EADDRINUSE' not in str(err):
             raise
+        holder = port_holder(int(os.environ['MASTER_PORT']))
         raise RuntimeError(f'rank 0 of {identity} cannot open the rendezvous at {port}: '
-                           f'another process holds that port; {advice}') from err
+                           f'{holder} holds that port; {advice}') from err
     store = _this_attempt(store)
     if rank == 0:
         found = store.compare_set(JOB_KEY, '', identity).decode()
@@ -147,6 +149,37 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
                            f'at {port} and stops instead of joining it; {advice}')
     store.set_timeout(timeout)
     return PrefixStore('default_pg', store), rank, world_size
+
+
+def port_holder(port: int) -> str:
+    """Who holds the TCP ``port`` of this machine that process 0 cannot listen on: ``process
+    <pid> (<command line>)`` of the process of this user listening there (``/proc/net/tcp*``
+    give the socket, ``/proc/<pid>/fd`` its owner; Linux), else ``another process``.
+
+    The command line names the other job (its tool, config and work dir); the store such a
+    process serves is not asked for its job's identity, since a client of a port where no
+    store answers waits without a time limit."""
+    sockets = set()
+    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+        try:
+            with open(table) as rows:
+                for row in list(rows)[1:]:
+                    fields = row.split()
+                    if fields[3] == '0A' and int(fields[1].rsplit(':', 1)[1], 16) == port:
+                        sockets.add(f'socket:[{fields[9]}]')  # 0A: LISTEN
+        except OSError:
+            continue
+    for entry in os.scandir('/proc') if sockets else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd.path) in sockets for fd in os.scandir(f'{entry.path}/fd')):
+                with open(f'{entry.path}/cmdline', 'rb') as command:
+                    line = command.read().replace(b'\0', b' ').decode(errors='replace')
+                return f'process {entry.name} ({line.strip()})'
+        except OSError:
+            continue
+    return 'another process'
 
 
 def _this_attempt(store: torch.distributed.Store) -> torch.distributed.Store:
@@ -345,13 +378,15 @@ def close_process_group() -> None:
 def run_tool(main: Callable[[], None]) -> None:
     """The tools' launch entry point: run a tool's ``main`` and close the process group; exit
     with :data:`~vitdense.engine.hooks.preemption.PREEMPTED_EXIT_CODE` when a preemption signal
-    stopped training after its checkpoint was saved, else return. A worker of a launched job
+    stopped training after its checkpoint was saved (ignoring the stop signals from then on,
+    so that a second one cannot kill the process before it exits), else return. A worker of a launched job
     (its process group open, :func:`join_job`) that fails wakes its stopped siblings
     (:func:`wake_siblings`) before the error propagates."""
     status = 0
     try:
         main()
     except Preempted as stop:
+        stop.ignore_signals()  # saved: a later stop signal must not turn the exit 75 into -15
         print(f'rank {get_rank()}: {stop}', file=sys.stderr, flush=True)
         status = stop.exit_code
     except (Exception, KeyboardInterrupt):
