@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,11 +95,12 @@ def epoch_run(work_dir: Path, signal_after: int | None = None, resume: bool = Fa
         resume=resume, experiment_name=f'preempt{next(RUN_IDS)}',
         randomness=dict(seed=0, deterministic=True, diff_rank_seed=distributed),
         env_cfg=dict(dist_cfg=dict(backend='gloo')), **multi_process)
-    runner.preempted = None
+    runner.preempted = runner.handler_after_stop = None
     try:
         runner.train()
     except Preempted as stop:
-        runner.preempted = stop
+        runner.preempted, runner.handler_after_stop = stop, signal.getsignal(signum)
+        stop.restore_signals()
     return record, runner
 
 
@@ -117,7 +120,10 @@ def test_signal_mid_epoch_saves_that_iteration_and_resume_is_exact(tmp_path, sig
     assert sorted(stopped[0].losses) == [1, 2, 3, 4, 5]  # epoch 2 (iterations 4-6) cut short
     assert stop.checkpoint == tmp_path / 'work' / 'iter_5.pth'
     assert find_resumable_checkpoint(tmp_path / 'work') == str(stop.checkpoint)
-    assert signal.getsignal(signum) == before  # the handler is put back
+    # the hook's handler stays through the stop (a second signal cannot kill the process
+    # before it exits) until the caller, going on, puts the previous one back
+    assert stopped[1].handler_after_stop not in (before, signal.SIG_DFL)
+    assert signal.getsignal(signum) == before
 
     CountedData.loaded[0] = 0
     resumed = epoch_run(tmp_path / 'work', resume=True)
@@ -186,6 +192,7 @@ def demo_classifier_run(work_dir: Path, data_root: Path, signal_after: int | Non
         runner.train()
     except Preempted as stop:
         runner.preempted = stop
+        stop.restore_signals()
     return runner
 
 
@@ -241,6 +248,8 @@ def test_demo_classifier_resumed_with_other_num_workers_repeats_the_run(tmp_path
     stopped = demo_classifier_run(tmp_path / 'work', data_root, signal_after=4,
                                   persistent=True, epochs=2)
     assert stopped.preempted is not None and stopped.preempted.iteration == 4
+    workers = stopped.train_loop.dataloader._iterator._workers
+    assert workers and not any(worker.is_alive() for worker in workers)  # the stop ended them
     resumed = demo_classifier_run(tmp_path / 'work', data_root, resume=True, workers=0,
                                   epochs=2)
     assert _max_difference(resumed, full) == 0
@@ -334,12 +343,14 @@ STOPPED_AFTER = dict(training=PER_EPOCH + 1, last_of_epoch=PER_EPOCH, saving=PER
 
 
 def _demo_leaf(path: Path, data_root: Path, moment: str | None = None,
-               hold: str | None = None) -> Path:
+               hold: str | None = None, start_method: str | None = None) -> Path:
     """The demo classifier with its own loader settings (persistent workers), on the 10-image
     demo set for 2 epochs, validated and saved every epoch (the last one kept); with
     ``moment``, its process group gets SIGTERM then, and ``hold`` stalls the trainer
-    afterwards (``launcher_signals.LauncherSignalHook``)."""
-    loader = f"dict(dataset=dict(data_root='{data_root}')"
+    afterwards (``launcher_signals.LauncherSignalHook``); ``start_method``: how the loaders
+    start their workers (multiprocessing's default: ``fork`` on Linux)."""
+    context = '' if start_method is None else f", multiprocessing_context='{start_method}'"
+    loader = f"dict(dataset=dict(data_root='{data_root}'){context}"
     signal_hook = ('' if moment is None else
                    "custom_imports = dict(imports=['vitdense', 'vitdense.cls', "
                    "'launcher_signals'], allow_failed_imports=False)\n"
@@ -355,36 +366,91 @@ def _demo_leaf(path: Path, data_root: Path, moment: str | None = None,
     return path
 
 
+class Watched:
+    """A command in a process group of its own (as a launcher starts it), its output (stdout
+    and stderr) read line by line by a thread, so that the test waits for a line or for the
+    end with a deadline: past it the group gets SIGKILL and the test fails with the output,
+    where a blocking read would hang on a process that does not end (or on a loader worker
+    that keeps the output open)."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _fail(self, what: str, seconds: float) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        pytest.fail(f'{what} not within {seconds} s; output:\n{"".join(self.log)[-3000:]}')
+
+    def until(self, text: str, seconds: float) -> float:
+        """Wait for a line that holds ``text``; when it came (``time.monotonic``)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail(f'a line with {text!r}', seconds)
+            if line is None:
+                pytest.fail(f'the output ended without {text!r}:\n{"".join(self.log)[-3000:]}')
+            self.log.append(line)
+            if text in line:
+                return time.monotonic()
+
+    def end(self, seconds: float) -> tuple[int, str]:
+        """Wait for the end of the output and the process's exit; its status and output."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail('the end of the output', seconds)
+            if line is None:
+                break
+            self.log.append(line)
+        try:
+            return self.process.wait(timeout=max(0.0, deadline - time.monotonic())), ''.join(
+                self.log)
+        except subprocess.TimeoutExpired:
+            self._fail('the exit', seconds)
+
+    def signal_group(self, signum: int) -> None:
+        os.killpg(self.process.pid, signum)
+
+
+def _trainer(config: Path, work_dir: Path, *extra: str) -> Watched:
+    """``tools/train.py`` on ``config``, watched."""
+    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1',
+           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
+    return Watched([sys.executable, 'tools/train.py', str(config), '--work-dir', str(work_dir),
+                    '--skip-data-check', *extra], env)
+
+
 def _train(config: Path, work_dir: Path, *extra: str) -> tuple[int, str]:
     """``tools/train.py`` in a process group of its own (as a launcher starts it); its exit
     status and output, once every process of the group (loader workers too) is gone."""
-    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1',
-           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
-    done = subprocess.run([sys.executable, 'tools/train.py', str(config), '--work-dir',
-                           str(work_dir), '--skip-data-check', *extra], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, start_new_session=True)
-    return done.returncode, done.stdout + done.stderr
+    return _trainer(config, work_dir, *extra).end(600)
 
 
 def _train_until_killed(config: Path, work_dir: Path, grace: float = 2.0) -> tuple[int, str]:
     """``tools/train.py`` in a process group of its own, which gets SIGKILL ``grace`` seconds
     after the trainer reports its stop signal, as SLURM (``KillWait``) and torchrun's agent
     (``--shutdown-timeout``) escalate; its exit status and output."""
-    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1',
-           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
-    trainer = subprocess.Popen([sys.executable, 'tools/train.py', str(config), '--work-dir',
-                                str(work_dir), '--skip-data-check'], cwd=REPO_ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    log = []
-    for line in trainer.stdout:
-        log.append(line)
-        if 'SIGTERM received' in line:
-            time.sleep(grace)
-            os.killpg(trainer.pid, signal.SIGKILL)
-            log.append(trainer.stdout.read())
-            break
-    return trainer.wait(timeout=60), ''.join(log)
+    trainer = _trainer(config, work_dir)
+    trainer.until('SIGTERM received', 600)
+    time.sleep(grace)
+    trainer.signal_group(signal.SIGKILL)
+    return trainer.end(60)
 
 
 @pytest.fixture(scope='module')
@@ -447,25 +513,51 @@ def test_sigkill_after_the_grace_period_leaves_the_last_checkpoint_to_resume(tmp
 
 
 
-def _torchrun(config: Path, work_dir: Path, *extra: str,
-              stop_at: str | None = None) -> tuple[int, str]:
+def test_forkserver_loader_workers_stop_and_let_a_finished_run_exit(tmp_path, demo_reference):
+    # Loader workers forked by multiprocessing's fork server, whose children they are (not
+    # the trainer's): SIGTERM to the group mid-epoch 2 stops the run (exit 75), and the
+    # resumed run ends bit for bit where the uninterrupted one ended and exits, its workers
+    # ended by the trainer's SIGTERM at its exit.
+    data_root, reference = demo_reference
+    work = tmp_path / 'work'
+    status, log = _train(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
+                                    start_method='forkserver'), work)
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
+    resumed = _trainer(_demo_leaf(tmp_path / 'leaf.py', data_root, start_method='forkserver'),
+                       work, '--resume')
+    resumed.until(f'Epoch(train) [2][{PER_EPOCH}/{PER_EPOCH}]', 600)  # the last iteration
+    status, log = resumed.end(120)  # then a validation, a save and the exit
+    assert status == 0, log[-3000:]
+    final = safe_load(str(work / 'epoch_2.pth'))['state_dict']
+    assert max(float((final[key] - value).abs().max()) for key, value in reference.items()) == 0
+
+
+@pytest.mark.parametrize('gap', [0.2, 0.5])
+def test_a_second_sigterm_after_the_stop_save_still_exits_75(tmp_path, demo_reference, gap):
+    # SIGTERM to the group (forkserver loader workers) mid-epoch 2, and again ``gap`` s after
+    # the trainer logs its saved stop, while its exit is under way (held 3 s, as a slow
+    # exit): exit 75 with that checkpoint, not killed by the second signal (-15).
+    data_root, _ = demo_reference
+    work = tmp_path / 'work'
+    trainer = _trainer(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
+                                  hold='exit', start_method='forkserver'), work)
+    trainer.until('stopping after iteration', 600)
+    time.sleep(gap)
+    assert trainer.process.poll() is None  # still exiting
+    trainer.signal_group(signal.SIGTERM)
+    status, log = trainer.end(120)
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
+    assert (work / 'last_checkpoint').read_text() == str(work / f'iter_{PER_EPOCH + 1}.pth')
+
+
+def _torchrun(config: Path, work_dir: Path, *extra: str) -> Watched:
     """``tools/torchrun.sh`` starting 2 processes of ``tools/train.py`` on CPU, in a process
-    group of its own; with ``stop_at``, that group gets SIGTERM once a line of the output
-    holds it, as a scheduler (SLURM, Kubernetes) stops the job. Temporary files go beside
-    ``work_dir``. The launcher's exit status and output."""
+    group of its own (a scheduler's SIGTERM goes to that group), watched. Temporary files go
+    beside ``work_dir``."""
     env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': '',
            'PYTHONUNBUFFERED': '1', 'TMPDIR': str(work_dir.parent)}
-    launcher = subprocess.Popen(['bash', 'tools/torchrun.sh', '2', 'tools/train.py', str(config),
-                                 '--work-dir', str(work_dir), '--skip-data-check', *extra],
-                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    log = []
-    for line in launcher.stdout:
-        log.append(line)
-        if stop_at is not None and stop_at in line:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            stop_at = None
-    return launcher.wait(timeout=120), ''.join(log)
+    return Watched(['bash', 'tools/torchrun.sh', '2', 'tools/train.py', str(config),
+                    '--work-dir', str(work_dir), '--skip-data-check', *extra], env)
 
 
 def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tmp_path):
@@ -477,8 +569,10 @@ def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tm
     data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
     config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
     # 8 epochs of 2 iterations: the signal lands well before the end, after iteration 1 or 2
-    status, log = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=8',
-                            stop_at='Epoch(train) [1][1/2]')
+    launcher = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=8')
+    launcher.until('Epoch(train) [1][1/2]', 300)
+    launcher.signal_group(signal.SIGTERM)
+    status, log = launcher.end(300)
     assert status == PREEMPTED_EXIT_CODE, log[-3000:]
     stop = Path((work / 'last_checkpoint').read_text())
     stopped_after = re.fullmatch(r'iter_(\d+)\.pth', stop.name)
@@ -487,7 +581,7 @@ def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tm
     assert find_resumable_checkpoint(work) == str(stop)  # what --resume loads
     assert not list(tmp_path.glob('vitdense-stopped.*'))  # the launcher's, in its TMPDIR
 
-    status, log = _torchrun(config, tmp_path / 'failed', '--cfg-options', 'no_such_key=1')
+    status, log = _torchrun(config, tmp_path / 'failed', '--cfg-options', 'no_such_key=1').end(300)
     assert status not in (0, PREEMPTED_EXIT_CODE), log[-3000:]
     assert "has no top-level key 'no_such_key'" in log
 
