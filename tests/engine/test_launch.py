@@ -1,20 +1,22 @@
 """vitdense/engine/launch.py, a tool's process in its job: workers that die with their launcher,
 a failing worker waking its stopped siblings, SLURM's and Open MPI's variables, evaluation
-results gathered over the process group, and the launch scripts' choice of interpreter,
-rendezvous and forwarded signals."""
+results gathered over the process group, a temporary folder too long for the loader workers'
+sockets, and the launch scripts' choice of interpreter, rendezvous and forwarded signals."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from vitdense.engine.launch import (export_mpi_environment, export_slurm_environment, first_host,
-                                    gather_results_over_process_group)
+from vitdense.engine.launch import (SOCKET_SUFFIX, UNIX_SOCKET_PATH_LIMIT, export_mpi_environment,
+                                    export_slurm_environment, first_host,
+                                    gather_results_over_process_group, join_job)
 from vitdense.engine.tool_config import load_config
 
 from common import REPO_ROOT, free_port
@@ -184,3 +186,35 @@ def test_distributed_metrics_gather_over_the_process_group(tmp_path):
     assert cfg.test_evaluator == [dict(type='IoUMetric', collect_device='gpu'),
                                   dict(type='IoUMetric', collect_dir='/shared')]
     assert cfg.val_evaluator.metrics == dict(type='IoUMetric', collect_device='gpu')
+
+
+LOADER = '''
+import torch
+from torch.utils.data import DataLoader
+print([batch.shape[0] for batch in DataLoader(torch.zeros(6, 3), batch_size=2, num_workers=2,
+                                              timeout=60)])
+'''
+
+
+def test_a_temporary_folder_too_long_for_loader_sockets_is_refused(tmp_path, monkeypatch):
+    # At the limit (the Unix socket path multiprocessing makes there takes 107 bytes) a
+    # loader's workers hand their batches over; one byte more, and a tool with loader workers
+    # stops at once, naming the limit and the fix, where its trainers would wait for their
+    # first batch for ever.
+    longest = tmp_path / ('x' * (UNIX_SOCKET_PATH_LIMIT - SOCKET_SUFFIX - len(str(tmp_path)) - 1))
+    longest.mkdir()
+    assert len(str(longest)) + SOCKET_SUFFIX == UNIX_SOCKET_PATH_LIMIT
+    done = subprocess.run([sys.executable, '-c', LOADER], env={**os.environ, 'TMPDIR': str(longest)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == '[2, 2, 2]', done.stderr[-3000:]
+    cfg = load_config(CONFIG, None, 'none', str(tmp_path / 'work'))
+    monkeypatch.setattr(tempfile, 'tempdir', str(longest))
+    join_job(cfg)
+    monkeypatch.setattr(tempfile, 'tempdir', f'{longest}y')
+    with pytest.raises(OSError, match=rf'temporary folder {longest}y is too long for the loader '
+                                      r'workers: .* would take 108 bytes, over the 107-byte limit '
+                                      r'.*set TMPDIR to a folder of at most 75 bytes'):
+        join_job(cfg)
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].num_workers = 0
+    join_job(cfg)  # no loader workers: no sockets

@@ -13,6 +13,7 @@ import os.path as osp
 import re
 import signal
 import sys
+import tempfile
 from typing import Callable, Mapping, MutableMapping
 
 import torch
@@ -26,16 +27,50 @@ from vitdense.engine.hooks.preemption import Preempted
 
 
 def join_job(cfg: Config) -> None:
-    """A launched tool's process-level set-up (nothing for ``launcher='none'``): the kernel
-    stops this worker when its launcher dies (:func:`exit_with_launcher`), the process group
-    is opened before the Runner is built (:func:`open_process_group`) and the metrics gather
-    their results over it (:func:`gather_results_over_process_group`). Tools call it right
-    after :func:`load_config`, in their ``main`` that :func:`run_tool` runs."""
+    """A tool's process-level set-up: the loader workers can reach it
+    (:func:`check_socket_folder`); then, for a launched tool (not ``launcher='none'``), the
+    kernel stops this worker when its launcher dies (:func:`exit_with_launcher`), the process
+    group is opened before the Runner is built (:func:`open_process_group`) and the metrics
+    gather their results over it (:func:`gather_results_over_process_group`). Tools call it
+    right after :func:`load_config`, in their ``main`` that :func:`run_tool` runs."""
+    check_socket_folder(cfg)
     if cfg.launcher == 'none':
         return
     exit_with_launcher()
     open_process_group(cfg, cfg.launcher)
     gather_results_over_process_group(cfg)
+
+
+#: the longest path of a Unix socket, in bytes (``sun_path`` of ``sockaddr_un``, 108 bytes on
+#: Linux, with the terminating NUL that Python's ``bind`` requires)
+UNIX_SOCKET_PATH_LIMIT = 107
+
+#: what multiprocessing adds to the temporary folder for its sockets:
+#: ``/pymp-XXXXXXXX/listener-XXXXXXXX`` (``multiprocessing.util.get_temp_dir``)
+SOCKET_SUFFIX = len('/pymp-12345678/listener-12345678')
+
+
+def check_socket_folder(cfg: Config) -> None:
+    """Refuse a temporary folder (``TMPDIR``) too long for the Unix sockets of loader workers.
+
+    A loader worker hands each batch's tensors to the trainer as file descriptors, through a
+    Unix socket that multiprocessing opens in the temporary folder; past
+    :data:`UNIX_SOCKET_PATH_LIMIT` bytes it cannot (``OSError: AF_UNIX path too long`` in the
+    worker's queue thread, which drops the batch), and the trainer waits for its first batch
+    for ever. Checked for configs whose loaders have workers.
+    """
+    loaders = [cfg.get(f'{split}_dataloader') or {} for split in ('train', 'val', 'test')]
+    if not any(loader.get('num_workers', 0) for loader in loaders):
+        return
+    folder = tempfile.gettempdir()
+    length = len(os.fsencode(folder)) + SOCKET_SUFFIX
+    if length > UNIX_SOCKET_PATH_LIMIT:
+        raise OSError(f'temporary folder {folder} is too long for the loader workers: their '
+                      f'Unix socket <folder>/pymp-XXXXXXXX/listener-XXXXXXXX would take '
+                      f'{length} bytes, over the {UNIX_SOCKET_PATH_LIMIT}-byte limit of a '
+                      f'Unix socket path, and no batch would reach the trainer; set TMPDIR to '
+                      f'a folder of at most {UNIX_SOCKET_PATH_LIMIT - SOCKET_SUFFIX} bytes '
+                      '(e.g. TMPDIR=/tmp), or num_workers=0')
 
 
 def open_process_group(cfg: Config, launcher: str) -> None:

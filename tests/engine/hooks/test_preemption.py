@@ -424,6 +424,13 @@ class Watched:
         except subprocess.TimeoutExpired:
             self._fail('the exit', seconds)
 
+    def exit(self, seconds: float) -> int:
+        """Wait for the process's exit (its children and the output may outlive it)."""
+        try:
+            return self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self._fail('the exit', seconds)
+
     def signal_group(self, signum: int) -> None:
         os.killpg(self.process.pid, signum)
 
@@ -612,3 +619,52 @@ def test_torchrun_restarts_a_group_whose_worker_died_from_its_last_checkpoint(tm
     first_losses = re.findall(r'Epoch\(train\) \[2\]\[1/2\].*loss: (\S+)', text)
     assert len(first_losses) == 2 and first_losses[0] == first_losses[1], first_losses
     assert 'Epoch(train) [3][2/2]' in text and (work / 'epoch_3.pth').is_file()
+
+
+def _processes_under(folder: Path) -> list[int]:
+    """The processes whose environment names a ``VITDENSE_STOPPED_DIR`` in ``folder``: those
+    a tools/torchrun.sh started with ``folder`` as its TMPDIR (workers, loader workers)."""
+    found = []
+    for entry in Path('/proc').iterdir():
+        try:
+            environ = (entry / 'environ').read_bytes().split(b'\0') if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if any(variable.startswith(f'VITDENSE_STOPPED_DIR={folder}/'.encode())
+               for variable in environ):
+            found.append(int(entry.name))
+    return found
+
+
+def test_torchrun_launcher_signalled_twice_exits_75_and_outlives_its_processes(tmp_path):
+    # SIGTERM to the launcher's process group once the first iteration is logged, and again
+    # 0.2 s later, while torchrun's agent shuts its workers down (the second signal ends the
+    # agent's shutdown, leaving the workers): the launcher waits for every process it
+    # started, then exits 75 with the stop checkpoint.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
+    launcher = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=8')
+    launcher.until('Epoch(train) [1][1/2]', 300)
+    launcher.signal_group(signal.SIGTERM)
+    time.sleep(0.2)
+    launcher.signal_group(signal.SIGTERM)
+    status = launcher.exit(300)
+    left = _processes_under(tmp_path)
+    log = launcher.end(60)[1]
+    assert not left and status == PREEMPTED_EXIT_CODE, (left, log[-3000:])
+    stop = Path((work / 'last_checkpoint').read_text())
+    assert re.fullmatch(r'iter_\d+\.pth', stop.name) and find_resumable_checkpoint(work) == str(stop)
+
+
+def test_torchrun_launcher_signalled_after_a_finished_run_exits_0(tmp_path):
+    # SIGTERM to the launcher's process group at the finished run's last line (its
+    # validation's result), while its processes and torchrun's agent end: the run is
+    # complete, and the launcher says so (0), not a failure (1).
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
+    launcher = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=1')
+    launcher.until('accuracy/top1', 300)
+    launcher.signal_group(signal.SIGTERM)
+    status, log = launcher.end(300)
+    assert status == 0, log[-3000:]
+    assert (work / 'last_checkpoint').read_text() == str(work / 'epoch_1.pth')
