@@ -204,8 +204,8 @@ def test_a_temporary_folder_too_long_for_loader_sockets_is_refused(tmp_path, mon
     longest = tmp_path / ('x' * (UNIX_SOCKET_PATH_LIMIT - SOCKET_SUFFIX - len(str(tmp_path)) - 1))
     longest.mkdir()
     assert len(str(longest)) + SOCKET_SUFFIX == UNIX_SOCKET_PATH_LIMIT
-    done = subprocess.run([sys.executable, '-c', LOADER], env={**os.environ, 'TMPDIR': str(longest)},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, '-c', LOADER], capture_output=True, text=True,
+                          env={**os.environ, 'TMPDIR': str(longest)}, timeout=300)
     assert done.stdout.strip() == '[2, 2, 2]', done.stderr[-3000:]
     cfg = load_config(CONFIG, None, 'none', str(tmp_path / 'work'))
     monkeypatch.setattr(tempfile, 'tempdir', str(longest))

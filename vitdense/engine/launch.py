@@ -414,9 +414,9 @@ def run_tool(main: Callable[[], None]) -> None:
     """The tools' launch entry point: run a tool's ``main`` and close the process group; exit
     with :data:`~vitdense.engine.hooks.preemption.PREEMPTED_EXIT_CODE` when a preemption signal
     stopped training after its checkpoint was saved (ignoring the stop signals from then on,
-    so that a second one cannot kill the process before it exits), else return. A worker of a launched job
-    (its process group open, :func:`join_job`) that fails wakes its stopped siblings
-    (:func:`wake_siblings`) before the error propagates."""
+    so that a second one cannot kill the process before it exits), else return. A worker of a
+    launched job (its process group open, :func:`join_job`) that fails wakes its stopped
+    siblings (:func:`wake_siblings`) before the error propagates."""
     status = 0
     try:
         main()

@@ -73,7 +73,8 @@ class LauncherSignalHook(Hook):
         if moment not in MOMENTS:
             raise ValueError(f'moment must be one of {MOMENTS}, got {moment!r}')
         if hold not in (None, 'iteration', 'save', 'exit'):
-            raise ValueError(f"hold must be None, 'iteration', 'save' or 'exit', got {hold!r}")
+            raise ValueError(f"hold must be None, 'iteration', 'save' or 'exit', "
+                             f"got {hold!r}")
         self.moment, self.per_epoch, self.hold, self.sent = moment, iterations_per_epoch, hold, False
 
     def _send(self, moment: str) -> None:

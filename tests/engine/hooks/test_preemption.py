@@ -653,7 +653,8 @@ def test_torchrun_launcher_signalled_twice_exits_75_and_outlives_its_processes(t
     log = launcher.end(60)[1]
     assert not left and status == PREEMPTED_EXIT_CODE, (left, log[-3000:])
     stop = Path((work / 'last_checkpoint').read_text())
-    assert re.fullmatch(r'iter_\d+\.pth', stop.name) and find_resumable_checkpoint(work) == str(stop)
+    assert re.fullmatch(r'iter_\d+\.pth', stop.name)
+    assert find_resumable_checkpoint(work) == str(stop)
 
 
 def test_torchrun_launcher_signalled_after_a_finished_run_exits_0(tmp_path):

@@ -43,7 +43,7 @@ from pathlib import Path
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from mmengine.dist import all_reduce, get_rank, get_world_size, is_main_process
@@ -97,7 +97,8 @@ class Preempted(Exception):
     exit_code = PREEMPTED_EXIT_CODE
 
     def __init__(self, checkpoint: Path, iteration: int, requeued: bool,
-                 signals: Sequence[int] = (), restore_signals: Any = None) -> None:
+                 signals: Sequence[int] = (),
+                 restore_signals: Callable[[], None] | None = None) -> None:
         self.checkpoint, self.iteration, self.requeued = checkpoint, iteration, requeued
         self.signals, self._restore_signals = list(signals), restore_signals
         then = 'the job was requeued' if requeued else 'run with --resume to continue'
@@ -148,9 +149,7 @@ class _ShieldedWorker:
         # blocked since the worker started (:class:`_StartBlocked`), unless its loader's
         # context started it otherwise (a forkserver)
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
-        trainer = multiprocessing.parent_process()
-        threading.Thread(target=self._take_signals,
-                         args=(os.getppid() if trainer is None else trainer.pid,),
+        threading.Thread(target=self._take_signals, args=(multiprocessing.parent_process().pid,),
                          daemon=True, name='stop-signals').start()
         if self.init_fn is not None:
             self.init_fn(worker_id)
@@ -267,11 +266,11 @@ class PreemptionHook(Hook):
     The handlers are installed when the hook is built and put back when the run ends
     (``after_run``), leaving the process as it was. A stop keeps them (a second signal after
     the save cannot kill the process, whose exit status must say "stopped"):
-    :class:`Preempted` says how to put them back or ignore the signals. The training, validation and test
-    loaders' workers are shielded before they start (:func:`shield_loader_workers`); an
-    iteration loop's loader, whose workers start with the loop, before the hooks run, is
-    restarted once. A signal during validation stops at the end of that validation
-    iteration with a checkpoint of the training iteration it follows.
+    :class:`Preempted` says how to put them back or ignore the signals. The training,
+    validation and test loaders' workers are shielded before they start
+    (:func:`shield_loader_workers`); an iteration loop's loader, whose workers start with the
+    loop, before the hooks run, is restarted once. A signal during validation stops at the
+    end of that validation iteration with a checkpoint of the training iteration it follows.
 
     With :data:`STOPPED_DIR_ENV` set (by ``tools/torchrun.sh``), each process creates the
     empty file ``<that dir>/<global rank>.stopped`` once the stop checkpoint is saved, or
