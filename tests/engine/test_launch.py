@@ -19,7 +19,7 @@ from vitdense.engine.launch import (SOCKET_SUFFIX, UNIX_SOCKET_PATH_LIMIT, expor
                                     gather_results_over_process_group, join_job)
 from vitdense.engine.tool_config import load_config
 
-from common import REPO_ROOT, free_port
+from common import REPO_ROOT, Watched, free_port
 
 CONFIG = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 
@@ -34,19 +34,17 @@ print('ready', flush=True)
 time.sleep(60)
 """], stdout=subprocess.PIPE, text=True)
 assert worker.stdout.readline().strip() == 'ready'
-print(worker.pid, flush=True)
+print(f'worker {worker.pid}', flush=True)
 time.sleep(60)
 '''
 
 
 def test_worker_exits_when_its_launcher_is_killed():
-    launcher = subprocess.Popen([sys.executable, '-c', LAUNCHER], stdout=subprocess.PIPE,
-                                text=True, cwd=REPO_ROOT,
-                                env={**os.environ,
-                                     'PYTHONPATH': f'{REPO_ROOT}:{REPO_ROOT / "tools"}'})
-    worker = int(launcher.stdout.readline())
-    launcher.send_signal(signal.SIGKILL)
-    launcher.wait()
+    launcher = Watched([sys.executable, '-c', LAUNCHER],
+                       env={**os.environ, 'PYTHONPATH': f'{REPO_ROOT}:{REPO_ROOT / "tools"}'})
+    worker = int(launcher.until('worker ', 120).split()[1])
+    launcher.process.send_signal(signal.SIGKILL)
+    launcher.process.wait(timeout=60)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -90,7 +88,7 @@ def test_a_failing_launched_worker_wakes_its_stopped_siblings(tmp_path):
         port = str(free_port())
         for how, state in (('alone', 'T'), ('launched', 'S')):  # 'none': nobody to wake
             worker = subprocess.run([sys.executable, '-c', FAILING_WORKER, how, port],
-                                    cwd=tmp_path, capture_output=True, text=True,
+                                    cwd=tmp_path, capture_output=True, text=True, timeout=300,
                                     env={**os.environ, 'PYTHONPATH': str(REPO_ROOT)})
             assert worker.returncode == 1 and 'RuntimeError: a peer timed out' in worker.stderr
             deadline = time.monotonic() + 10
@@ -114,7 +112,7 @@ def test_launch_script_prefers_the_project_environment(tmp_path):
     venv_python.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ('PYTHON', 'VITDENSE_VENV')}
     result = subprocess.run(['bash', str(checkout / 'tools/torchrun.sh'), '1', 'x.py', '--help'],
-                            capture_output=True, text=True, env=env)
+                            capture_output=True, text=True, env=env, timeout=120)
     assert 'venv python -m torch.distributed.run' in result.stdout
 
 
@@ -129,7 +127,7 @@ def test_launch_script_rendezvous_and_forwarded_signals(tmp_path, nodes, rendezv
     env = {**{k: v for k, v in os.environ.items() if k not in ('NNODES', 'PORT')},
            'PYTHON': str(python), **nodes}
     result = subprocess.run(['bash', str(REPO_ROOT / 'tools/torchrun.sh'), '2', 'x.py', '--a'],
-                            capture_output=True, text=True, env=env, check=True)
+                            capture_output=True, text=True, env=env, check=True, timeout=120)
     assert result.stdout.splitlines()[-1] == (
         f'python -m torch.distributed.run {rendezvous} '
         '--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=300 '

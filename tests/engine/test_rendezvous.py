@@ -158,7 +158,8 @@ def _torchrun_run_id(tmp_path: Path, *args: str, **variables: str) -> str:
               if k not in ('NNODES', 'NODE_RANK', 'MASTER_ADDR', 'PORT', 'RUN_ID')},
            'PYTHON': str(python), **variables}
     return subprocess.run(['bash', str(REPO_ROOT / 'tools/torchrun.sh'), '2', *args],
-                          capture_output=True, text=True, env=env, check=True).stdout.strip()
+                          capture_output=True, text=True, env=env, check=True,
+                          timeout=120).stdout.strip()
 
 
 def test_torchrun_script_gives_the_nodes_of_a_job_one_id(tmp_path):

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, Pr
 from vitdense.engine.hooks.preemption import shield_loader_workers
 from vitdense.engine.tool_config import point_at_data_root
 
-from common import CHECKOUT_ENV, REPO_ROOT, free_port, load_tool_config
+from common import CHECKOUT_ENV, REPO_ROOT, Watched, free_port, load_tool_config
 from launcher_signals import ForkSignalledAtStart
 from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
@@ -364,75 +362,6 @@ def _demo_leaf(path: Path, data_root: Path, moment: str | None = None,
                     "default_hooks = dict(checkpoint=dict(interval=1), logger=dict(interval=1))\n"
                     "randomness = dict(seed=0, deterministic=True)\n" + signal_hook)
     return path
-
-
-class Watched:
-    """A command in a process group of its own (as a launcher starts it), its output (stdout
-    and stderr) read line by line by a thread, so that the test waits for a line or for the
-    end with a deadline: past it the group gets SIGKILL and the test fails with the output,
-    where a blocking read would hang on a process that does not end (or on a loader worker
-    that keeps the output open)."""
-
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True,
-                                        start_new_session=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def _fail(self, what: str, seconds: float) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        pytest.fail(f'{what} not within {seconds} s; output:\n{"".join(self.log)[-3000:]}')
-
-    def until(self, text: str, seconds: float) -> float:
-        """Wait for a line that holds ``text``; when it came (``time.monotonic``)."""
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._fail(f'a line with {text!r}', seconds)
-            if line is None:
-                pytest.fail(f'the output ended without {text!r}:\n{"".join(self.log)[-3000:]}')
-            self.log.append(line)
-            if text in line:
-                return time.monotonic()
-
-    def end(self, seconds: float) -> tuple[int, str]:
-        """Wait for the end of the output and the process's exit; its status and output."""
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self._fail('the end of the output', seconds)
-            if line is None:
-                break
-            self.log.append(line)
-        try:
-            return self.process.wait(timeout=max(0.0, deadline - time.monotonic())), ''.join(
-                self.log)
-        except subprocess.TimeoutExpired:
-            self._fail('the exit', seconds)
-
-    def exit(self, seconds: float) -> int:
-        """Wait for the process's exit (its children and the output may outlive it)."""
-        try:
-            return self.process.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            self._fail('the exit', seconds)
-
-    def signal_group(self, signum: int) -> None:
-        os.killpg(self.process.pid, signum)
 
 
 def _trainer(config: Path, work_dir: Path, *extra: str) -> Watched:
