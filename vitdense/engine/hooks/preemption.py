@@ -232,7 +232,8 @@ def collect_and_freeze_heap() -> None:
     """Collect the young garbage (the stop's own: loader iterators, the exception's frames),
     then leave every object to the process's end (``gc.freeze``).
 
-    Run first at the exit that follows a stop. The interpreter's last collections walk a
+    Run first at the exit that follows a stop, or the end of a tool's run
+    (:func:`~vitdense.engine.launch.run_tool`). The interpreter's last collections walk a
     training process's whole heap (half a million objects on the demo classifier) as its
     modules are torn down: 3.5-5 s per process at a load of 8 on two cores, most of the time
     from the stop signal to the exit. What must reach the disk is written before (the
