@@ -1,7 +1,8 @@
-"""A tool's process in its job: the launch entry point (:func:`run_tool`), joining the job's
-process group (torchrun, SLURM, Open MPI; never another job's), the parent-death signal and
-the wake-up of stopped siblings. Only a launched tool's ``main`` calls these
-(:func:`join_job`); importing vitdense or loading a config changes nothing of the process.
+"""A tool's process in its job: the launch entry point (:func:`run_tool`), the check of the
+temporary folder its loader workers need, joining the job's process group (torchrun, SLURM,
+Open MPI; never another job's), the parent-death signal and the wake-up of stopped siblings.
+Only a tool's ``main`` calls these (:func:`join_job`); importing vitdense or loading a config
+changes nothing of the process.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from vitdense.engine.hooks.preemption import Preempted, collect_and_freeze_heap
 
 
 def join_job(cfg: Config) -> None:
-    """A tool's process-level set-up: the loader workers can reach it
+    """A tool's process-level set-up: its loader workers can hand it their batches
     (:func:`check_socket_folder`); then, for a launched tool (not ``launcher='none'``), the
     kernel stops this worker when its launcher dies (:func:`exit_with_launcher`), the process
     group is opened before the Runner is built (:func:`open_process_group`) and the metrics

@@ -331,7 +331,7 @@ class PreemptionHook(Hook):
 
     def before_train(self, runner) -> None:
         self.training = True
-        leave_outcome(None)
+        leave_outcome(None)  # an earlier start's, in a directory used again
         loop = runner.train_loop
         if shield_loader_workers(loop.dataloader, self.signals) and isinstance(
                 loop, IterBasedTrainLoop):
