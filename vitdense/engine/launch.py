@@ -418,9 +418,8 @@ def run_tool(main: Callable[[], None]) -> None:
     stopped training after its checkpoint was saved (ignoring the stop signals from then on,
     so that a second one cannot kill the process before it exits), else return. Either way
     the process's exit skips the collection of its whole heap
-    (:func:`~vitdense.engine.hooks.preemption.collect_and_freeze_heap`: 1.4 s instead of
-    7.6-9.9 s from a finished demo run's last line to its exit at a load of 9-12 on two
-    cores). A worker of a launched job (its process group open, :func:`join_job`) that fails
+    (:func:`~vitdense.engine.hooks.preemption.collect_and_freeze_heap`), seconds on a loaded
+    machine. A worker of a launched job (its process group open, :func:`join_job`) that fails
     wakes its stopped siblings (:func:`wake_siblings`) before the error propagates."""
     status = 0
     try:
