@@ -87,7 +87,8 @@ def _run(layout: str, work: Path, data_root: Path, resume: bool = False,
     if not preempt:
         exited = time.monotonic()
         result.update(seconds_last_line_to_exit=round(exited - last_line, 1),
-                      seconds_last_iteration_to_exit=round(exited - last_iteration, 1))
+                      seconds_last_iteration_to_exit=None if last_iteration is None else
+                      round(exited - last_iteration, 1))
     if not preempt and any(statuses):
         raise RuntimeError(f'{layout} run in {work} failed: {statuses}\n{result["log_tail"]}')
     if signalled is not None:
