@@ -4,7 +4,10 @@ already trained, in one process and in two (the signal reaching one of them only
 with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``. A stop
 signal sent to the process group as loader workers start, before their shield is set, stops
 the run as any other; SIGKILL 2 s after SIGTERM leaves the last complete checkpoint to resume
-from. Started through tools/torchrun.sh, a stopped run exits 75 and a failed one does not."""
+from; loader workers started by a fork server stop and let a finished run exit; a second
+SIGTERM after the stop save still exits 75. Started through tools/torchrun.sh, a stopped run
+exits 75 (signalled twice too, with no process left behind), a failed one does not, and a
+finished run signalled in its tail exits 0."""
 from __future__ import annotations
 
 import itertools
