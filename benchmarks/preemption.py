@@ -13,7 +13,11 @@ persistent worker each):
    the signal until every process has exited (their output pipe is closed), their exit
    statuses, and the checkpoint ``last_checkpoint`` names;
 3. ``--resume`` to the end: the largest absolute difference between its final weights and
-   the reference's (0 means bit for bit).
+   the reference's (0 means bit for bit), and the seconds from its last training iteration's
+   line and from its last line until every process has exited (a finished run must exit).
+
+``--cfg-options train_dataloader.multiprocessing_context=forkserver`` (and ``val_``) measures
+loader workers started by multiprocessing's fork server.
 
     python -m benchmarks.preemption --out work_dirs/preemption
 """
@@ -38,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py'
 ENV = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHON': sys.executable, 'OMP_NUM_THREADS': '1'}
 MID_EPOCH = re.compile(r'Epoch\(train\) +\[2\]\[ *1/')
+LAST_ITERATION = re.compile(r'Epoch\(train\) +\[3\]\[ *(\d+)/ *\1\]')
 
 
 EXTRA_OPTIONS: list[str] = []  # --cfg-options given on the command line, after the run's own
@@ -68,14 +73,22 @@ def _run(layout: str, work: Path, data_root: Path, resume: bool = False,
     launchers = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
                  for command, env in _commands(layout, work, data_root, resume)]
-    log, signalled = [], None
+    log, signalled, last_iteration = [], None, None
     for line in launchers[0].stdout:
         log.append(line)
+        last_line = time.monotonic()
         if preempt and signalled is None and MID_EPOCH.search(line):
             os.killpg(launchers[0].pid, signal.SIGTERM)
             signalled = time.monotonic()
+        if last_iteration is None and LAST_ITERATION.search(line):
+            last_iteration = time.monotonic()
     statuses = [launcher.wait() for launcher in launchers]
     result = dict(statuses=statuses, log_tail=''.join(log)[-2000:])
+    if not preempt:
+        exited = time.monotonic()
+        result.update(seconds_last_line_to_exit=round(exited - last_line, 1),
+                      seconds_last_iteration_to_exit=None if last_iteration is None else
+                      round(exited - last_iteration, 1))
     if not preempt and any(statuses):
         raise RuntimeError(f'{layout} run in {work} failed: {statuses}\n{result["log_tail"]}')
     if signalled is not None:
@@ -98,6 +111,8 @@ def measure(layout: str, out: Path, data_root: Path) -> dict:
     resumed = _run(layout, out / f'{layout}_preempted', data_root, resume=True)
     return dict(layout=layout, reference_statuses=reference['statuses'],
                 preempted=stopped, resumed_statuses=resumed['statuses'],
+                resumed_exit={key: resumed[key] for key in ('seconds_last_iteration_to_exit',
+                                                            'seconds_last_line_to_exit')},
                 max_abs_difference=_max_difference(out / f'{layout}_reference/epoch_3.pth',
                                                    out / f'{layout}_preempted/epoch_3.pth'))
 

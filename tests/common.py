@@ -1,7 +1,8 @@
 """What many test files share: where the checkout is, the tiny architectures every family is
 built at, a toy model for the engine and checkpoint tests, the tests' one access to
-mmengine's process-wide tables (named instances, checkpoint loaders), and the references
-written from official code that several files check releases against.
+mmengine's process-wide tables (named instances, checkpoint loaders), the references
+written from official code that several files check releases against, and a subprocess whose
+output a test waits for with a deadline (:class:`Watched`).
 
 Importable as ``common`` from any test folder: pytest puts ``tests/``, the folder of
 ``conftest.py``, on the module path.
@@ -10,7 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import re
+import signal
 import socket
+import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -216,3 +223,73 @@ def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
     angles = torch.cat([angles[:, None].expand(side, side, -1),
                         angles[None].expand(side, side, -1)], dim=-1).reshape(-1, head_dim)
     return angles.cos(), angles.sin()
+
+
+class Watched:
+    """A command in a process group of its own (as a launcher starts it), its output (stdout
+    and stderr) read line by line by a thread, so that the test waits for a line or for the
+    end with a deadline: past it the group gets SIGKILL and the test fails with the output,
+    where a blocking read would hang on a process that does not end (or on a loader worker
+    that keeps the output open)."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None,
+                 cwd: Path = REPO_ROOT) -> None:
+        self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _fail(self, what: str, seconds: float) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        pytest.fail(f'{what} not within {seconds} s; output:\n{"".join(self.log)[-3000:]}')
+
+    def until(self, text: str | re.Pattern, seconds: float) -> str:
+        """Wait for a line that holds ``text`` (or where the pattern is found); that line."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail(f'a line with {text!r}', seconds)
+            if line is None:
+                pytest.fail(f'the output ended without {text!r}:\n{"".join(self.log)[-3000:]}')
+            self.log.append(line)
+            if (text.search(line) if isinstance(text, re.Pattern) else text in line):
+                return line
+
+    def end(self, seconds: float) -> tuple[int, str]:
+        """Wait for the end of the output and the process's exit; its status and output."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self._fail('the end of the output', seconds)
+            if line is None:
+                break
+            self.log.append(line)
+        try:
+            return self.process.wait(timeout=max(0.0, deadline - time.monotonic())), ''.join(
+                self.log)
+        except subprocess.TimeoutExpired:
+            self._fail('the exit', seconds)
+
+    def exit(self, seconds: float) -> int:
+        """Wait for the process's exit (its children and the output may outlive it)."""
+        try:
+            return self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self._fail('the exit', seconds)
+
+    def signal_group(self, signum: int) -> None:
+        os.killpg(self.process.pid, signum)

@@ -10,10 +10,14 @@
 # which save a checkpoint of the iteration in progress and exit (docs/cluster.md); the
 # launcher waits SHUTDOWN_TIMEOUT seconds (default 300) for them before SIGKILL. Workers stop
 # when this launcher is killed; --dist-timeout SECONDS bounds how long one waits for a
-# stopped peer.
-# Exit status: 75 when torchrun failed and every worker of this node saved its stop
-# checkpoint (each leaves a file in VITDENSE_STOPPED_DIR, a directory made here and removed
-# on exit; torchrun itself exits 1 on a stop), torchrun's own status otherwise.
+# stopped peer. No process started under this launcher outlives it: once torchrun is gone,
+# the launcher waits (SHUTDOWN_TIMEOUT at most, then SIGKILL) for every process whose
+# environment holds its VITDENSE_STOPPED_DIR (workers torchrun's agent left behind when a
+# second signal ended its shutdown, their loader workers).
+# Exit status: when torchrun failed and every worker of this node left its outcome in
+# VITDENSE_STOPPED_DIR (a directory made here and removed on exit): 75 if any saved its stop
+# checkpoint (torchrun itself exits 1 on a stop), 0 if all had finished training (a signal
+# in a finished run's tail); torchrun's own status otherwise.
 set -euo pipefail
 NPROC=$1
 SCRIPT=$2
@@ -45,8 +49,38 @@ while kill -0 "$TORCHRUN" 2>/dev/null; do
 done
 STATUS=0
 wait "$TORCHRUN" || STATUS=$?
-STOPPED=$(find "$VITDENSE_STOPPED_DIR" -mindepth 1 -maxdepth 1 | wc -l | tr -d " ")
-if [ "$STATUS" != 0 ] && [ "$STOPPED" = "$NPROC" ]; then
-  exit 75  # PREEMPTED_EXIT_CODE of vitdense/engine/hooks/preemption.py
+
+# the processes whose environment (as they were started) holds this VITDENSE_STOPPED_DIR
+survivors() {
+  local environ variable pid
+  for environ in /proc/[0-9]*/environ; do
+    while IFS= read -r -d '' variable; do
+      if [ "$variable" = "VITDENSE_STOPPED_DIR=$VITDENSE_STOPPED_DIR" ]; then
+        pid=${environ#/proc/}
+        echo "${pid%/environ}"
+        break
+      fi
+    done 2>/dev/null < "$environ" || true
+  done
+}
+DEADLINE=$((SECONDS + ${SHUTDOWN_TIMEOUT:-300}))
+while [ -n "$(survivors)" ] && [ "$SECONDS" -lt "$DEADLINE" ]; do
+  sleep 0.2
+done
+LEFT=$(survivors)
+if [ -n "$LEFT" ]; then
+  echo "$(basename "$0"): SIGKILL to the processes left after ${SHUTDOWN_TIMEOUT:-300} s:" $LEFT >&2
+  # shellcheck disable=SC2086
+  kill -KILL $LEFT 2>/dev/null || true
+fi
+
+count() { find "$VITDENSE_STOPPED_DIR" -mindepth 1 -maxdepth 1 -name "*.$1" | wc -l | tr -d " "; }
+STOPPED=$(count stopped)
+FINISHED=$(count finished)
+if [ "$STATUS" != 0 ] && [ $((STOPPED + FINISHED)) = "$NPROC" ]; then
+  if [ "$STOPPED" != 0 ]; then
+    exit 75  # PREEMPTED_EXIT_CODE of vitdense/engine/hooks/preemption.py
+  fi
+  exit 0
 fi
 exit "$STATUS"

@@ -1,23 +1,25 @@
 """vitdense/engine/launch.py, a tool's process in its job: workers that die with their launcher,
 a failing worker waking its stopped siblings, SLURM's and Open MPI's variables, evaluation
-results gathered over the process group, and the launch scripts' choice of interpreter,
-rendezvous and forwarded signals."""
+results gathered over the process group, a temporary folder too long for the loader workers'
+sockets, and the launch scripts' choice of interpreter, rendezvous and forwarded signals."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from vitdense.engine.launch import (export_mpi_environment, export_slurm_environment, first_host,
-                                    gather_results_over_process_group)
+from vitdense.engine.launch import (SOCKET_SUFFIX, UNIX_SOCKET_PATH_LIMIT, export_mpi_environment,
+                                    export_slurm_environment, first_host,
+                                    gather_results_over_process_group, join_job)
 from vitdense.engine.tool_config import load_config
 
-from common import REPO_ROOT, free_port
+from common import REPO_ROOT, Watched, free_port
 
 CONFIG = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 
@@ -32,19 +34,17 @@ print('ready', flush=True)
 time.sleep(60)
 """], stdout=subprocess.PIPE, text=True)
 assert worker.stdout.readline().strip() == 'ready'
-print(worker.pid, flush=True)
+print(f'worker {worker.pid}', flush=True)
 time.sleep(60)
 '''
 
 
 def test_worker_exits_when_its_launcher_is_killed():
-    launcher = subprocess.Popen([sys.executable, '-c', LAUNCHER], stdout=subprocess.PIPE,
-                                text=True, cwd=REPO_ROOT,
-                                env={**os.environ,
-                                     'PYTHONPATH': f'{REPO_ROOT}:{REPO_ROOT / "tools"}'})
-    worker = int(launcher.stdout.readline())
-    launcher.send_signal(signal.SIGKILL)
-    launcher.wait()
+    launcher = Watched([sys.executable, '-c', LAUNCHER],
+                       env={**os.environ, 'PYTHONPATH': f'{REPO_ROOT}:{REPO_ROOT / "tools"}'})
+    worker = int(launcher.until('worker ', 120).split()[1])
+    launcher.process.send_signal(signal.SIGKILL)
+    launcher.process.wait(timeout=60)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -88,7 +88,7 @@ def test_a_failing_launched_worker_wakes_its_stopped_siblings(tmp_path):
         port = str(free_port())
         for how, state in (('alone', 'T'), ('launched', 'S')):  # 'none': nobody to wake
             worker = subprocess.run([sys.executable, '-c', FAILING_WORKER, how, port],
-                                    cwd=tmp_path, capture_output=True, text=True,
+                                    cwd=tmp_path, capture_output=True, text=True, timeout=300,
                                     env={**os.environ, 'PYTHONPATH': str(REPO_ROOT)})
             assert worker.returncode == 1 and 'RuntimeError: a peer timed out' in worker.stderr
             deadline = time.monotonic() + 10
@@ -112,7 +112,7 @@ def test_launch_script_prefers_the_project_environment(tmp_path):
     venv_python.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ('PYTHON', 'VITDENSE_VENV')}
     result = subprocess.run(['bash', str(checkout / 'tools/torchrun.sh'), '1', 'x.py', '--help'],
-                            capture_output=True, text=True, env=env)
+                            capture_output=True, text=True, env=env, timeout=120)
     assert 'venv python -m torch.distributed.run' in result.stdout
 
 
@@ -127,7 +127,7 @@ def test_launch_script_rendezvous_and_forwarded_signals(tmp_path, nodes, rendezv
     env = {**{k: v for k, v in os.environ.items() if k not in ('NNODES', 'PORT')},
            'PYTHON': str(python), **nodes}
     result = subprocess.run(['bash', str(REPO_ROOT / 'tools/torchrun.sh'), '2', 'x.py', '--a'],
-                            capture_output=True, text=True, env=env, check=True)
+                            capture_output=True, text=True, env=env, check=True, timeout=120)
     assert result.stdout.splitlines()[-1] == (
         f'python -m torch.distributed.run {rendezvous} '
         '--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=300 '
@@ -145,6 +145,9 @@ def test_slurm_variables_become_the_process_group_environment():
     del reserved['MASTER_PORT']
     export_slurm_environment(reserved)
     assert reserved['MASTER_PORT'] == '12000'  # srun --resv-ports: the step's first port
+    preset = {**reserved, 'MASTER_ADDR': '10.0.0.9', 'MASTER_PORT': '23456'}
+    export_slurm_environment(preset)  # the user's address and port win
+    assert (preset['MASTER_ADDR'], preset['MASTER_PORT']) == ('10.0.0.9', '23456')
     assert first_host('rack[2-3]-n[04,06]') == 'rack2-n04' and first_host('node1') == 'node1'
     with pytest.raises(RuntimeError, match='SLURM_PROCID, SLURM_JOB_ID not set; start the tool '
                                            'with srun'):
@@ -158,6 +161,9 @@ def test_open_mpi_variables_become_the_process_group_environment():
     export_mpi_environment(environ)
     assert (environ['RANK'], environ['WORLD_SIZE'], environ['LOCAL_RANK']) == ('3', '4', '1')
     assert (environ['MASTER_ADDR'], environ['MASTER_PORT']) == ('10.0.0.1', '29500')
+    preset = {**environ, 'MASTER_PORT': '23456'}
+    export_mpi_environment(preset)
+    assert preset['MASTER_PORT'] == '23456'
     one_node = dict(OMPI_COMM_WORLD_RANK='0', OMPI_COMM_WORLD_SIZE='2',
                     OMPI_COMM_WORLD_LOCAL_RANK='0', OMPI_COMM_WORLD_LOCAL_SIZE='2')
     export_mpi_environment(one_node)
@@ -178,3 +184,35 @@ def test_distributed_metrics_gather_over_the_process_group(tmp_path):
     assert cfg.test_evaluator == [dict(type='IoUMetric', collect_device='gpu'),
                                   dict(type='IoUMetric', collect_dir='/shared')]
     assert cfg.val_evaluator.metrics == dict(type='IoUMetric', collect_device='gpu')
+
+
+LOADER = '''
+import torch
+from torch.utils.data import DataLoader
+print([batch.shape[0] for batch in DataLoader(torch.zeros(6, 3), batch_size=2, num_workers=2,
+                                              timeout=60)])
+'''
+
+
+def test_a_temporary_folder_too_long_for_loader_sockets_is_refused(tmp_path, monkeypatch):
+    # At the limit (the Unix socket path multiprocessing makes there takes 107 bytes) a
+    # loader's workers hand their batches over; one byte more, and a tool with loader workers
+    # stops at once, naming the limit and the fix, where its trainers would wait for their
+    # first batch for ever.
+    longest = tmp_path / ('x' * (UNIX_SOCKET_PATH_LIMIT - SOCKET_SUFFIX - len(str(tmp_path)) - 1))
+    longest.mkdir()
+    assert len(str(longest)) + SOCKET_SUFFIX == UNIX_SOCKET_PATH_LIMIT
+    done = subprocess.run([sys.executable, '-c', LOADER], capture_output=True, text=True,
+                          env={**os.environ, 'TMPDIR': str(longest)}, timeout=300)
+    assert done.stdout.strip() == '[2, 2, 2]', done.stderr[-3000:]
+    cfg = load_config(CONFIG, None, 'none', str(tmp_path / 'work'))
+    monkeypatch.setattr(tempfile, 'tempdir', str(longest))
+    join_job(cfg)
+    monkeypatch.setattr(tempfile, 'tempdir', f'{longest}y')
+    with pytest.raises(OSError, match=rf'temporary folder {longest}y is too long for the loader '
+                                      r'workers: .* would take 108 bytes, over the 107-byte limit '
+                                      r'.*set TMPDIR to a folder of at most 75 bytes'):
+        join_job(cfg)
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].num_workers = 0
+    join_job(cfg)  # no loader workers: no sockets

@@ -107,8 +107,9 @@ def test_a_task_on_another_jobs_port_stops_at_once():
                            'instead of joining it; two jobs on one node derived one port from '
                            'their ids: add srun --resv-ports', outputs[0].splitlines()[-1])
         assert refused and float(refused.group(1)) < 5, outputs[0]
+        # the job holding the port is named: the process of the first job's rank 0
         assert (f'rank 0 of SLURM job {other} step 0 cannot open the rendezvous at localhost:'
-                f'{port}: another process holds that port') in outputs[1]
+                f'{port}: process {first.pid} ({sys.executable} -c ') in outputs[1], outputs[1]
         for task in (first, second):  # both leave the group together
             task.stdin.write('\n')
             task.stdin.flush()
@@ -141,6 +142,11 @@ def test_a_torchrun_worker_checks_its_agents_store(monkeypatch):
     assert join_rendezvous(timeout)[1:] == (1, 2)
     monkeypatch.setenv('RANK', '0')  # process 0 finds its job's own identity there
     assert join_rendezvous(timeout)[1:] == (0, 2)
+    monkeypatch.setenv('VITDENSE_RUN_ID', 'job-b')  # and leaves another job's as it is
+    with pytest.raises(RuntimeError, match=r"rank 0 of run 'job-b' reached the process group "
+                                           r"of run 'job-a'"):
+        join_rendezvous(timeout)
+    assert agent.get(JOB_KEY) == b"run 'job-a'"
 
 
 def _torchrun_run_id(tmp_path: Path, *args: str, **variables: str) -> str:
@@ -152,7 +158,8 @@ def _torchrun_run_id(tmp_path: Path, *args: str, **variables: str) -> str:
               if k not in ('NNODES', 'NODE_RANK', 'MASTER_ADDR', 'PORT', 'RUN_ID')},
            'PYTHON': str(python), **variables}
     return subprocess.run(['bash', str(REPO_ROOT / 'tools/torchrun.sh'), '2', *args],
-                          capture_output=True, text=True, env=env, check=True).stdout.strip()
+                          capture_output=True, text=True, env=env, check=True,
+                          timeout=120).stdout.strip()
 
 
 def test_torchrun_script_gives_the_nodes_of_a_job_one_id(tmp_path):

@@ -149,9 +149,11 @@ def test_train_tool_refuses_to_start_over_and_its_advice_works(tmp_path):
     assert safe_load(str(work / 'epoch_1.pth'))['meta']['iter'] == first
 
 
-def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: str) -> None:
-    """Process ``rank`` of two runs ``--resume`` on its node (the folder it works in, where
-    the work dir ``work_dirs/run`` is); writes what happened. ``launcher='mpi'``: the process
+def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: str,
+                    action: str) -> None:
+    """Process ``rank`` of two runs ``--resume`` (``action='resume'``), or starts without it
+    (``'start'``), on its node (the folder it works in, where the work dir ``work_dirs/run``
+    is); writes what happened. ``launcher='mpi'``: the process
     has the variables Open MPI's mpirun gives it and joins the job through the tools' own
     set-up (:func:`load_config`, :func:`join_job`)."""
     torch.set_num_threads(1)
@@ -170,22 +172,27 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: 
         torch.distributed.init_process_group('gloo')
         cfg = Config(dict(work_dir='work_dirs/run'))
     try:
-        apply_resume(cfg, 'auto')
-        outcome = (f'resume={cfg.resume} load_from={cfg.load_from} '
-                   f'seed={cfg.get("randomness", {}).get("seed")}')
-    except RuntimeError as err:
+        if action == 'resume':
+            apply_resume(cfg, 'auto')
+            outcome = (f'resume={cfg.resume} load_from={cfg.load_from} '
+                       f'seed={cfg.get("randomness", {}).get("seed")}')
+        else:
+            refuse_to_start_over(cfg)
+            outcome = 'starts from iteration 0'
+    except (RuntimeError, FileExistsError) as err:
         outcome = f'error: {err}'
     with open(os.path.join(out, f'rank{rank}.txt'), 'w') as f:
         f.write(outcome)
     torch.distributed.destroy_process_group()
 
 
-def _resume_two_processes(nodes: list[Path], out: Path, launcher: str = 'pytorch') -> list[str]:
+def _resume_two_processes(nodes: list[Path], out: Path, launcher: str = 'pytorch',
+                          action: str = 'resume') -> list[str]:
     (out / 'job.py').write_text("default_scope = 'mmseg'\n")  # a job's config, host imported
     host_of(load_config(str(out / 'job.py'), None, 'none', None))  # so that forks start with it
     port = free_port()
-    mp.start_processes(_resume_on_rank, args=(port, [str(n) for n in nodes], str(out), launcher),
-                       nprocs=2, start_method='fork')
+    mp.start_processes(_resume_on_rank, nprocs=2, start_method='fork',
+                       args=(port, [str(n) for n in nodes], str(out), launcher, action))
     return [(out / f'rank{rank}.txt').read_text() for rank in (0, 1)]
 
 
@@ -212,3 +219,17 @@ def test_one_resume_decision_for_the_job(tmp_path, launcher):
         assert 'rank(s) [1] cannot read (rank 1: its file of that name is another' in outcome
     outcomes = _resume_two_processes([node0, node0], tmp_path, launcher)  # with its seed
     assert outcomes == ['resume=True load_from=work_dirs/run/iter_6.pth seed=1234'] * 2
+
+
+def test_one_start_over_refusal_for_the_job(tmp_path):
+    # Node-local work dirs: node 0 holds a checkpoint, node 1 none. Process 0 decides for
+    # both: both refuse, naming node 0's checkpoint; with the checkpoint on node 1 only, both
+    # start.
+    node0, node1 = tmp_path / 'node0', tmp_path / 'node1'
+    _checkpoint(node0, 6)
+    (node1 / 'work_dirs/run').mkdir(parents=True)
+    for outcome in _resume_two_processes([node0, node1], tmp_path, action='start'):
+        assert outcome.startswith('error: work dir work_dirs/run holds the checkpoint '
+                                  'work_dirs/run/iter_6.pth: training would start'), outcome
+    outcomes = _resume_two_processes([node1, node0], tmp_path, action='start')
+    assert outcomes == ['starts from iteration 0'] * 2

@@ -17,7 +17,7 @@ from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_imagenet
 from vitdense.engine import PREEMPTED_EXIT_CODE
 
-from common import CHECKOUT_ENV, REPO_ROOT
+from common import CHECKOUT_ENV, REPO_ROOT, Watched
 
 FAKE_SLURM = Path(__file__).parent / 'fake_slurm'
 CONFIG = 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py'
@@ -51,7 +51,7 @@ def _srun_command(tmp_path: Path, script: str, *args: str, **variables: str):
         'PATH': f'{tmp_path}:{os.environ["PATH"]}', 'PYTHON': str(tmp_path / 'python'),
         **variables}
     return subprocess.run(['bash', f'tools/{script}', *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_train_and_test_scripts_start_their_tool_under_srun(tmp_path):
@@ -89,18 +89,13 @@ def test_sbatch_job_saves_on_usr1_requeues_and_resumes(imagenet_root, tmp_path):
            'SLURM_JOB_ID': '7771', 'SLURM_SUBMIT_DIR': str(REPO_ROOT), 'PYTHON': sys.executable,
            'SCONTROL_LOG': str(tmp_path / 'scontrol.log'), 'OMP_NUM_THREADS': '1'}
     command = ['bash', 'tools/slurm/train.sbatch', CONFIG, str(work), *_options(imagenet_root)]
-    job = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    log = []
-    for line in job.stdout:
-        log.append(line)
-        if re.search(r'Epoch\(train\) +\[2\]\[1/2\]', line):  # in the middle of epoch 2
-            job.send_signal(signal.SIGUSR1)
-            break
-    log += job.stdout.readlines()
-    assert job.wait(timeout=120) == PREEMPTED_EXIT_CODE, ''.join(log)[-3000:]
+    job = Watched(command, env)
+    job.until(re.compile(r'Epoch\(train\) +\[2\]\[1/2\]'), 600)  # in the middle of epoch 2
+    job.process.send_signal(signal.SIGUSR1)
+    status, log = job.end(300)
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
     stopped = [int(i) for i in re.findall(r'rank \d: stopped by a preemption signal after '
-                                          r'iteration (\d+)', ''.join(log))]
+                                          r'iteration (\d+)', log)]
     assert len(stopped) == 2 and stopped[0] == stopped[1] and stopped[0] in (3, 4, 5)
     checkpoint = work / f'iter_{stopped[0]}.pth'
     assert safe_load(str(checkpoint))['meta']['iter'] == stopped[0]

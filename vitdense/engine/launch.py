@@ -1,10 +1,12 @@
-"""A tool's process in its job: the launch entry point (:func:`run_tool`), joining the job's
-process group (torchrun, SLURM, Open MPI; never another job's), the parent-death signal and
-the wake-up of stopped siblings. Only a launched tool's ``main`` calls these
-(:func:`join_job`); importing vitdense or loading a config changes nothing of the process.
+"""A tool's process in its job: the launch entry point (:func:`run_tool`), the check of the
+temporary folder its loader workers need, joining the job's process group (torchrun, SLURM,
+Open MPI; never another job's), the parent-death signal and the wake-up of stopped siblings.
+Only a tool's ``main`` calls these (:func:`join_job`); importing vitdense or loading a config
+changes nothing of the process.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import gc
@@ -13,6 +15,7 @@ import os.path as osp
 import re
 import signal
 import sys
+import tempfile
 from typing import Callable, Mapping, MutableMapping
 
 import torch
@@ -22,20 +25,54 @@ from mmengine.logging import print_log
 from torch.distributed import PrefixStore
 from torch.distributed.constants import default_pg_timeout
 
-from vitdense.engine.hooks.preemption import Preempted
+from vitdense.engine.hooks.preemption import Preempted, collect_and_freeze_heap
 
 
 def join_job(cfg: Config) -> None:
-    """A launched tool's process-level set-up (nothing for ``launcher='none'``): the kernel
-    stops this worker when its launcher dies (:func:`exit_with_launcher`), the process group
-    is opened before the Runner is built (:func:`open_process_group`) and the metrics gather
-    their results over it (:func:`gather_results_over_process_group`). Tools call it right
-    after :func:`load_config`, in their ``main`` that :func:`run_tool` runs."""
+    """A tool's process-level set-up: its loader workers can hand it their batches
+    (:func:`check_socket_folder`); then, for a launched tool (not ``launcher='none'``), the
+    kernel stops this worker when its launcher dies (:func:`exit_with_launcher`), the process
+    group is opened before the Runner is built (:func:`open_process_group`) and the metrics
+    gather their results over it (:func:`gather_results_over_process_group`). Tools call it
+    right after :func:`load_config`, in their ``main`` that :func:`run_tool` runs."""
+    check_socket_folder(cfg)
     if cfg.launcher == 'none':
         return
     exit_with_launcher()
     open_process_group(cfg, cfg.launcher)
     gather_results_over_process_group(cfg)
+
+
+#: the longest path of a Unix socket, in bytes (``sun_path`` of ``sockaddr_un``, 108 bytes on
+#: Linux, with the terminating NUL that Python's ``bind`` requires)
+UNIX_SOCKET_PATH_LIMIT = 107
+
+#: what multiprocessing adds to the temporary folder for its sockets:
+#: ``/pymp-XXXXXXXX/listener-XXXXXXXX`` (``multiprocessing.util.get_temp_dir``)
+SOCKET_SUFFIX = len('/pymp-12345678/listener-12345678')
+
+
+def check_socket_folder(cfg: Config) -> None:
+    """Refuse a temporary folder (``TMPDIR``) too long for the Unix sockets of loader workers.
+
+    A loader worker hands each batch's tensors to the trainer as file descriptors, through a
+    Unix socket that multiprocessing opens in the temporary folder; past
+    :data:`UNIX_SOCKET_PATH_LIMIT` bytes it cannot (``OSError: AF_UNIX path too long`` in the
+    worker's queue thread, which drops the batch), and the trainer waits for its first batch
+    for ever. Checked for configs whose loaders have workers.
+    """
+    loaders = [cfg.get(f'{split}_dataloader') or {} for split in ('train', 'val', 'test')]
+    if not any(loader.get('num_workers', 0) for loader in loaders):
+        return
+    folder = tempfile.gettempdir()
+    length = len(os.fsencode(folder)) + SOCKET_SUFFIX
+    if length > UNIX_SOCKET_PATH_LIMIT:
+        raise OSError(f'temporary folder {folder} is too long for the loader workers: their '
+                      f'Unix socket <folder>/pymp-XXXXXXXX/listener-XXXXXXXX would take '
+                      f'{length} bytes, over the {UNIX_SOCKET_PATH_LIMIT}-byte limit of a '
+                      f'Unix socket path, and no batch would reach the trainer; set TMPDIR to '
+                      f'a folder of at most {UNIX_SOCKET_PATH_LIMIT - SOCKET_SUFFIX} bytes '
+                      '(e.g. TMPDIR=/tmp), or num_workers=0')
 
 
 def open_process_group(cfg: Config, launcher: str) -> None:
@@ -118,8 +155,9 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
     process whose port another job holds would join that job's group and wait there until
     the timeout. Process 0 opens the store (or, under torchrun, finds its agent's) and writes
     the job's :func:`job_identity`; every other process reads it and stops at once, naming
-    both jobs and the port, when it is not its own job's. A port already held stops process
-    0 at once as well.
+    both jobs and the port, when it is not its own job's; process 0 never overwrites
+    another job's identity in a store it finds (torchrun's agent's). A port already held
+    stops process 0 at once as well, naming the process that holds it (:func:`port_holder`).
     """
     identity, advice = job_identity(os.environ)
     port = f'{os.environ["MASTER_ADDR"]}:{os.environ["MASTER_PORT"]}'
@@ -128,8 +166,9 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
     except torch.distributed.DistNetworkError as err:
         if 'EADDRINUSE' not in str(err):
             raise
+        holder = port_holder(int(os.environ['MASTER_PORT']))
         raise RuntimeError(f'rank 0 of {identity} cannot open the rendezvous at {port}: '
-                           f'another process holds that port; {advice}') from err
+                           f'{holder} holds that port; {advice}') from err
     store = _this_attempt(store)
     if rank == 0:
         found = store.compare_set(JOB_KEY, '', identity).decode()
@@ -147,6 +186,37 @@ def join_rendezvous(timeout: datetime.timedelta) -> tuple[torch.distributed.Stor
                            f'at {port} and stops instead of joining it; {advice}')
     store.set_timeout(timeout)
     return PrefixStore('default_pg', store), rank, world_size
+
+
+def port_holder(port: int) -> str:
+    """Who holds the TCP ``port`` of this machine that process 0 cannot listen on: ``process
+    <pid> (<command line>)`` of the process of this user listening there (``/proc/net/tcp*``
+    give the socket, ``/proc/<pid>/fd`` its owner; Linux), else ``another process``.
+
+    The command line names the other job (its tool, config and work dir); the store such a
+    process serves is not asked for its job's identity, since a client of a port where no
+    store answers waits without a time limit."""
+    sockets = set()
+    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+        try:
+            with open(table) as rows:
+                for row in list(rows)[1:]:
+                    fields = row.split()
+                    if fields[3] == '0A' and int(fields[1].rsplit(':', 1)[1], 16) == port:
+                        sockets.add(f'socket:[{fields[9]}]')  # 0A: LISTEN
+        except OSError:
+            continue
+    for entry in os.scandir('/proc') if sockets else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd.path) in sockets for fd in os.scandir(f'{entry.path}/fd')):
+                with open(f'{entry.path}/cmdline', 'rb') as command:
+                    line = command.read().replace(b'\0', b' ').decode(errors='replace')
+                return f'process {entry.name} ({line.strip()})'
+        except OSError:
+            continue
+    return 'another process'
 
 
 def _this_attempt(store: torch.distributed.Store) -> torch.distributed.Store:
@@ -345,13 +415,17 @@ def close_process_group() -> None:
 def run_tool(main: Callable[[], None]) -> None:
     """The tools' launch entry point: run a tool's ``main`` and close the process group; exit
     with :data:`~vitdense.engine.hooks.preemption.PREEMPTED_EXIT_CODE` when a preemption signal
-    stopped training after its checkpoint was saved, else return. A worker of a launched job
-    (its process group open, :func:`join_job`) that fails wakes its stopped siblings
-    (:func:`wake_siblings`) before the error propagates."""
+    stopped training after its checkpoint was saved (ignoring the stop signals from then on,
+    so that a second one cannot kill the process before it exits), else return. Either way
+    the process's exit skips the collection of its whole heap
+    (:func:`~vitdense.engine.hooks.preemption.collect_and_freeze_heap`), seconds on a loaded
+    machine. A worker of a launched job (its process group open, :func:`join_job`) that fails
+    wakes its stopped siblings (:func:`wake_siblings`) before the error propagates."""
     status = 0
     try:
         main()
     except Preempted as stop:
+        stop.ignore_signals()  # saved: a later stop signal must not turn the exit 75 into -15
         print(f'rank {get_rank()}: {stop}', file=sys.stderr, flush=True)
         status = stop.exit_code
     except (Exception, KeyboardInterrupt):
@@ -359,6 +433,8 @@ def run_tool(main: Callable[[], None]) -> None:
             wake_siblings()
         raise
     close_process_group()  # after the except clause has let go of the runner's frames
+    atexit.unregister(collect_and_freeze_heap)  # once, and before the other exit handlers
+    atexit.register(collect_and_freeze_heap)
     if status:  # a normal end returns, so that a caller running the tool in-process goes on
         sys.exit(status)
 

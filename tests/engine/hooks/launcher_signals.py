@@ -4,6 +4,7 @@ it; imported by the trainer through ``custom_imports`` in the preemption tests. 
 processes that are sent a stop signal as they start, before torch's worker loop runs."""
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import time
@@ -59,17 +60,21 @@ class LauncherSignalHook(Hook):
 
     ``hold``: once the signal is sent, the iteration in progress (``'iteration'``) or the
     next checkpoint save, before its file is written (``'save'``), takes ``HOLD_SECONDS``
-    more, where a launcher's SIGKILL after its grace period lands.
+    more, where a launcher's SIGKILL after its grace period lands; or the process's exit
+    (``'exit'``, its exit handlers) takes ``EXIT_HOLD_SECONDS`` more, as a slow exit, where
+    a second signal after the stop save lands.
     """
 
     priority = 'NORMAL'
     HOLD_SECONDS = 60
+    EXIT_HOLD_SECONDS = 3
 
     def __init__(self, moment: str, iterations_per_epoch: int, hold: str | None = None) -> None:
         if moment not in MOMENTS:
             raise ValueError(f'moment must be one of {MOMENTS}, got {moment!r}')
-        if hold not in (None, 'iteration', 'save'):
-            raise ValueError(f"hold must be None, 'iteration' or 'save', got {hold!r}")
+        if hold not in (None, 'iteration', 'save', 'exit'):
+            raise ValueError(f"hold must be None, 'iteration', 'save' or 'exit', "
+                             f"got {hold!r}")
         self.moment, self.per_epoch, self.hold, self.sent = moment, iterations_per_epoch, hold, False
 
     def _send(self, moment: str) -> None:
@@ -78,6 +83,8 @@ class LauncherSignalHook(Hook):
             os.killpg(os.getpgid(0), signal.SIGTERM)
             if self.hold == 'iteration':
                 time.sleep(self.HOLD_SECONDS)
+            if self.hold == 'exit':
+                atexit.register(time.sleep, self.EXIT_HOLD_SECONDS)
 
     def before_train(self, runner: Any) -> None:
         if self.moment == 'worker_start':

@@ -4,8 +4,11 @@ already trained, in one process and in two (the signal reaching one of them only
 with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``. A stop
 signal sent to the process group as loader workers start, before their shield is set, stops
 the run as any other; SIGKILL 2 s after SIGTERM leaves the last complete checkpoint to resume
-from. The demo classifier with its shipped runtime (a seed drawn per run) stops and resumes
-exactly too. Started through tools/torchrun.sh, a stopped run exits 75 and a failed one does not."""
+from; loader workers started by a fork server stop and let a finished run exit; a second
+SIGTERM after the stop save still exits 75. The demo classifier with its shipped runtime (a
+seed drawn per run) stops and resumes exactly too. Started through tools/torchrun.sh, a
+stopped run exits 75 (signalled twice too, with no process left behind), a failed one does
+not, and a finished run signalled in its tail exits 0."""
 from __future__ import annotations
 
 import itertools
@@ -32,7 +35,7 @@ from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, Pr
 from vitdense.engine.hooks.preemption import shield_loader_workers
 from vitdense.engine.tool_config import point_at_data_root
 
-from common import CHECKOUT_ENV, REPO_ROOT, free_port, load_tool_config
+from common import CHECKOUT_ENV, REPO_ROOT, Watched, free_port, load_tool_config
 from launcher_signals import ForkSignalledAtStart
 from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
@@ -94,11 +97,12 @@ def epoch_run(work_dir: Path, signal_after: int | None = None, resume: bool = Fa
         resume=resume, experiment_name=f'preempt{next(RUN_IDS)}',
         randomness=dict(seed=0, deterministic=True, diff_rank_seed=distributed),
         env_cfg=dict(dist_cfg=dict(backend='gloo')), **multi_process)
-    runner.preempted = None
+    runner.preempted = runner.handler_after_stop = None
     try:
         runner.train()
     except Preempted as stop:
-        runner.preempted = stop
+        runner.preempted, runner.handler_after_stop = stop, signal.getsignal(signum)
+        stop.restore_signals()
     return record, runner
 
 
@@ -118,7 +122,10 @@ def test_signal_mid_epoch_saves_that_iteration_and_resume_is_exact(tmp_path, sig
     assert sorted(stopped[0].losses) == [1, 2, 3, 4, 5]  # epoch 2 (iterations 4-6) cut short
     assert stop.checkpoint == tmp_path / 'work' / 'iter_5.pth'
     assert find_resumable_checkpoint(tmp_path / 'work') == str(stop.checkpoint)
-    assert signal.getsignal(signum) == before  # the handler is put back
+    # the hook's handler stays through the stop (a second signal cannot kill the process
+    # before it exits) until the caller, going on, puts the previous one back
+    assert stopped[1].handler_after_stop not in (before, signal.SIG_DFL)
+    assert signal.getsignal(signum) == before
 
     CountedData.loaded[0] = 0
     resumed = epoch_run(tmp_path / 'work', resume=True)
@@ -187,6 +194,7 @@ def demo_classifier_run(work_dir: Path, data_root: Path, signal_after: int | Non
         runner.train()
     except Preempted as stop:
         runner.preempted = stop
+        stop.restore_signals()
     return runner
 
 
@@ -242,6 +250,8 @@ def test_demo_classifier_resumed_with_other_num_workers_repeats_the_run(tmp_path
     stopped = demo_classifier_run(tmp_path / 'work', data_root, signal_after=4,
                                   persistent=True, epochs=2)
     assert stopped.preempted is not None and stopped.preempted.iteration == 4
+    workers = stopped.train_loop.dataloader._iterator._workers
+    assert workers and not any(worker.is_alive() for worker in workers)  # the stop ended them
     resumed = demo_classifier_run(tmp_path / 'work', data_root, resume=True, workers=0,
                                   epochs=2)
     assert _max_difference(resumed, full) == 0
@@ -335,12 +345,14 @@ STOPPED_AFTER = dict(training=PER_EPOCH + 1, last_of_epoch=PER_EPOCH, saving=PER
 
 
 def _demo_leaf(path: Path, data_root: Path, moment: str | None = None,
-               hold: str | None = None) -> Path:
+               hold: str | None = None, start_method: str | None = None) -> Path:
     """The demo classifier with its own loader settings (persistent workers), on the 10-image
     demo set for 2 epochs, validated and saved every epoch (the last one kept); with
     ``moment``, its process group gets SIGTERM then, and ``hold`` stalls the trainer
-    afterwards (``launcher_signals.LauncherSignalHook``)."""
-    loader = f"dict(dataset=dict(data_root='{data_root}')"
+    afterwards (``launcher_signals.LauncherSignalHook``); ``start_method``: how the loaders
+    start their workers (multiprocessing's default: ``fork`` on Linux)."""
+    context = '' if start_method is None else f", multiprocessing_context='{start_method}'"
+    loader = f"dict(dataset=dict(data_root='{data_root}'){context}"
     signal_hook = ('' if moment is None else
                    "custom_imports = dict(imports=['vitdense', 'vitdense.cls', "
                    "'launcher_signals'], allow_failed_imports=False)\n"
@@ -356,36 +368,29 @@ def _demo_leaf(path: Path, data_root: Path, moment: str | None = None,
     return path
 
 
+def _trainer(config: Path, work_dir: Path, *extra: str) -> Watched:
+    """``tools/train.py`` on ``config``, watched."""
+    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1',
+           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
+    return Watched([sys.executable, 'tools/train.py', str(config), '--work-dir', str(work_dir),
+                    '--skip-data-check', *extra], env)
+
+
 def _train(config: Path, work_dir: Path, *extra: str) -> tuple[int, str]:
     """``tools/train.py`` in a process group of its own (as a launcher starts it); its exit
     status and output, once every process of the group (loader workers too) is gone."""
-    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1',
-           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
-    done = subprocess.run([sys.executable, 'tools/train.py', str(config), '--work-dir',
-                           str(work_dir), '--skip-data-check', *extra], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, start_new_session=True)
-    return done.returncode, done.stdout + done.stderr
+    return _trainer(config, work_dir, *extra).end(600)
 
 
 def _train_until_killed(config: Path, work_dir: Path, grace: float = 2.0) -> tuple[int, str]:
     """``tools/train.py`` in a process group of its own, which gets SIGKILL ``grace`` seconds
     after the trainer reports its stop signal, as SLURM (``KillWait``) and torchrun's agent
     (``--shutdown-timeout``) escalate; its exit status and output."""
-    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1',
-           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
-    trainer = subprocess.Popen([sys.executable, 'tools/train.py', str(config), '--work-dir',
-                                str(work_dir), '--skip-data-check'], cwd=REPO_ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    log = []
-    for line in trainer.stdout:
-        log.append(line)
-        if 'SIGTERM received' in line:
-            time.sleep(grace)
-            os.killpg(trainer.pid, signal.SIGKILL)
-            log.append(trainer.stdout.read())
-            break
-    return trainer.wait(timeout=60), ''.join(log)
+    trainer = _trainer(config, work_dir)
+    trainer.until('SIGTERM received', 600)
+    time.sleep(grace)
+    trainer.signal_group(signal.SIGKILL)
+    return trainer.end(60)
 
 
 @pytest.fixture(scope='module')
@@ -503,25 +508,51 @@ def test_sigkill_after_the_grace_period_leaves_the_last_checkpoint_to_resume(tmp
 
 
 
-def _torchrun(config: Path, work_dir: Path, *extra: str,
-              stop_at: str | None = None) -> tuple[int, str]:
+def test_forkserver_loader_workers_stop_and_let_a_finished_run_exit(tmp_path, demo_reference):
+    # Loader workers forked by multiprocessing's fork server, whose children they are (not
+    # the trainer's): SIGTERM to the group mid-epoch 2 stops the run (exit 75), and the
+    # resumed run ends bit for bit where the uninterrupted one ended and exits, its workers
+    # ended by the trainer's SIGTERM at its exit.
+    data_root, reference = demo_reference
+    work = tmp_path / 'work'
+    status, log = _train(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
+                                    start_method='forkserver'), work)
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
+    resumed = _trainer(_demo_leaf(tmp_path / 'leaf.py', data_root, start_method='forkserver'),
+                       work, '--resume')
+    resumed.until(f'Epoch(train) [2][{PER_EPOCH}/{PER_EPOCH}]', 600)  # the last iteration
+    status, log = resumed.end(120)  # then a validation, a save and the exit
+    assert status == 0, log[-3000:]
+    final = safe_load(str(work / 'epoch_2.pth'))['state_dict']
+    assert max(float((final[key] - value).abs().max()) for key, value in reference.items()) == 0
+
+
+@pytest.mark.parametrize('gap', [0.2, 0.5])
+def test_a_second_sigterm_after_the_stop_save_still_exits_75(tmp_path, demo_reference, gap):
+    # SIGTERM to the group (forkserver loader workers) mid-epoch 2, and again ``gap`` s after
+    # the trainer logs its saved stop, while its exit is under way (held 3 s, as a slow
+    # exit): exit 75 with that checkpoint, not killed by the second signal (-15).
+    data_root, _ = demo_reference
+    work = tmp_path / 'work'
+    trainer = _trainer(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
+                                  hold='exit', start_method='forkserver'), work)
+    trainer.until('stopping after iteration', 600)
+    time.sleep(gap)
+    assert trainer.process.poll() is None  # still exiting
+    trainer.signal_group(signal.SIGTERM)
+    status, log = trainer.end(120)
+    assert status == PREEMPTED_EXIT_CODE, log[-3000:]
+    assert (work / 'last_checkpoint').read_text() == str(work / f'iter_{PER_EPOCH + 1}.pth')
+
+
+def _torchrun(config: Path, work_dir: Path, *extra: str) -> Watched:
     """``tools/torchrun.sh`` starting 2 processes of ``tools/train.py`` on CPU, in a process
-    group of its own; with ``stop_at``, that group gets SIGTERM once a line of the output
-    holds it, as a scheduler (SLURM, Kubernetes) stops the job. Temporary files go beside
-    ``work_dir``. The launcher's exit status and output."""
+    group of its own (a scheduler's SIGTERM goes to that group), watched. Temporary files go
+    beside ``work_dir``."""
     env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'CUDA_VISIBLE_DEVICES': '',
            'PYTHONUNBUFFERED': '1', 'TMPDIR': str(work_dir.parent)}
-    launcher = subprocess.Popen(['bash', 'tools/torchrun.sh', '2', 'tools/train.py', str(config),
-                                 '--work-dir', str(work_dir), '--skip-data-check', *extra],
-                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    log = []
-    for line in launcher.stdout:
-        log.append(line)
-        if stop_at is not None and stop_at in line:
-            os.killpg(launcher.pid, signal.SIGTERM)
-            stop_at = None
-    return launcher.wait(timeout=120), ''.join(log)
+    return Watched(['bash', 'tools/torchrun.sh', '2', 'tools/train.py', str(config),
+                    '--work-dir', str(work_dir), '--skip-data-check', *extra], env)
 
 
 def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tmp_path):
@@ -533,8 +564,10 @@ def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tm
     data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
     config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
     # 8 epochs of 2 iterations: the signal lands well before the end, after iteration 1 or 2
-    status, log = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=8',
-                            stop_at='Epoch(train) [1][1/2]')
+    launcher = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=8')
+    launcher.until('Epoch(train) [1][1/2]', 300)
+    launcher.signal_group(signal.SIGTERM)
+    status, log = launcher.end(300)
     assert status == PREEMPTED_EXIT_CODE, log[-3000:]
     stop = Path((work / 'last_checkpoint').read_text())
     stopped_after = re.fullmatch(r'iter_(\d+)\.pth', stop.name)
@@ -543,7 +576,7 @@ def test_torchrun_launcher_exits_75_on_a_stop_and_its_own_status_on_a_failure(tm
     assert find_resumable_checkpoint(work) == str(stop)  # what --resume loads
     assert not list(tmp_path.glob('vitdense-stopped.*'))  # the launcher's, in its TMPDIR
 
-    status, log = _torchrun(config, tmp_path / 'failed', '--cfg-options', 'no_such_key=1')
+    status, log = _torchrun(config, tmp_path / 'failed', '--cfg-options', 'no_such_key=1').end(300)
     assert status not in (0, PREEMPTED_EXIT_CODE), log[-3000:]
     assert "has no top-level key 'no_such_key'" in log
 
@@ -574,3 +607,53 @@ def test_torchrun_restarts_a_group_whose_worker_died_from_its_last_checkpoint(tm
     first_losses = re.findall(r'Epoch\(train\) \[2\]\[1/2\].*loss: (\S+)', text)
     assert len(first_losses) == 2 and first_losses[0] == first_losses[1], first_losses
     assert 'Epoch(train) [3][2/2]' in text and (work / 'epoch_3.pth').is_file()
+
+
+def _processes_under(folder: Path) -> list[int]:
+    """The processes whose environment names a ``VITDENSE_STOPPED_DIR`` in ``folder``: those
+    a tools/torchrun.sh started with ``folder`` as its TMPDIR (workers, loader workers)."""
+    found = []
+    for entry in Path('/proc').iterdir():
+        try:
+            environ = (entry / 'environ').read_bytes().split(b'\0') if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if any(variable.startswith(f'VITDENSE_STOPPED_DIR={folder}/'.encode())
+               for variable in environ):
+            found.append(int(entry.name))
+    return found
+
+
+def test_torchrun_launcher_signalled_twice_exits_75_and_outlives_its_processes(tmp_path):
+    # SIGTERM to the launcher's process group once the first iteration is logged, and again
+    # 0.2 s later, while torchrun's agent shuts its workers down (the second signal ends the
+    # agent's shutdown, leaving the workers): the launcher waits for every process it
+    # started, then exits 75 with the stop checkpoint.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
+    launcher = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=8')
+    launcher.until('Epoch(train) [1][1/2]', 300)
+    launcher.signal_group(signal.SIGTERM)
+    time.sleep(0.2)
+    launcher.signal_group(signal.SIGTERM)
+    status = launcher.exit(300)
+    left = _processes_under(tmp_path)
+    log = launcher.end(60)[1]
+    assert not left and status == PREEMPTED_EXIT_CODE, (left, log[-3000:])
+    stop = Path((work / 'last_checkpoint').read_text())
+    assert re.fullmatch(r'iter_\d+\.pth', stop.name)
+    assert find_resumable_checkpoint(work) == str(stop)
+
+
+def test_torchrun_launcher_signalled_after_a_finished_run_exits_0(tmp_path):
+    # SIGTERM to the launcher's process group at the finished run's last line (its
+    # validation's result), while its processes and torchrun's agent end: the run is
+    # complete, and the launcher says so (0), not a failure (1).
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    config, work = _demo_leaf(tmp_path / 'leaf.py', data_root), tmp_path / 'work'
+    launcher = _torchrun(config, work, '--cfg-options', 'train_cfg.max_epochs=1')
+    launcher.until('accuracy/top1', 300)
+    launcher.signal_group(signal.SIGTERM)
+    status, log = launcher.end(300)
+    assert status == 0, log[-3000:]
+    assert (work / 'last_checkpoint').read_text() == str(work / 'epoch_1.pth')

@@ -43,7 +43,7 @@ from pathlib import Path
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from mmengine.dist import all_reduce, get_rank, get_world_size, is_main_process
@@ -62,28 +62,60 @@ from vitdense.registry import HOOKS
 PREEMPTED_EXIT_CODE = 75
 
 
-#: environment variable naming the directory where each process stopped by a signal leaves
-#: the empty file ``<global rank>`` after its checkpoint is saved (set by tools/torchrun.sh)
+#: environment variable naming the directory where each process leaves the empty file
+#: ``<global rank>.stopped`` once its stop checkpoint is saved, or ``<global rank>.finished``
+#: once its training has ended (set by tools/torchrun.sh, which reads the outcome from them)
 STOPPED_DIR_ENV = 'VITDENSE_STOPPED_DIR'
 
 
-def stopped_marker() -> Path | None:
-    """This process's file in the directory ``VITDENSE_STOPPED_DIR`` names, or None when
-    the variable is not set."""
+#: the outcomes a process leaves in the directory :data:`STOPPED_DIR_ENV` names
+OUTCOMES = ('stopped', 'finished')
+
+
+def leave_outcome(outcome: str | None) -> None:
+    """Create this process's file ``<global rank>.<outcome>`` in the directory
+    ``VITDENSE_STOPPED_DIR`` names, or with None remove those an earlier start of this
+    process left in a directory used again (nothing when the variable is not set)."""
     directory = os.environ.get(STOPPED_DIR_ENV)
-    return Path(directory, str(get_rank())) if directory else None
+    if not directory:
+        return
+    if outcome is None:
+        for name in OUTCOMES:
+            Path(directory, f'{get_rank()}.{name}').unlink(missing_ok=True)
+    else:
+        Path(directory, f'{get_rank()}.{outcome}').touch()
 
 
 class Preempted(Exception):
-    """Training stopped on a preemption signal; ``checkpoint`` holds the last iteration."""
+    """Training stopped on a preemption signal; ``checkpoint`` holds the last iteration.
+
+    The hook's handlers of ``signals`` are still installed, so that a second signal cannot
+    kill the process between the save and its exit: a process that exits sets them to be
+    ignored (:func:`~vitdense.engine.launch.run_tool`), a caller that goes on puts the
+    previous ones back (:meth:`restore_signals`)."""
 
     exit_code = PREEMPTED_EXIT_CODE
 
-    def __init__(self, checkpoint: Path, iteration: int, requeued: bool) -> None:
+    def __init__(self, checkpoint: Path, iteration: int, requeued: bool,
+                 signals: Sequence[int] = (),
+                 restore_signals: Callable[[], None] | None = None) -> None:
         self.checkpoint, self.iteration, self.requeued = checkpoint, iteration, requeued
+        self.signals, self._restore_signals = list(signals), restore_signals
         then = 'the job was requeued' if requeued else 'run with --resume to continue'
         super().__init__(f'stopped by a preemption signal after iteration {iteration}; '
                          f'saved {checkpoint}; {then}')
+
+    def restore_signals(self) -> None:
+        """Put back the handlers the stop signals had before the hook was built."""
+        if self._restore_signals is not None:
+            self._restore_signals()
+
+    def ignore_signals(self) -> None:
+        """Have this process ignore the stop signals until it exits: its checkpoint is saved
+        and it exits with :attr:`exit_code` (an ignored signal stays ignored while the
+        interpreter shuts down, where a handler is put back to the default, which kills)."""
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def slurm_job_to_requeue() -> str | None:
@@ -96,11 +128,16 @@ def slurm_job_to_requeue() -> str | None:
 
 
 class _ShieldedWorker:
-    """A loader's ``worker_init_fn`` that first has the worker ignore ``signals`` unless its
-    parent (the trainer) sends them: the worker keeps them blocked, and a thread of its own
-    takes each one (``sigwaitinfo``, which names the sender), those that arrived while the
-    worker was starting included; the parent's SIGTERM (torch's way of ending a worker that
-    did not stop) ends the worker as torch's own handler would.
+    """A loader's ``worker_init_fn`` that first has the worker ignore ``signals`` unless the
+    trainer sends them: the worker keeps them blocked, and a thread of its own takes each one
+    (``sigwaitinfo``, which names the sender), those that arrived while the worker was
+    starting included; the trainer's SIGTERM (torch's way of ending a worker that did not
+    stop, and multiprocessing's at the trainer's exit) ends the worker as torch's own handler
+    would.
+
+    The trainer is the process that started the worker (``multiprocessing.parent_process``),
+    whatever the start method: with ``forkserver`` the worker's parent in the kernel
+    (``os.getppid``) is the fork server, which never sends it a signal.
 
     Picklable, so loaders that start workers with ``spawn`` or ``forkserver`` get it too.
     """
@@ -112,15 +149,15 @@ class _ShieldedWorker:
         # blocked since the worker started (:class:`_StartBlocked`), unless its loader's
         # context started it otherwise (a forkserver)
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
-        threading.Thread(target=self._take_signals, args=(os.getppid(),), daemon=True,
-                         name='stop-signals').start()
+        threading.Thread(target=self._take_signals, args=(multiprocessing.parent_process().pid,),
+                         daemon=True, name='stop-signals').start()
         if self.init_fn is not None:
             self.init_fn(worker_id)
 
-    def _take_signals(self, parent: int) -> None:
+    def _take_signals(self, trainer: int) -> None:
         while True:
             info = signal.sigwaitinfo(self.signals)
-            if info.si_pid == parent and info.si_signo == signal.SIGTERM:
+            if info.si_pid == trainer and info.si_signo == signal.SIGTERM:
                 os._exit(0)
 
 
@@ -195,7 +232,8 @@ def collect_and_freeze_heap() -> None:
     """Collect the young garbage (the stop's own: loader iterators, the exception's frames),
     then leave every object to the process's end (``gc.freeze``).
 
-    Run first at the exit that follows a stop. The interpreter's last collections walk a
+    Run first at the exit that follows a stop, or the end of a tool's run
+    (:func:`~vitdense.engine.launch.run_tool`). The interpreter's last collections walk a
     training process's whole heap (half a million objects on the demo classifier) as its
     modules are torn down: 3.5-5 s per process at a load of 8 on two cores, most of the time
     from the stop signal to the exit. What must reach the disk is written before (the
@@ -226,16 +264,20 @@ class PreemptionHook(Hook):
         requeue: under SLURM (``SLURM_JOB_ID`` set, ``scontrol`` on the PATH), have process
             0 requeue the job once the checkpoint is saved (the job needs ``--requeue``).
 
-    The handlers are installed when the hook is built and put back when the run ends or
-    stops (``after_run``), leaving the process as it was. The training, validation and test
-    loaders' workers are shielded before they start (:func:`shield_loader_workers`); an
-    iteration loop's loader, whose workers start with the loop, before the hooks run, is
-    restarted once. A signal during validation stops at the end of that validation
-    iteration with a checkpoint of the training iteration it follows.
+    The handlers are installed when the hook is built and put back when the run ends
+    (``after_run``), leaving the process as it was. A stop keeps them (a second signal after
+    the save cannot kill the process, whose exit status must say "stopped"):
+    :class:`Preempted` says how to put them back or ignore the signals. The training,
+    validation and test loaders' workers are shielded before they start
+    (:func:`shield_loader_workers`); an iteration loop's loader, whose workers start with the
+    loop, before the hooks run, is restarted once. A signal during validation stops at the
+    end of that validation iteration with a checkpoint of the training iteration it follows.
 
     With :data:`STOPPED_DIR_ENV` set (by ``tools/torchrun.sh``), each process creates the
-    empty file ``<that dir>/<global rank>`` once the stop checkpoint is saved, which tells
-    the launcher that this process's non-zero exit is a stop, not a failure.
+    empty file ``<that dir>/<global rank>.stopped`` once the stop checkpoint is saved, or
+    ``<global rank>.finished`` once training has ended: a process that is then killed (a
+    signal in the tail of a finished run, torchrun's agent giving up its shutdown) is a stop
+    or a finished run to the launcher, not a failure.
     """
 
     priority = 'LOWEST'  # after every other hook has finished the iteration (checkpoint, logs)
@@ -251,6 +293,7 @@ class PreemptionHook(Hook):
         self.signals = [getattr(signal, name) for name in signals]
         self.requeue = requeue
         self.received: signal.Signals | None = None
+        self.saved = False  # the stop checkpoint is saved: a signal has nothing left to stop
         self.previous: dict[signal.Signals, Any] = {}
         self.training = False
         self._install()
@@ -271,7 +314,10 @@ class PreemptionHook(Hook):
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Only a flag and one line on stderr (os.write: a handler may run mid-print)."""
-        if self.received is None:
+        if self.saved:
+            os.write(2, f'[pid {os.getpid()}] {signal.Signals(signum).name} received after '
+                        f'the stop checkpoint was saved: exiting as stopped\n'.encode())
+        elif self.received is None:
             os.write(2, f'[pid {os.getpid()}] {signal.Signals(signum).name} received: saving '
                         f'a checkpoint at the end of this iteration, then stopping\n'.encode())
         self.received = signal.Signals(signum)
@@ -285,9 +331,7 @@ class PreemptionHook(Hook):
 
     def before_train(self, runner) -> None:
         self.training = True
-        marker = stopped_marker()
-        if marker is not None:
-            marker.unlink(missing_ok=True)  # an earlier run's, in a directory used again
+        leave_outcome(None)  # an earlier start's, in a directory used again
         loop = runner.train_loop
         if shield_loader_workers(loop.dataloader, self.signals) and isinstance(
                 loop, IterBasedTrainLoop):
@@ -314,21 +358,20 @@ class PreemptionHook(Hook):
     def _stop(self, runner, step: int) -> None:
         """Save the checkpoint of ``step`` finished iterations, then raise ``Preempted``."""
         path = save_resumable(runner, step)
-        marker = stopped_marker()
-        if marker is not None:
-            marker.touch()  # every process returns from the save once the file is written
+        self.saved = True
+        leave_outcome('stopped')  # every process returns from the save once it is written
         how = self.received.name if self.received is not None else 'another process\'s signal'
         print_log(f'rank {get_rank()}: stopping after iteration {step} on {how}; process 0 '
                   f'saved {path}', logger='current', level=logging.WARNING)
-        self._uninstall()
         requeued = self._requeue()
         stop_loader_workers(runner)
         atexit.unregister(collect_and_freeze_heap)  # once, and before the other handlers
         atexit.register(collect_and_freeze_heap)
-        raise Preempted(path, step, requeued)
+        raise Preempted(path, step, requeued, list(self.previous), self._uninstall)
 
     def after_train(self, runner) -> None:
         self.training = False
+        leave_outcome('finished')  # the last checkpoint hooks ran before (after_train_*)
 
     def after_run(self, runner) -> None:
         self._uninstall()
