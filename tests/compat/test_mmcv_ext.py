@@ -1,6 +1,7 @@
 """The torch-native ``mmcv._ext``: nms and RoIAlign (average and max pooling) equal hand
 computations and independent references through mmcv's own Python wrappers; every op it does
-not serve raises an error naming it.  The other served ops: ``test_mmcv_ext_ops.py``."""
+not serve raises an error naming it; the table of op kinds serving it.  The other served
+ops: ``test_mmcv_ext_ops.py``."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +21,21 @@ def test_mmcv_ops_run_on_the_torch_native_backend():
     assert mmcv_ext.__file__.endswith('vitdense/compat/mmcv_ext.py'), \
         'tools/install.sh installs mmcv-lite, served by vitdense/compat/mmcv_ext.py'
     assert mmcv.ops.get_compiler_version().startswith('none (vitdense torch-native')
+
+
+def test_each_served_function_comes_from_one_op_kind_module():
+    """``mmcv._ext`` serves what ``vitdense/compat/ops/<kind>.py`` name, no name twice (one
+    kind's function would hide another's), each the module's own function; its deformable
+    attention samples with the adapter's sampler, one module however each was loaded."""
+    kinds = [sys.modules[f'vitdense.compat.ops.{kind}'] for kind in mmcv_ext.KINDS]
+    names = [name for module in kinds for name in module.__all__]
+    assert len(names) == len(set(names))
+    assert mmcv_ext.IMPLEMENTED == {*names, 'get_compiler_version', 'get_compiling_cuda_version'}
+    assert all(getattr(mmcv_ext, name) is getattr(module, name)
+               for module in kinds for name in module.__all__)
+    from vitdense.models.layers import adapter
+    served_sampler = sys.modules['vitdense.compat.ops.ms_deform_attn'].deformable_sampling
+    assert served_sampler is adapter.deformable_sampling
 
 
 def _random_boxes(n: int, seed: int, size: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,8 +4,6 @@ takes on a GPU): values and gradients equal mmcv's or mmdet's pure-torch referen
 compiled kernels' formulas written out here, in float64 and float32 and under autocast."""
 from __future__ import annotations
 
-import sys
-
 import mmcv.ops
 import pytest
 import torch
@@ -14,7 +12,7 @@ from mmcv.ops.multi_scale_deform_attn import (MultiScaleDeformableAttnFunction,
                                               multi_scale_deformable_attn_pytorch)
 from mmdet.models.losses.focal_loss import py_sigmoid_focal_loss
 
-mmcv_ext = sys.modules['mmcv._ext']
+from vitdense.compat.ops import deform_conv
 
 FORWARD_RTOL = 1e-5
 GRADIENT_RTOL = 1e-4
@@ -284,15 +282,15 @@ def test_deform_conv_backward_runs_torchvisions_backward_once(monkeypatch):
     """mmcv's DCNv1 backward makes two compiled calls (input and offset, then weight); the
     weight's gradient of the first is kept for the second."""
     calls = []
-    backward = mmcv_ext._deform_conv2d_backward
-    monkeypatch.setattr(mmcv_ext, '_deform_conv2d_backward',
+    backward = deform_conv._deform_conv2d_backward
+    monkeypatch.setattr(deform_conv, '_deform_conv2d_backward',
                         lambda *args: calls.append(1) or backward(*args))
     geometry = GEOMETRIES['3x3, stride 1']
     x, offset, weight = _conv_inputs(torch.float64, geometry, modulated=False)
     out = mmcv.ops.deform_conv2d(x, offset, weight, *geometry.values())
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
     out.backward(grad)
-    assert len(calls) == 1 and not mmcv_ext._pending_weight_grad
+    assert len(calls) == 1 and not deform_conv._pending_weight_grad
     reference = _deform_conv_reference(x, offset, None, weight, None, **geometry)
     (by_weight,) = torch.autograd.grad(reference, [weight], grad)
     assert_matches('gradient by weight', weight.grad, by_weight, GRADIENT_RTOL)

@@ -21,7 +21,9 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from vitdense.checkpoint_io import safe_load, save_plain
+from vitdense.checkpoint_convert import (Converted, converter_main, converter_parser,
+                                         require_dict)
+from vitdense.checkpoint_io import safe_load
 from vitdense.engine.hosts import build_model
 from vitdense.models.backbones.vit import convert_detectron2_vitdet
 
@@ -49,9 +51,7 @@ def read_detectron2(path: str) -> dict:
                              'Nothing from the file was executed.') from None
     else:
         checkpoint = safe_load(path, map_location='cpu')
-    if not isinstance(checkpoint, dict):
-        raise SystemExit(f'{path} holds a {type(checkpoint).__name__}, not a checkpoint dict')
-    state_dict = checkpoint.get('model', checkpoint)
+    state_dict = require_dict(checkpoint, path).get('model', checkpoint)
     return {key: torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray)
             else value for key, value in state_dict.items()}
 
@@ -69,22 +69,24 @@ def check_against_config(state_dict: dict, config: str) -> None:
           f'{len(result.missing_keys)} head tensors keep their initialisation')
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('src', help='detectron2 ViTDet checkpoint (.pkl or .pth)')
-    parser.add_argument('dst', help='converted checkpoint to write')
-    parser.add_argument('--config', help='our config whose backbone and neck must load it')
-    args = parser.parse_args()
+def convert_file(args: argparse.Namespace) -> Converted:
+    """The ViTDet checkpoint at ``args.src`` converted (backbone and neck checked against
+    ``args.config``'s model); detectron2's heads are left out."""
     source = read_detectron2(args.src)
     converted = convert_detectron2_vitdet(source)
     if not any(key.startswith('neck.') for key in converted):
         raise SystemExit(f'{args.src}: no backbone.simfp_* tensors: not a ViTDet checkpoint')
     if args.config:
         check_against_config(converted, args.config)
-    save_plain(dict(state_dict=converted, meta=dict(converted_from=args.src)), args.dst)
-    print(f'wrote {len(converted)} tensors to {args.dst} ({len(source) - len(converted)} '
-          f'head tensors of detectron2 left out)')
+    return Converted(dict(state_dict=converted, meta=dict(converted_from=args.src)),
+                     len(converted),
+                     f' ({len(source) - len(converted)} head tensors of detectron2 left out)')
+
+
+def main() -> None:
+    converter_main(converter_parser(__doc__, 'detectron2 ViTDet checkpoint (.pkl or .pth)',
+                                    'our config whose backbone and neck must load it'),
+                   convert_file)
 
 
 if __name__ == '__main__':

@@ -11,11 +11,11 @@ and ``head.fc.*``), otherwise as a bare backbone state dict for ``init_cfg=Pretr
 import argparse
 import json
 
-from vitdense.checkpoint_io import safe_load, save_plain
+from vitdense.checkpoint_convert import Converted, converter_main, read_checkpoint
 from vitdense.models import backbone_families
 
 
-def parse_args() -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('family', choices=sorted(backbone_families()))
     parser.add_argument('src', help='official or timm checkpoint')
@@ -27,15 +27,14 @@ def parse_args() -> argparse.Namespace:
                         help='extra backbone kwargs as JSON, e.g. \'{"num_parallel": 2}\'')
     parser.add_argument('--classifier', action='store_true',
                         help='write an mmpretrain classifier checkpoint (keeps the head)')
-    return parser.parse_args()
+    return parser
 
 
-def main() -> None:
-    args = parse_args()
+def convert_file(args: argparse.Namespace) -> Converted:
+    """The checkpoint at ``args.src`` converted and loaded strictly into the backbone of
+    ``args``; with ``--classifier``, a classifier's checkpoint keeping its head."""
     cls = backbone_families()[args.family]
-    source = safe_load(args.src, map_location='cpu')
-    if not isinstance(source, dict):
-        raise SystemExit(f'{args.src} holds a {type(source).__name__}, not a state dict')
+    source = read_checkpoint(args.src, 'state dict')
     source = source.get('model', source.get('state_dict', source))
     state_dict = cls.convert_checkpoint(source)
     backbone = cls(args.arch, patch_size=args.patch_size, img_size=args.img_size,
@@ -50,8 +49,11 @@ def main() -> None:
                       **{f'head.fc.{k[len("head."):]}': v for k, v in head.items()}}
     meta = dict(family=args.family, arch=args.arch, patch_size=args.patch_size,
                 img_size=args.img_size, source=args.src)
-    save_plain(dict(state_dict=state_dict, meta=meta), args.dst)
-    print(f'wrote {len(state_dict)} tensors to {args.dst} ({meta})')
+    return Converted(dict(state_dict=state_dict, meta=meta), len(state_dict), f' ({meta})')
+
+
+def main() -> None:
+    converter_main(argument_parser(), convert_file)
 
 
 if __name__ == '__main__':

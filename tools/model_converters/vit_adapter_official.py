@@ -27,11 +27,12 @@ from collections import OrderedDict
 from mmengine.config import Config
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.checkpoint_io import safe_load, save_plain
+from vitdense.checkpoint_convert import (Converted, convert_prefixed, converted_meta,
+                                         converter_main, converter_parser,
+                                         read_checkpoint)
 from vitdense.engine.hosts import build_model
 from vitdense.models import ColumnarBackbone
 
-BACKBONE = 'backbone.'
 #: our adapter's ``vit_features`` that computes what each official release's backbone does
 RELEASE_FEATURES = {'detection': 'last', 'segmentation': 'per_interaction'}
 #: the official backbone's trunk tensors; every other backbone tensor is the adapter's
@@ -52,15 +53,7 @@ def convert_backbone(state_dict: dict, trunk: ColumnarBackbone) -> OrderedDict:
 
 def convert(state_dict: dict, trunk: ColumnarBackbone) -> OrderedDict:
     """Official detector / segmentor state dict -> our key layout (necks and heads kept)."""
-    backbone = {key[len(BACKBONE):]: value for key, value in state_dict.items()
-                if key.startswith(BACKBONE)}
-    if not backbone:
-        raise KeyError('no backbone.* keys: not a detector / segmentor checkpoint')
-    converted = OrderedDict((BACKBONE + key, value)
-                            for key, value in convert_backbone(backbone, trunk).items())
-    converted.update((key, value) for key, value in state_dict.items()
-                     if not key.startswith(BACKBONE))
-    return converted
+    return convert_prefixed(state_dict, lambda backbone: convert_backbone(backbone, trunk))
 
 
 def official_release(checkpoint: dict) -> str:
@@ -95,20 +88,10 @@ def check_vit_features(release: str, vit_features: str) -> None:
             f"vit_features={expected!r} (the {recipes} adapter recipes)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('src', help='official checkpoint (.pth / .pth.tar)')
-    parser.add_argument('dst', help='converted checkpoint to write')
-    parser.add_argument('--config', required=True,
-                        help='our adapter config whose model must load it strictly')
-    parser.add_argument('--release', choices=sorted(RELEASE_FEATURES),
-                        help='the official release the checkpoint comes from, where its meta '
-                             'and tensors do not say')
-    args = parser.parse_args()
-    checkpoint = safe_load(args.src, map_location='cpu')
-    if not isinstance(checkpoint, dict):
-        raise SystemExit(f'{args.src} holds a {type(checkpoint).__name__}, not a checkpoint dict')
+def convert_file(args: argparse.Namespace) -> Converted:
+    """The official checkpoint at ``args.src`` converted for, and loaded strictly by, the
+    model of ``args.config``."""
+    checkpoint = read_checkpoint(args.src)
     cfg = Config.fromfile(args.config)
     try:
         release = args.release or official_release(checkpoint)
@@ -119,10 +102,18 @@ def main() -> None:
     converted = convert(checkpoint.get('state_dict', checkpoint), model.backbone.trunk)
     model.load_state_dict(converted, strict=True)
     print(f'loads strictly into the model of {args.config}')
-    meta = dict(checkpoint.get('meta') or {}, converted_from=args.src, official_release=release)
-    meta.pop('config', None)  # an mmdet 2.x / mmseg 0.x config that our tools cannot read
-    save_plain(dict(state_dict=converted, meta=meta), args.dst)
-    print(f'wrote {len(converted)} tensors to {args.dst}')
+    meta = converted_meta(checkpoint, args.src, official_release=release)
+    return Converted(dict(state_dict=converted, meta=meta), len(converted))
+
+
+def main() -> None:
+    parser = converter_parser(__doc__, 'official checkpoint (.pth / .pth.tar)',
+                              'our adapter config whose model must load it strictly',
+                              config_required=True)
+    parser.add_argument('--release', choices=sorted(RELEASE_FEATURES),
+                        help='the official release the checkpoint comes from, where its meta '
+                             'and tensors do not say')
+    converter_main(parser, convert_file)
 
 
 if __name__ == '__main__':

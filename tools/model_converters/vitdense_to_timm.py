@@ -17,14 +17,14 @@ atomically and an existing one is kept unless ``--overwrite`` is given::
 """
 import argparse
 import json
-import os.path as osp
 
-from vitdense.checkpoint_io import safe_load, save_plain
+from vitdense.checkpoint_convert import Converted, converter_main
+from vitdense.checkpoint_io import safe_load
 from vitdense.models import backbone_families
 from vitdense.models.backbones.timm_export import to_timm
 
 
-def parse_args() -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('family', choices=sorted(backbone_families()))
     parser.add_argument('src', help='vitdense checkpoint')
@@ -41,27 +41,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--fill-missing', action='store_true',
                         help="take tensors the checkpoint lacks (a dense model's classification "
                              "stage) from timm's initialisation")
-    parser.add_argument('--overwrite', action='store_true', help='replace DST if it exists')
-    return parser.parse_args()
+    return parser
 
 
-def main() -> None:
-    args = parse_args()
-    if osp.exists(args.dst) and not args.overwrite:
-        raise SystemExit(f'{args.dst} exists; pass --overwrite to replace it')
+def convert_file(args: argparse.Namespace) -> Converted:
+    """The backbone of the checkpoint at ``args.src`` as its timm model's state dict, checked
+    against the backbone's features."""
     family = backbone_families()[args.family]
     try:
         export = to_timm(family, safe_load(args.src, map_location='cpu'), args.timm_model,
                          args.timm_kwargs, args.fill_missing, args.options)
     except ValueError as error:
         raise SystemExit(f'{args.src}: {error}') from None
-    save_plain(export.state_dict, args.dst)
-    print(f'wrote {len(export.state_dict)} tensors to {args.dst} (features within '
-          f'{export.difference:.1e} of the backbone\'s): load with {export.call}'
-          f'.load_state_dict(torch.load({args.dst!r}))')
+    note = (f' (features within {export.difference:.1e} of the backbone\'s): load with '
+            f'{export.call}.load_state_dict(torch.load({args.dst!r}))')
     if export.filled:
-        print(f"{len(export.filled)} tensors from timm's initialisation, not trained: "
-              f'{", ".join(export.filled)}')
+        note += (f"\n{len(export.filled)} tensors from timm's initialisation, not trained: "
+                 f'{", ".join(export.filled)}')
+    return Converted(export.state_dict, len(export.state_dict), note)
+
+
+def main() -> None:
+    converter_main(argument_parser(), convert_file, keep_existing=True)
 
 
 if __name__ == '__main__':

@@ -21,26 +21,19 @@ from collections import OrderedDict
 from mmengine.config import Config
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.checkpoint_io import safe_load, save_plain
+from vitdense.checkpoint_convert import (Converted, convert_prefixed, converted_meta,
+                                         converter_main, converter_parser,
+                                         read_checkpoint)
 from vitdense.engine.hosts import build_model
 from vitdense.models import XCiT
-
-BACKBONE = 'backbone.'
 
 
 def convert(state_dict: dict) -> OrderedDict:
     """Official dense state dict (``backbone.*`` plus neck / heads) -> our key layout."""
-    backbone = {key[len(BACKBONE):]: value for key, value in state_dict.items()
-                if key.startswith(BACKBONE)}
-    if not backbone:
-        raise KeyError('no backbone.* keys: not a detector / segmentor checkpoint')
-    backbone = {re.sub(r'^(fpn[1-4])\.', r'pyramid.\1.', key): value
-                for key, value in backbone.items()}
-    converted = OrderedDict((BACKBONE + key, value)
-                            for key, value in XCiT.convert_checkpoint(backbone).items())
-    converted.update((key, value) for key, value in state_dict.items()
-                     if not key.startswith(BACKBONE))
-    return converted
+    def convert_backbone(backbone: dict) -> OrderedDict:
+        return XCiT.convert_checkpoint({re.sub(r'^(fpn[1-4])\.', r'pyramid.\1.', key): value
+                                        for key, value in backbone.items()})
+    return convert_prefixed(state_dict, convert_backbone)
 
 
 def check_against_config(state_dict: dict, config: str) -> None:
@@ -50,24 +43,20 @@ def check_against_config(state_dict: dict, config: str) -> None:
     print(f'loads strictly into the model of {config}')
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('src', help='official checkpoint (.pth)')
-    parser.add_argument('dst', help='converted checkpoint to write')
-    parser.add_argument('--config', help='our config whose model must load it strictly')
-    args = parser.parse_args()
-    checkpoint = safe_load(args.src, map_location='cpu')
-    if not isinstance(checkpoint, dict):
-        raise SystemExit(f'{args.src} holds a {type(checkpoint).__name__}, not a checkpoint dict')
-    state_dict = checkpoint.get('state_dict', checkpoint)
-    converted = convert(state_dict)
+def convert_file(args: argparse.Namespace) -> Converted:
+    """The official checkpoint at ``args.src`` converted (and loaded by ``args.config``)."""
+    checkpoint = read_checkpoint(args.src)
+    converted = convert(checkpoint.get('state_dict', checkpoint))
     if args.config:
         check_against_config(converted, args.config)
-    meta = dict(checkpoint.get('meta') or {}, converted_from=args.src)
-    meta.pop('config', None)  # an mmdet 2.x / mmseg 0.x config that our tools cannot read
-    save_plain(dict(state_dict=converted, meta=meta), args.dst)
-    print(f'wrote {len(converted)} tensors to {args.dst}')
+    return Converted(dict(state_dict=converted, meta=converted_meta(checkpoint, args.src)),
+                     len(converted))
+
+
+def main() -> None:
+    converter_main(converter_parser(__doc__, 'official checkpoint (.pth)',
+                                    'our config whose model must load it strictly'),
+                   convert_file)
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
-"""The import finder that serves ``compat/mmcv_ext.py`` as ``mmcv._ext`` under mmcv-lite.
+"""The import finder that serves ``compat/mmcv_ext.py`` as ``mmcv._ext`` under mmcv-lite, and
+the loader of the ops it serves.
 
 This module imports nothing but the standard library, so that the start-up file of the
 ``vitdense-mmcv-ext`` distribution (``packaging/vitdense-mmcv-ext``, installed by pip beside
@@ -80,6 +81,24 @@ class _MmcvExtFinder:
             return None
         return importlib.util.spec_from_file_location(
             'mmcv._ext', osp.join(osp.dirname(__file__), 'mmcv_ext.py'))
+
+
+def load_module(name: str) -> ModuleType:
+    """The vitdense module ``name`` (``vitdense.compat.ops.nms``), imported from its file
+    without importing the ``vitdense`` package (``mmcv._ext`` loads its ops so), unless it
+    is imported already.  Its own imports of vitdense modules must be loaded before it."""
+    if name not in sys.modules:
+        root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+        spec = importlib.util.spec_from_file_location(
+            name, osp.join(root, *name.split('.')[1:]) + '.py')
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def register() -> None:

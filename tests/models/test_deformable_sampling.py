@@ -1,0 +1,32 @@
+"""The deformable sampling that ViT-Adapter's attention and the served ``ms_deform_attn`` op
+share, against mmcv's own pure-torch reference in float64 (the served op's edges:
+tests/compat/test_mmcv_ext_edges.py)."""
+import pytest
+import torch
+
+from vitdense.models.layers.deformable_sampling import deformable_sampling
+
+
+def test_sampling_matches_mmcvs_reference():
+    mmcv_ops = pytest.importorskip('mmcv.ops.multi_scale_deform_attn')
+    shapes = [(6, 9), (3, 5), (2, 3)]
+    generator = torch.Generator().manual_seed(0)
+    value = torch.randn(2, sum(h * w for h, w in shapes), 3, 4, generator=generator,
+                        dtype=torch.float64, requires_grad=True)
+    # points beyond the maps too: zeros there, as the compiled kernel
+    locations = (torch.rand(2, 7, 3, 3, 4, 2, generator=generator, dtype=torch.float64)
+                 * 1.4 - .2).requires_grad_()
+    weights = torch.rand(2, 7, 3, 3, 4, generator=generator,
+                         dtype=torch.float64).requires_grad_()
+    sizes = torch.tensor(shapes)
+    starts = torch.tensor([0, *sizes.prod(1).cumsum(0)[:-1].tolist()])
+    ours = deformable_sampling(value, sizes, starts, locations, weights)
+    reference = mmcv_ops.multi_scale_deformable_attn_pytorch(
+        value, sizes, locations, weights)
+    torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn(ours.shape, generator=generator, dtype=torch.float64)
+    ours_grads = torch.autograd.grad((ours * upstream).sum(), (value, locations, weights))
+    reference_grads = torch.autograd.grad((reference * upstream).sum(),
+                                          (value, locations, weights))
+    for a, b in zip(ours_grads, reference_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
