@@ -26,16 +26,16 @@ def test_mmcv_ops_run_on_the_torch_native_backend():
 def test_each_served_function_comes_from_one_op_kind_module():
     """``mmcv._ext`` serves what ``vitdense/compat/ops/<kind>.py`` name, no name twice (one
     kind's function would hide another's), each the module's own function; its deformable
-    attention samples with the adapter's sampler, one module however each was loaded."""
+    attention samples with the layer's sampler, one module however each was loaded."""
     kinds = [sys.modules[f'vitdense.compat.ops.{kind}'] for kind in mmcv_ext.KINDS]
     names = [name for module in kinds for name in module.__all__]
     assert len(names) == len(set(names))
     assert mmcv_ext.IMPLEMENTED == {*names, 'get_compiler_version', 'get_compiling_cuda_version'}
     assert all(getattr(mmcv_ext, name) is getattr(module, name)
                for module in kinds for name in module.__all__)
-    from vitdense.models.layers import adapter
+    from vitdense.models.layers import deformable_sampling
     served_sampler = sys.modules['vitdense.compat.ops.ms_deform_attn'].deformable_sampling
-    assert served_sampler is adapter.deformable_sampling
+    assert served_sampler is deformable_sampling.deformable_sampling
 
 
 def _random_boxes(n: int, seed: int, size: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:

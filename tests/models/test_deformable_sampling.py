@@ -1,6 +1,5 @@
-"""The deformable sampling that ViT-Adapter's attention and the served ``ms_deform_attn`` op
-share, against mmcv's own pure-torch reference in float64 (the served op's edges:
-tests/compat/test_mmcv_ext_edges.py)."""
+"""The deformable sampling of the served ``ms_deform_attn`` op, against mmcv's own pure-torch
+reference in float64 (the served op's edges: tests/compat/test_mmcv_ext_edges.py)."""
 import pytest
 import torch
 

@@ -1,9 +1,9 @@
 """Multi-scale deformable attention's sampling (Zhu et al. 2021, Deformable DETR, Eq. 3), by
 the arithmetic of mmcv's compiled kernel (``ms_deform_attn_cuda_kernel.cuh``).
 
-One sampler serves ViT-Adapter's :class:`~vitdense.models.layers.adapter.
-MultiScaleDeformableAttention` and the torch-native ``ms_deform_attn`` op that
-``vitdense.compat`` serves to mmcv.  Each point is read bilinearly at pixel
+The torch-native ``ms_deform_attn`` op that ``vitdense.compat`` serves to mmcv samples
+with it (ViT-Adapter's attention keeps ``F.grid_sample``, which was faster and smaller on
+CPU: docs/adapter.md).  Each point is read bilinearly at pixel
 ``(loc_y * H - 0.5, loc_x * W - 0.5)``; a point with ``y <= -1``, ``y >= H``, ``x <= -1`` or
 ``x >= W`` (or NaN) reads 0 and passes no gradient, as in the kernel (``grid_sample`` passes a
 one-sided one at exactly -1); a corner beyond the map reads 0.  The levels' shapes and starts
