@@ -202,7 +202,7 @@ class LearnedPositionEmbedding(nn.Module):
         saved_kernel = state_dict.get(prefix + 'kernel')
         if saved_kernel is None:
             state_dict[prefix + 'kernel'] = self.kernel.detach().clone()
-        else:
+        elif not saved_kernel.is_meta:  # a meta state dict (a dry run) holds no kernel
             self.use_kernel(PositionKernel.from_tensor(saved_kernel))
         key = prefix + 'weight'
         table = state_dict.get(key)
