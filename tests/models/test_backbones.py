@@ -1,7 +1,6 @@
 """The four backbones: sizes, parity with timm, dense mode, training modes, bad input."""
 import inspect
 import pydoc
-from unittest import mock
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ import torch
 from vitdense.analysis.timm_parity import compare_with_timm, count_parameters
 from vitdense.models import CaiT, ColumnarBackbone, ConViT, ViT, XCiT, backbone_families
 
-from common import TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH
+from common import TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, options_missing_from_signature
 
 TOLERANCE = 1e-4
 # small custom archs for shape / training-mode tests
@@ -374,45 +373,11 @@ def test_a_classifier_of_fewer_than_four_blocks_builds_and_a_pyramid_asks_for_le
     assert ViT(TINY_ARCH, depth=depth, pyramid_levels=levels).out_indices == tuple(range(depth))
 
 
-#: what a variant of ``arch`` sets and no keyword replaces (``depth`` sets the number of blocks)
-SHAPE_KEYS = {'embed_dims', 'num_layers', 'num_heads'}
-
-
-def _options_missing_from_signature(family: type, arch: str | dict) -> set[str]:
-    """The arch settings ``family`` declares (``arch_defaults``) or its builders read while
-    building it densely and as a classifier (a traced ``self.arch``) that its signature does
-    not name."""
-    read = set()
-
-    class TracedArch(dict):
-        def __getitem__(self, key):
-            read.add(key)
-            return super().__getitem__(key)
-
-        def get(self, key, default=None):
-            if key in self:  # an absent key is no option of this family
-                read.add(key)
-            return super().get(key, default)
-
-    original = ColumnarBackbone._set_arch
-
-    def traced(self, *args) -> None:
-        original(self, *args)
-        self.arch = TracedArch(self.arch)
-
-    with mock.patch.object(ColumnarBackbone, '_set_arch', traced), torch.device('meta'):
-        family(arch)
-        family(arch, out_type='cls_token')
-    assert 'mlp_ratio' in read  # the trace saw the builders read the arch
-    return (read | set(family.arch_defaults)) - SHAPE_KEYS - set(
-        inspect.signature(family).parameters)
-
-
 @pytest.mark.parametrize('name', sorted(backbone_families()))
 def test_the_signature_names_every_option_the_family_reads(name):
     family = backbone_families()[name]
     parameters = inspect.signature(family).parameters
-    assert not _options_missing_from_signature(family, TINY_BACKBONES[name]['arch'])
+    assert not options_missing_from_signature(family, TINY_BACKBONES[name]['arch'])
     # the base's options too, each with a default, none hidden in **kwargs
     assert set(inspect.signature(ColumnarBackbone.__init__).parameters) - {'self'} <= \
         set(parameters)
@@ -430,7 +395,7 @@ def test_a_family_whose_options_are_no_keywords_is_found():
             assert self.arch['read_ratio'] == 2.
             return super().build_block(index, drop_path)
 
-    assert _options_missing_from_signature(Hidden, 'mini') == {'declared_ratio', 'read_ratio'}
+    assert options_missing_from_signature(Hidden, 'mini') == {'declared_ratio', 'read_ratio'}
 
 
 def test_help_shows_the_family_options():
