@@ -87,7 +87,7 @@ def constructor_parameters(cls: type) -> inspect.Signature:
         for name, parameter in own:
             if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                 parameters.setdefault(name, parameter)
-        if base.__name__ == 'ColumnarBackbone':
+        if base is ColumnarBackbone:
             break
     arch = parameters.pop('arch').replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
     others = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
