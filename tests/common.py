@@ -10,6 +10,7 @@ Importable as ``common`` from any test folder: pytest puts ``tests/``, the folde
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import queue
 import re
@@ -20,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Iterator
+from unittest import mock
 
 import pytest
 import torch
@@ -32,7 +34,7 @@ from torch import nn
 
 from vitdense.engine.hosts import host_of
 from vitdense.engine.tool_config import load_config
-from vitdense.models import backbone_families
+from vitdense.models import ColumnarBackbone, backbone_families
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / 'configs'
@@ -293,3 +295,37 @@ class Watched:
 
     def signal_group(self, signum: int) -> None:
         os.killpg(self.process.pid, signum)
+
+
+#: what a variant of ``arch`` sets and no keyword replaces (``depth`` sets the number of blocks)
+SHAPE_KEYS = {'embed_dims', 'num_layers', 'num_heads'}
+
+
+def options_missing_from_signature(family: type, arch: str | dict) -> set[str]:
+    """The arch settings ``family`` declares (``arch_defaults``) or its builders read while
+    building it densely and as a classifier (a traced ``self.arch``) that its signature does
+    not name."""
+    read = set()
+
+    class TracedArch(dict):
+        def __getitem__(self, key):
+            read.add(key)
+            return super().__getitem__(key)
+
+        def get(self, key, default=None):
+            if key in self:  # an absent key is no option of this family
+                read.add(key)
+            return super().get(key, default)
+
+    original = ColumnarBackbone._set_arch
+
+    def traced(self, *args) -> None:
+        original(self, *args)
+        self.arch = TracedArch(self.arch)
+
+    with mock.patch.object(ColumnarBackbone, '_set_arch', traced), torch.device('meta'):
+        family(arch)
+        family(arch, out_type='cls_token')
+    assert 'mlp_ratio' in read  # the trace saw the builders read the arch
+    return (read | set(family.arch_defaults)) - SHAPE_KEYS - set(
+        inspect.signature(family).parameters)

@@ -1,11 +1,14 @@
 """The four backbones: sizes, parity with timm, dense mode, training modes, bad input."""
+import inspect
+import pydoc
+
 import pytest
 import torch
 
 from vitdense.analysis.timm_parity import compare_with_timm, count_parameters
-from vitdense.models import CaiT, ConViT, ViT, XCiT
+from vitdense.models import CaiT, ColumnarBackbone, ConViT, ViT, XCiT, backbone_families
 
-from common import TINY_ARCH, TINY_CONVIT_ARCH
+from common import TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, options_missing_from_signature
 
 TOLERANCE = 1e-4
 # small custom archs for shape / training-mode tests
@@ -368,3 +371,33 @@ def test_a_classifier_of_fewer_than_four_blocks_builds_and_a_pyramid_asks_for_le
         ViT(TINY_ARCH, depth=depth)
     levels = tuple(range(4 - depth, 4))
     assert ViT(TINY_ARCH, depth=depth, pyramid_levels=levels).out_indices == tuple(range(depth))
+
+
+@pytest.mark.parametrize('name', sorted(backbone_families()))
+def test_the_signature_names_every_option_the_family_reads(name):
+    family = backbone_families()[name]
+    parameters = inspect.signature(family).parameters
+    assert not options_missing_from_signature(family, TINY_BACKBONES[name]['arch'])
+    # the base's options too, each with a default, none hidden in **kwargs
+    assert set(inspect.signature(ColumnarBackbone.__init__).parameters) - {'self'} <= \
+        set(parameters)
+    assert all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty
+               for p in parameters.values())
+
+
+def test_a_family_whose_options_are_no_keywords_is_found():
+    # one declared in arch_defaults, one that a variant alone sets and a builder reads
+    class Hidden(XCiT):
+        arch_zoo = {'mini': dict(TINY_BACKBONES['xcit']['arch'], read_ratio=2.)}
+        arch_defaults = dict(XCiT.arch_defaults, declared_ratio=2.)
+
+        def build_block(self, index: int, drop_path: float):
+            assert self.arch['read_ratio'] == 2.
+            return super().build_block(index, drop_path)
+
+    assert options_missing_from_signature(Hidden, 'mini') == {'declared_ratio', 'read_ratio'}
+
+
+def test_help_shows_the_family_options():
+    assert 'rope: Optional[str] = None' in pydoc.render_doc(ViT)
+    assert 'patch_size: int = 16' in pydoc.render_doc(ViT)

@@ -4,6 +4,8 @@ class-attention stage for classification. It uses the public hooks only (an arch
 ``build_patch_embed``, ``build_pos_embed``, ``build_block``, ``build_class_attention_block``,
 ``no_weight_decay_names``) and registers itself in the ``vitdense`` scope on import; nothing
 else in the repository names it."""
+from typing import Optional, Union
+
 import torch.nn as nn
 
 from vitdense.models import ColumnarBackbone
@@ -18,6 +20,13 @@ class ToyFormer(ColumnarBackbone):
 
     arch_zoo = {'mini': dict(embed_dims=32, num_layers=4, num_heads=2)}
     arch_defaults = dict(mlp_ratio=2., layer_scale=1e-4, qkv_bias=True, num_cls_layers=2)
+
+    def __init__(self, arch: Union[str, dict] = 'mini', *, mlp_ratio: Optional[float] = None,
+                 qkv_bias: Optional[bool] = None, num_cls_layers: Optional[int] = None,
+                 arch_overrides: Optional[dict] = None, **kwargs) -> None:
+        options = {key: value for key, value in locals().items() if key in self.arch_defaults}
+        super().__init__(arch, arch_overrides=self.with_options(arch_overrides, options),
+                         **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)

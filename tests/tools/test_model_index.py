@@ -2,6 +2,8 @@
 parameter counts are the built models', its FLOPs the analytic multiply-add counts and,
 at the papers' rounding, the papers' (or the difference is stated), and docs/model_zoo.md is generated from it."""
 import functools
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -47,11 +49,29 @@ def test_every_shipped_config_is_in_the_index_once():
             assert Path(model['Config']).parent.name == family
 
 
+#: every shipped config's parameters (names and shapes, in order) as first recorded, by
+#: :func:`_parameter_digest`: a change of the code that builds them must leave them as they were
+RECORDED_PARAMETERS = json.loads((Path(__file__).parent / 'shipped_config_parameters.json')
+                                 .read_text())
+
+
+def _parameter_digest(model) -> str:
+    names_and_shapes = '\n'.join(f'{name}:{tuple(parameter.shape)}'
+                                  for name, parameter in model.named_parameters())
+    return hashlib.sha256(names_and_shapes.encode()).hexdigest()[:16]
+
+
 @pytest.mark.parametrize('config', CONFIGS)
 def test_index_parameters_are_the_built_models(config):
-    """Built on the meta device: the full-size models without memory or initialisation."""
+    """Built on the meta device: the full-size models without memory or initialisation; the
+    parameters, name by name and shape by shape, as recorded."""
     model = build_model(_config(config), 'count', device='meta')
     assert _entries()[config]['Metadata']['Parameters'] == complexity.count_parameters(model)
+    digest = _parameter_digest(model)
+    assert config in RECORDED_PARAMETERS, (
+        f'a new shipped config: add "{config}": "{digest}" to shipped_config_parameters.json')
+    assert digest == RECORDED_PARAMETERS[config], (
+        f'{config} builds other parameters (names or shapes) than recorded')
 
 
 # FLOPs (x1e9) of the papers' tables at 224 x 224, and the arch (width d, heads, depth): XCiT

@@ -7,13 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from mmengine.runner import Runner
+from PIL import Image
 
 from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_ade, make_demo_coco
+from vitdense.engine.hosts import build_model
+from vitdense.models.layers.embed import PositionKernel
 
-from common import CHECKOUT_ENV, REPO_ROOT, free_port
+from common import CHECKOUT_ENV, REPO_ROOT, free_port, load_tool_config, perturb_
 
 CONFIG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 DET_CONFIG = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
@@ -187,3 +192,69 @@ def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tm
     compiled = _relative_gaps(losses['compiled'], losses['eager'])
     spread = _relative_gaps(losses['eager-elsewhere'], losses['eager'])
     assert max(compiled.values()) <= 2 * max(spread.values()), (compiled, spread)
+
+
+VIT_CONFIG = 'configs/vit/upernet_vit-d6-p8_demo-ade.py'
+#: input sizes off the position table's own 16 x 16 grid (128 px), where the kernel matters
+KERNEL_SIZES = ((64, 64), (96, 160), (136, 200))
+
+
+def _mmseg_vit_checkpoint(path: Path) -> Path:
+    """An mmseg ViT of the demo's widths pretrained at 64 px (an 8 x 8 table), saved in
+    mmseg's layout: mmseg resamples tables with plain bicubic, so a model loading it does."""
+    from mmseg.models.backbones import VisionTransformer as MMSegViT
+    torch.manual_seed(0)
+    mmseg_vit = MMSegViT(img_size=64, patch_size=8, embed_dims=128, num_layers=6, num_heads=4)
+    torch.save(perturb_(mmseg_vit).state_dict(), path)
+    return path
+
+
+def test_a_model_trained_from_an_mmseg_checkpoint_keeps_its_kernel_in_test_and_export(
+        data_root, tmp_path):
+    # The position kernel is chosen when the pretrained checkpoint loads (init_weights), which
+    # the test, val and deploy paths skip: the saved checkpoint carries it, so each computes
+    # what the training-time model did at sizes where the kernels differ (by 2e-3 and more).
+    pretrained = _mmseg_vit_checkpoint(tmp_path / 'mmseg_vit_64.pth')
+    config = tmp_path / 'upernet_vit-d6-p8_mmseg-pretrained_demo-ade.py'
+    config.write_text(f"_base_ = '{REPO_ROOT / VIT_CONFIG}'\nmodel = dict(backbone=dict(init_cfg="
+                      f"dict(_delete_=True, type='Pretrained', checkpoint='{pretrained}')))\n")
+    work = tmp_path / 'work'
+    _run(sys.executable, 'tools/train.py', config, '--work-dir', work, *_options(data_root, 2))
+    checkpoint = work / 'iter_2.pth'
+    weights = safe_load(checkpoint)['state_dict']
+    assert weights['backbone.pos_embed.kernel'].tolist() == [0, 0]  # plain bicubic, saved
+
+    cfg = load_tool_config(str(config), None, 'none', str(tmp_path / 'test'))
+    # the training-time model: the kernel its init_weights chose, the trained tensors
+    trained = build_model(cfg, 'train')
+    trained.init_weights()
+    trained.load_state_dict({k: v for k, v in weights.items() if k != 'backbone.pos_embed.kernel'})
+    # the test and val path (tools/test.py: load_from, then Runner.test's load_or_resume)
+    cfg.load_from = str(checkpoint)
+    runner = Runner.from_cfg(cfg)
+    runner.load_or_resume()
+    deployed = build_model(cfg, 'deploy', str(checkpoint))
+    with torch.no_grad():
+        for height, width in KERNEL_SIZES:
+            images = torch.randn(1, 3, height, width)
+            expected = trained.eval().backbone(images)
+            for model in (runner.model, deployed):
+                for ours, reference in zip(model.backbone(images), expected):
+                    assert torch.equal(ours, reference), (height, width)
+            antialiased = deployed.backbone.pos_embed
+            antialiased.use_kernel(PositionKernel())
+            assert (deployed.backbone(images)[0] - expected[0]).abs().max() > 1e-4
+            antialiased.use_kernel(PositionKernel(antialias=False))
+
+    images = []
+    for height, width in KERNEL_SIZES:
+        images.append(tmp_path / f'{height}x{width}.png')
+        Image.fromarray(np.random.default_rng(0).integers(
+            0, 255, (height, width, 3), dtype=np.uint8)).save(images[-1])
+    exported = tmp_path / 'backbone.pt2'
+    log = _run(sys.executable, 'tools/deployment/export.py', config, checkpoint, '--part',
+               'backbone', '--dynamic', '--format', 'torch-export', '--out', exported,
+               '--atol', '0', '--image', *images)
+    # --atol 0: the tool exits 1 unless the program equals the model built from the checkpoint
+    checks = [line for line in log.splitlines() if line.startswith('image ')]
+    assert len(checks) == 3 and 'exported model matches PyTorch' in log.splitlines(), log

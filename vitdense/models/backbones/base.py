@@ -6,6 +6,7 @@ A family (one file each) states its arch table, how its patch embedding, positio
 blocks and class-attention blocks are built, and how official / timm checkpoint keys map to
 ours. Everything else lives here once.
 """
+import inspect
 import re
 import warnings
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence, Union
@@ -72,6 +73,26 @@ def pretrained_init_cfg(pretrained: Optional[str],
                   f'init_cfg=dict(type=\'Pretrained\', checkpoint={pretrained!r}); say it '
                   f'with init_cfg, as the backbone\'s own option', FutureWarning)
     return dict(type='Pretrained', checkpoint=pretrained)
+
+
+def constructor_parameters(cls: type) -> inspect.Signature:
+    """The keyword signature of ``cls(...)``: the parameters of every ``__init__`` from
+    ``cls`` up to ``ColumnarBackbone``'s, the nearest class's first, without the ``*args`` /
+    ``**kwargs`` each passes on."""
+    parameters: dict[str, inspect.Parameter] = {}
+    for base in cls.__mro__:
+        if '__init__' not in vars(base):
+            continue
+        own = list(inspect.signature(vars(base)['__init__']).parameters.items())[1:]
+        for name, parameter in own:
+            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                parameters.setdefault(name, parameter)
+        if base is ColumnarBackbone:
+            break
+    arch = parameters.pop('arch').replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    others = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+              for parameter in parameters.values()]
+    return inspect.Signature([arch, *others], return_annotation=None)
 
 
 class ColumnarBackbone(CheckpointAdaptation, BaseModule):
@@ -272,6 +293,19 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         return tuning
 
     constructor_signature = __init__
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A family's signature (``inspect.signature``, ``help()``) names its own options and
+        the base's, which its constructor passes on as ``**kwargs``."""
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = constructor_parameters(cls)
+
+    @staticmethod
+    def with_options(arch_overrides: Optional[dict], options: dict) -> dict:
+        """``arch_overrides`` with a family's constructor ``options`` that were given (not
+        None) on top: how the family's keywords reach its arch settings."""
+        given = {key: value for key, value in options.items() if value is not None}
+        return {**(arch_overrides or {}), **given}
 
     # ------------------------------------------------------------------ family hooks
     def build_patch_embed(self) -> nn.Module:

@@ -4,6 +4,8 @@ A ViT trunk without class token, with LayerScale (ε per depth, Table 3) and tal
 attention; classification appends the class token in two class-attention blocks (§3).
 Widths use 48 channels per head.
 """
+from typing import Optional, Union
+
 import torch.nn as nn
 
 from vitdense.registry import MODELS
@@ -48,6 +50,20 @@ class CaiT(ColumnarBackbone):
         ('s48', {}, None), ('m24', {}, None),
         ('m36', dict(img_size=384), 'cait_m36_384'), ('m48', dict(img_size=448), 'cait_m48_448'),
     )
+
+    def __init__(self, arch: Union[str, dict] = 's24', *,
+                 mlp_ratio: Optional[float] = None,
+                 qkv_bias: Optional[bool] = None,
+                 num_cls_layers: Optional[int] = None,
+                 arch_overrides: Optional[dict] = None, **kwargs) -> None:
+        """Family options left None take ``arch``'s value, else ``arch_defaults``'s:
+            ``mlp_ratio``: FFN hidden width over ``embed_dims`` (4);
+            ``qkv_bias``: biases of the query, key and value maps (True);
+            ``num_cls_layers``: class-attention blocks (2).
+        Other arguments: see :class:`ColumnarBackbone`."""
+        options = {key: value for key, value in locals().items() if key in self.arch_defaults}
+        super().__init__(arch, arch_overrides=self.with_options(arch_overrides, options),
+                         **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)

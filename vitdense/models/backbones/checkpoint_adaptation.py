@@ -19,8 +19,11 @@ from ..layers.embed import PositionKernel
 from .checkpoint_diagnosis import BLOCK_INDEX, CheckpointDiagnosis
 from .checkpoint_keys import SHARED_KEYS, KeyTable
 
-#: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning
-NOT_IN_TIMM = r'^pyramid\.'
+#: where a model saves its position kernel (``LearnedPositionEmbedding.kernel``)
+KERNEL_KEY = 'pos_embed.kernel'
+#: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning, and
+#: the position kernel (timm's models resample with their own)
+NOT_IN_TIMM = r'^(pyramid\.|pos_embed\.kernel$)'
 #: where a checkpoint file keeps its weights, in the order timm's ``load_state_dict`` reads
 #: them: the EMA weights of a timm ``train.py`` checkpoint first, as timm evaluates and
 #: fine-tunes them, then a whole model's ``state_dict``, then a release's ``model``
@@ -149,15 +152,15 @@ class CheckpointAdaptation(CheckpointDiagnosis):
             f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}'
             for k, v in converted.items()
             if k in expected and k != 'pos_embed.weight' and v.shape != expected[k].shape]
-        missing = [k for k in expected
-                   if k not in converted and not re.search(self.new_in_fine_tuning, k)]
+        missing = [k for k in expected if k not in converted and k != KERNEL_KEY
+                   and not re.search(self.new_in_fine_tuning, k)]
         unexpected = [k for k in converted if k not in expected]
         unbuilt = self.mechanisms_not_built(list(state_dict))
         if unbuilt or mismatched or (strict and (missing or unexpected or self.class_row_differs(
                 converted))):
             raise ValueError(self.mismatch_message(converted, mismatched, missing,
                                                    unexpected, state_dict, unbuilt))
-        self.adopt_position_kernel(state_dict)
+        self.adopt_position_kernel(state_dict, converted)
         if unused:
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}(out_type={self.out_type!r}) does not use '
@@ -225,31 +228,36 @@ class CheckpointAdaptation(CheckpointDiagnosis):
             raise ValueError(f'{checkpoint}'
                              f'{f" (prefix {prefix!r})" if prefix else ""}: {error}') from None
 
-    def adopt_position_kernel(self, state_dict: dict) -> None:
+    def adopt_position_kernel(self, state_dict: dict, converted: dict) -> None:
         """A model built without ``pos_antialias`` resamples its position table, at load and
-        in forward, as the library whose layout ``state_dict`` (keys as saved) has: the
-        family's ``position_kernels``, else timm's antialiased bicubic; logged when that is
-        not the default, and when the model's chosen kernel is not the checkpoint's."""
-        if not hasattr(self.pos_embed, 'antialias'):
+        in forward, as the checkpoint says: its saved kernel (``pos_embed.kernel``: ours),
+        else the library whose layout ``state_dict`` (keys as saved) has (the family's
+        ``position_kernels``), else timm's antialiased bicubic; logged when that is not the
+        default, and when the model's chosen kernel is not the checkpoint's. ``converted``
+        then carries the model's kernel, which the load keeps."""
+        if not hasattr(self.pos_embed, 'use_kernel'):
             return
-        kernel = next((kernel for present, absent, kernel in self.position_kernels
-                       if all(any(re.search(p, k) for k in state_dict) for p in present)
-                       and not (absent and any(re.search(absent, k) for k in state_dict))),
-                      PositionKernel())
-        current = PositionKernel(self.pos_embed.antialias, self.pos_embed.offset)
-        if kernel == current:
-            return
+        saved, current = converted.get(KERNEL_KEY), self.pos_embed.position_kernel
+        if saved is not None:
+            # a meta tensor (the advice's dry run on the meta device) holds no kernel
+            kernel = current if saved.is_meta else PositionKernel.from_tensor(saved)
+        else:
+            kernel = next((kernel for present, absent, kernel in self.position_kernels
+                           if all(any(re.search(p, k) for k in state_dict) for p in present)
+                           and not (absent and any(re.search(absent, k) for k in state_dict))),
+                          PositionKernel())
         logger = MMLogger.get_current_instance()
-        if self.pos_kernel_chosen:
+        if kernel != current and self.pos_kernel_chosen:
             logger.info(
-                f'{type(self).__name__}: the checkpoint\'s library resamples position tables '
-                f'as {kernel}; this model resamples them as {current}, as its pos_antialias '
+                f'{type(self).__name__}: the checkpoint resamples position tables as '
+                f'{kernel}; this model resamples them as {current}, as its pos_antialias '
                 f'chooses (leave pos_antialias unset to take the checkpoint\'s)')
-            return
-        logger.info(f'{type(self).__name__}: the checkpoint\'s library resamples position '
-                    f'tables as {kernel}; so does this model (set pos_antialias to choose)')
-        self.pos_antialias = self.pos_embed.antialias = kernel.antialias
-        self.pos_embed.offset = kernel.offset
+        elif kernel != current:
+            logger.info(f'{type(self).__name__}: the checkpoint resamples position tables as '
+                        f'{kernel}; so does this model (set pos_antialias to choose)')
+            self.pos_embed.use_kernel(kernel)
+            self.pos_antialias = kernel.antialias
+        converted[KERNEL_KEY] = self.pos_embed.kernel.detach().clone()
 
     def built_by_other_modes(self, key: str) -> bool:
         """Whether checkpoint tensor ``key`` belongs to a part this model's mode does not

@@ -4,6 +4,8 @@ The first ``num_local_layers`` blocks use gated positional self-attention (GPSA)
 convolutional init; the class token joins after them, before the plain self-attention
 blocks (§3). Widths are 48 channels per head, or 64 for the "+" models (Table 1).
 """
+from typing import Optional, Union
+
 import torch.nn as nn
 
 from vitdense.registry import MODELS
@@ -39,6 +41,23 @@ class ConViT(ColumnarBackbone):
         ('tiny', {}, 'convit_tiny'), ('small', {}, 'convit_small'), ('base', {}, 'convit_base'),
         ('tiny_plus', {}, None), ('small_plus', {}, None), ('base_plus', {}, None),
     )
+
+    def __init__(self, arch: Union[str, dict] = 'small', *,
+                 mlp_ratio: Optional[float] = None,
+                 qkv_bias: Optional[bool] = None,
+                 num_local_layers: Optional[int] = None,
+                 locality_strength: Optional[float] = None,
+                 arch_overrides: Optional[dict] = None, **kwargs) -> None:
+        """Family options left None take ``arch``'s value, else ``arch_defaults``'s:
+            ``mlp_ratio``: FFN hidden width over ``embed_dims`` (4);
+            ``qkv_bias``: biases of the query, key and value maps (False);
+            ``num_local_layers``: the first blocks, with gated positional self-attention
+            (10);
+            ``locality_strength``: GPSA's locality strength α at initialisation (1).
+        Other arguments: see :class:`ColumnarBackbone`."""
+        options = {key: value for key, value in locals().items() if key in self.arch_defaults}
+        super().__init__(arch, arch_overrides=self.with_options(arch_overrides, options),
+                         **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)

@@ -313,8 +313,10 @@ def convert_detectron2_vitdet(state_dict: dict) -> dict:
 class ViT(ColumnarBackbone):
     """ViT backbone.
 
-    Args:
+    Args (each family option left None takes ``arch``'s value, else ``arch_defaults``'s):
         arch: 'tiny', 'small', 'base', 'large', 'huge' or a dict.
+        mlp_ratio: FFN hidden width over ``embed_dims`` (4).
+        qkv_bias: biases of the query, key and value maps (True).
         num_parallel: parallel attention / FFN branches per block ("Three things" §3).
         stem: 'linear' patch projection or 'hmlp'.
         stem_norm: 'BN' or 'LN' inside the hMLP stem.
@@ -366,8 +368,6 @@ class ViT(ColumnarBackbone):
                          ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
                          scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True,
                          use_rel_pos_bias=False, resample_patch_embed=False)
-    #: the arch settings ViT's constructor takes as keywords (``layer_scale`` is the base's)
-    family_options = tuple(key for key in arch_defaults if key != 'layer_scale')
     #: timm's ViT keys are ours (its bare position table: the shared table's); the sources'
     #: layouts are read on load. The sources' tensors stored otherwise are merged, each
     #: stored by timm's VisionTransformer as ours or refused by the export
@@ -459,11 +459,31 @@ class ViT(ColumnarBackbone):
          'vit_base_patch16_reg4_gap_256'),
     )
 
-    def __init__(self, arch: Union[str, dict] = 'base', *args, **kwargs) -> None:
-        given = {key: kwargs.pop(key) for key in self.family_options if key in kwargs}
-        overrides = {**(kwargs.pop('arch_overrides', None) or {}),
-                     **{key: value for key, value in given.items() if value is not None}}
-        super().__init__(arch, *args, arch_overrides=overrides, **kwargs)
+    def __init__(self, arch: Union[str, dict] = 'base', *,
+                 mlp_ratio: Optional[float] = None,
+                 qkv_bias: Optional[bool] = None,
+                 num_parallel: Optional[int] = None,
+                 stem: Optional[str] = None,
+                 stem_norm: Optional[str] = None,
+                 no_embed_class: Optional[bool] = None,
+                 reg_tokens: Optional[int] = None,
+                 pos_embed: Optional[str] = None,
+                 rope: Optional[str] = None,
+                 rope_temperature: Optional[float] = None,
+                 ref_feat_shape: Optional[tuple[int, int]] = None,
+                 qk_norm: Optional[bool] = None,
+                 swiglu_mlp: Optional[bool] = None,
+                 scale_mlp: Optional[bool] = None,
+                 act_layer: Optional[str] = None,
+                 pre_norm: Optional[bool] = None,
+                 class_token: Optional[bool] = None,
+                 use_rel_pos_bias: Optional[bool] = None,
+                 resample_patch_embed: Optional[bool] = None,
+                 arch_overrides: Optional[dict] = None,
+                 **kwargs) -> None:
+        options = {key: value for key, value in locals().items() if key in self.arch_defaults}
+        super().__init__(arch, arch_overrides=self.with_options(arch_overrides, options),
+                         **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
         if self.arch['stem'] not in STEMS:

@@ -4,6 +4,8 @@ Blocks are XCA (attention over channels, linear in the number of tokens) + LPI +
 convolutional patch embedding with Fourier position encoding; classification adds two
 class-attention blocks. Table 1 of the paper gives the sizes below.
 """
+from typing import Optional, Union
+
 import torch.nn as nn
 
 from vitdense.registry import MODELS
@@ -66,6 +68,23 @@ class XCiT(ColumnarBackbone):
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.temperature$')
     timm_models = tuple((arch, dict(patch_size=p), f'xcit_{arch}_p{p}_224')
                         for arch in arch_zoo for p in (16, 8))
+
+    def __init__(self, arch: Union[str, dict] = 'small_12', *,
+                 mlp_ratio: Optional[float] = None,
+                 qkv_bias: Optional[bool] = None,
+                 tokens_norm: Optional[bool] = None,
+                 num_cls_layers: Optional[int] = None,
+                 arch_overrides: Optional[dict] = None, **kwargs) -> None:
+        """Family options left None take ``arch``'s value, else ``arch_defaults``'s:
+            ``mlp_ratio``: FFN hidden width over ``embed_dims`` (4);
+            ``qkv_bias``: biases of the query, key and value maps (True);
+            ``tokens_norm``: the class-attention blocks normalise all tokens, not the class
+            token alone (True; nano: False);
+            ``num_cls_layers``: class-attention blocks (2).
+        Other arguments: see :class:`ColumnarBackbone`."""
+        options = {key: value for key, value in locals().items() if key in self.arch_defaults}
+        super().__init__(arch, arch_overrides=self.with_options(arch_overrides, options),
+                         **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
         return ConvPatchEmbed(self.in_channels, self.embed_dims, self.patch_size)

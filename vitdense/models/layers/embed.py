@@ -83,11 +83,30 @@ class HMLPPatchEmbed(nn.Module):
     forward = PatchEmbed.forward
 
 
+#: the position kernel's offset is saved in these units (``LearnedPositionEmbedding.kernel``)
+KERNEL_OFFSET_UNITS = 1_000_000
+
+
 class PositionKernel(NamedTuple):
     """How a library resamples a position table to another grid: bicubic with or without
     antialiasing, and DINO's scale-factor offset (:func:`resample_position_table`)."""
     antialias: bool = True
     offset: float = 0.
+
+    def as_tensor(self) -> torch.Tensor:
+        """The kernel as saved: (antialias, offset in ``KERNEL_OFFSET_UNITS``), integers,
+        which no dtype cast of a model rounds."""
+        units = round(self.offset * KERNEL_OFFSET_UNITS)
+        if units / KERNEL_OFFSET_UNITS != self.offset:
+            raise ValueError(f'position kernel offset {self.offset} is not a multiple of '
+                             f'1/{KERNEL_OFFSET_UNITS}: a saved kernel would not keep it')
+        return torch.tensor([int(self.antialias), units])
+
+    @classmethod
+    def from_tensor(cls, saved: torch.Tensor) -> 'PositionKernel':
+        """The kernel :meth:`as_tensor` saved."""
+        antialias, units = saved.tolist()
+        return cls(bool(antialias), units / KERNEL_OFFSET_UNITS)
 
     def __str__(self) -> str:
         kernel = 'bicubic with antialiasing' if self.antialias else 'plain bicubic'
@@ -147,7 +166,10 @@ class LearnedPositionEmbedding(nn.Module):
     rows for and that pass unchanged (timm's ``no_embed_class``: DeiT III, DINOv2).
     ``antialias``: resampling, at load and to the input's grid, with antialiasing (timm) or
     plain bicubic (ViTDet, mmpretrain, mmseg); ``offset``: DINO's scale-factor offset
-    (:func:`resample_position_table`; DINOv2's hub models without registers: 0.1)."""
+    (:func:`resample_position_table`; DINOv2's hub models without registers: 0.1). The kernel
+    changes the forward at every other grid, so it is state: the ``kernel`` buffer, saved and
+    loaded with the table (:meth:`use_kernel`); a state dict without it (saved before it
+    existed) leaves the module's kernel as it is."""
 
     def __init__(self, embed_dims: int, grid: Grid, num_prefix_tokens: int = 0,
                  checkpoint_prefix_tokens: int = 0, antialias: bool = True,
@@ -160,13 +182,32 @@ class LearnedPositionEmbedding(nn.Module):
         self.grid = tuple(grid)
         self.num_prefix_tokens = num_prefix_tokens
         self.checkpoint_prefix_tokens = max(checkpoint_prefix_tokens, num_prefix_tokens)
-        self.antialias, self.offset = antialias, offset
         self.weight = nn.Parameter(
             torch.zeros(1, num_prefix_tokens + grid[0] * grid[1], embed_dims))
         nn.init.trunc_normal_(self.weight, std=.02)
+        #: the kernel as saved (:meth:`PositionKernel.as_tensor`); the forward reads the
+        #: plain attributes it mirrors (a graph constant)
+        self.register_buffer('kernel', torch.zeros(2, dtype=torch.int64))
+        self.use_kernel(PositionKernel(antialias, offset))
         self._register_load_state_dict_pre_hook(self._resample_checkpoint)
 
+    def use_kernel(self, kernel: PositionKernel) -> None:
+        """Resample with ``kernel`` from now on, and save it with the table."""
+        saved = kernel.as_tensor()
+        self.antialias, self.offset = bool(kernel.antialias), float(kernel.offset)
+        with torch.no_grad():
+            self.kernel.copy_(saved)
+
+    @property
+    def position_kernel(self) -> PositionKernel:
+        return PositionKernel(self.antialias, self.offset)
+
     def _resample_checkpoint(self, state_dict: dict, prefix: str, *args) -> None:
+        saved_kernel = state_dict.get(prefix + 'kernel')
+        if saved_kernel is None:
+            state_dict[prefix + 'kernel'] = self.kernel.detach().clone()
+        elif not saved_kernel.is_meta:  # a meta state dict (a dry run) holds no kernel
+            self.use_kernel(PositionKernel.from_tensor(saved_kernel))
         key = prefix + 'weight'
         table = state_dict.get(key)
         if table is None or table.shape == self.weight.shape:
