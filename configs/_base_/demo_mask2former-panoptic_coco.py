@@ -71,7 +71,8 @@ val_evaluator = dict(_delete_=True, type='CocoPanopticMetric',
                      seg_prefix=data_root + 'annotations/panoptic_val/')
 test_evaluator = val_evaluator
 
-# The demo schedule of ./schedules/demo_adamw_iters.py, written out: a base may not set what
+# The demo schedule of ./schedules/demo_adamw_iters.py (AdamW, lr 1e-3, weight decay 0.05 by
+# the 'timm' rule, 50-iteration warmup, linear decay), written out: a base may not set what
 # the host recipe above sets (mmengine refuses keys repeated among bases).
 max_iters = 700
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters,
