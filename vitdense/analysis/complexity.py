@@ -16,7 +16,8 @@ prepares a parameter, and at the table's own grid it is the identity).
 memory, no arithmetic), one image: a classifier's logits, a segmentor's decode head (no
 auxiliary head, as at test time), a detector's backbone, neck and RPN plus its box head on
 ``test_cfg.rpn.max_per_img`` proposals and its mask head on ``test_cfg.rcnn.max_per_img``
-boxes (the most a test image gets; RoIAlign itself has no multiply-adds).
+boxes (the most a test image gets; RoIAlign itself has no multiply-adds); Mask2Former's
+backbone and its head with its queries (not the panoptic fusion of its outputs).
 
 Command line: ``tools/analysis_tools/get_flops.py``.
 """
@@ -78,12 +79,28 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _run_query_head(model: torch.nn.Module, cfg: Config, features: tuple) -> None:
+    """Mask2Former's head (pixel decoder, query decoder, class and mask predictions) on the
+    features; its forward reads no sample. mmcv's deformable attention reads the levels'
+    shapes as numbers, which meta tensors do not hold: on the meta device the head runs on
+    the CPU, a copy built from the config, on random features of the backbone's shapes."""
+    head = model.panoptic_head
+    if any(param.is_meta for param in head.parameters()):
+        head = build_model(cfg, 'count', device='cpu').panoptic_head.eval()
+        features = tuple(torch.randn(feature.shape) for feature in features)
+    with torch.no_grad():
+        head(features, [])
+
+
 def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> None:
     """Backbone, neck and RPN on the image; box and mask heads on the most RoIs a test
     image can have (their features are RoIAlign outputs: only their shape matters). A
     cascade runs every stage's box head on the proposals and every stage's mask head on
-    the detections (mmdet averages the stages' masks)."""
+    the detections (mmdet averages the stages' masks). Mask2Former: :func:`_run_query_head`."""
     features = model.extract_feat(images)
+    if 'panoptic_head' in cfg.model:
+        _run_query_head(model, cfg, features)
+        return
     model.rpn_head(features)
     roi_head, test_cfg = cfg.model.roi_head, cfg.model.test_cfg
     for heads, extractor, count in (

@@ -369,17 +369,22 @@ _HEADS_COUNTS: dict[str, int] = {}
 
 
 def detector_classes(model: torch.nn.Module) -> int:
-    """The classes of a two-stage detector's box head (a cascade's: its stages')."""
+    """The classes of a two-stage detector's box head (a cascade's: its stages'); of
+    Mask2Former's head, the thing classes (the objects' labels)."""
+    if hasattr(model, 'panoptic_head'):
+        return model.panoptic_head.num_things_classes
     box_head = model.roi_head.bbox_head
     return (box_head[-1] if isinstance(box_head, torch.nn.ModuleList) else box_head).num_classes
 
 
 def _count_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
                           shape: tuple[int, int], amp: bool, objects: int) -> int:
-    """The RPN and RoI heads' saved bytes, run for real on the CPU on random features of
-    the neck's output shapes (these features are counted here, as the heads save them)."""
-    key = json.dumps([cfg.model.rpn_head.to_dict(), cfg.model.roi_head.to_dict(),
-                      cfg.model.train_cfg.to_dict(), [list(f.shape) for f in features],
+    """The RPN and RoI heads' (Mask2Former's: its head's) saved bytes, run for real on the
+    CPU on random features of the neck's output shapes (these features are counted here, as
+    the heads save them)."""
+    heads = {name: cfg.model[name].to_dict() for name in ('rpn_head', 'roi_head', 'panoptic_head')
+             if name in cfg.model}
+    key = json.dumps([heads, cfg.model.train_cfg.to_dict(), [list(f.shape) for f in features],
                       batch, list(shape), amp, objects], sort_keys=True, default=str)
     if key not in _HEADS_COUNTS:
         _HEADS_COUNTS[key] = _run_detector_heads(model, cfg, features, batch, shape, amp,
