@@ -60,6 +60,11 @@ FLOAT_OPS = frozenset({
     'l1_loss', 'smooth_l1_loss', 'mse_loss', 'kl_div', 'poisson_nll_loss',
 })
 
+#: those it runs in the widest floating type of their arguments ("CUDA Ops that promote to
+#: the widest input type") and that do not promote by themselves: deformable attention's
+#: sampling (mmcv's pure-torch path, which Mask2Former's pixel decoder takes on a CPU)
+WIDEST_OPS = frozenset({'grid_sample', 'grid_sampler'})
+
 #: kernels a GPU runs in half precision that a CPU lacks in it (RoIAlign) or runs ~20x slower
 #: than in float32 without bfloat16 units (convolutions and matrix products: a detector's
 #: heads at 1024² took tens of minutes): on real tensors they compute in float32 on float32
@@ -105,7 +110,13 @@ class HalfPrecisionPolicy(TorchFunctionMode):
             args, kwargs = _cast(args, self.dtype), {k: _cast(v, self.dtype)
                                                      for k, v in kwargs.items()}
         elif name in FLOAT_OPS and kwargs.get('dtype') is None:
-            args = _cast(args, torch.float32)
+            args, kwargs = _cast(args, torch.float32), {k: _cast(v, torch.float32)
+                                                        for k, v in kwargs.items()}
+        elif name in WIDEST_OPS:
+            floating = [a.dtype for a in args if isinstance(a, torch.Tensor)
+                        and a.is_floating_point()]
+            if floating:
+                args = _cast(args, max(floating, key=lambda dtype: dtype.itemsize))
         if name in FLOAT_KERNELS_ON_CPU and not _on_meta(args):
             return self._in_float32(func, args, kwargs)
         return func(*args, **kwargs)
