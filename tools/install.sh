@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vitdense and the OpenMMLab stack into .venv/ (torch 2.14.1, mmengine, mmdet, mmseg,
-# mmpretrain, timm, peft): nothing is compiled, on CPU and GPU machines alike.
+# mmpretrain, timm, peft, panopticapi): nothing is compiled, on CPU and GPU machines alike.
 #
 #   bash tools/install.sh               # mmcv-lite 2.1.0 + vitdense's torch-native mmcv ops
 #   bash tools/install.sh --full-mmcv   # mmcv 2.1.0 with its compiled ops instead
@@ -140,6 +140,10 @@ fi
 
 step "mmdet, mmsegmentation, mmpretrain, timm, peft, pycocotools and test tools"
 "${PIP[@]}" --quiet --only-binary=:all: -r "$ROOT/requirements/runtime.txt" -r "$ROOT/requirements/tests.txt"
+
+step "panopticapi (COCO panoptic evaluation; no dependencies: see requirements/panoptic.txt)"
+have "panopticapi-lite==$(pinned panopticapi-lite)" || \
+  "${PIP[@]}" --quiet --no-deps --only-binary=:all: -r "$ROOT/requirements/panoptic.txt"
 
 if [ "$DEPLOY" = 1 ]; then
   step "onnx, onnxscript, onnxruntime (model export)"

@@ -34,7 +34,8 @@ Every shipped config, from the model index (`model-index.yml`, `configs/*/metafi
 Parameters and FLOPs (multiply-accumulates of one forward) are counted on the built model by
 `tools/analysis_tools/get_flops.py`: classifiers at their test crop, Mask R-CNN at its padded
 test resize (800 × 1344 on COCO) with its box head on 1000 proposals and mask head on 100
-boxes (Cascade Mask R-CNN: every stage's box and mask heads), segmentors at their 512 × 512
+boxes (Cascade Mask R-CNN: every stage's box and mask heads), Mask2Former at its test resize
+with its head and queries (not the panoptic fusion), segmentors at their 512 × 512
 training crop (decode head only). The paper column is the
 paper's result for that recipe; our own trained results are not in it. Training memory: the
 peak per GPU of one training step at the config's batch and largest training input (2 × 800 ×
@@ -129,6 +130,8 @@ def shipped_configs() -> list[Path]:
 def task_of(name: str) -> str:
     if name.startswith('eomt_'):
         return 'Instance Segmentation' if 'coco' in name else 'Semantic Segmentation'
+    if name.startswith('mask2former_') and '_panoptic_' in name:
+        return 'Panoptic Segmentation'
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
                          ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),
@@ -141,6 +144,8 @@ def task_of(name: str) -> str:
 
 
 def training_data(name: str) -> str:
+    if task_of(name) == 'Panoptic Segmentation':
+        return 'demo COCO panoptic set' if '_demo-' in name else 'COCO panoptic'
     if '_demo-' in name:
         return {'coco': 'demo COCO-layout set', 'ade': 'demo ADE20k-layout set',
                 'in10': 'demo ImageNet-layout set (10 classes)'}[name.split('_demo-')[1]
@@ -196,10 +201,11 @@ def measure(config: Path) -> dict:
 
 
 def is_dense(config: Path) -> bool:
-    """A full dense config (Mask R-CNN, UperNet, Semantic FPN, probe), not a demo."""
+    """A full dense config (Mask R-CNN, Mask2Former, UperNet, Semantic FPN, probe), not a
+    demo."""
     name = config.stem
-    return name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_', 'upernet_', 'fpn_',
-                            'linear-probe_', 'ms-probe_')) and \
+    return name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_', 'mask2former_', 'upernet_',
+                            'fpn_', 'linear-probe_', 'ms-probe_')) and \
         '_demo' not in name
 
 

@@ -19,6 +19,7 @@ from common import CHECKOUT_ENV, REPO_ROOT, TINY_BACKBONES
 DET = 'configs/cait/mask-rcnn_cait-d6-p8_fpn_demo-coco.py'
 SEG = 'configs/convit/upernet_convit-d6-p8_demo-ade.py'
 VITDET = 'configs/vit/mask-rcnn_vit-d6-p8_vitdet_demo-coco.py'
+PANOPTIC = 'configs/vit/mask2former_vit-d6-p8_panoptic_demo-coco.py'
 
 
 def tiny(family: str) -> torch.nn.Module:
@@ -116,7 +117,7 @@ def test_largest_training_inputs_of_the_shipped_recipes():
     assert memory.largest_training_input(seg) == (512, 512)
 
 
-@pytest.mark.parametrize('config', [DET, SEG])
+@pytest.mark.parametrize('config', [DET, SEG, PANOPTIC])
 def test_account_of_a_whole_model(config):
     result = memory.account(str(REPO_ROOT / config), batch=2, shape=(96, 128))
     assert result['grads'] == result['params'] and result['optimizer'] == 2 * result['params']

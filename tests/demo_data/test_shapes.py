@@ -112,9 +112,12 @@ def test_ade_layout_and_labels(ade, tmp_path):
         _tree(ade)
 
 
-def test_cli_writes_the_named_folder(tmp_path):
-    out = tmp_path / 'cli_ade'
-    subprocess.run([sys.executable, str(REPO_ROOT / 'tools' / 'data' / 'make_demo_data.py'), 'ade',
+@pytest.mark.parametrize('kind, train_images',
+                         [('ade', 'images/training'), ('panoptic', 'train')],
+                         ids=['ade', 'panoptic'])
+def test_cli_writes_the_named_folder(kind, train_images, tmp_path):
+    out = tmp_path / f'cli_{kind}'
+    subprocess.run([sys.executable, str(REPO_ROOT / 'tools' / 'data' / 'make_demo_data.py'), kind,
                     '--out', str(out), '--num-train', '2', '--num-val', '1', '--size', '32'],
                    check=True, capture_output=True, env=CHECKOUT_ENV)
-    assert len(list((out / 'images' / 'training').glob('*.jpg'))) == 2
+    assert len(list((out / train_images).glob('*.jpg'))) == 2

@@ -19,6 +19,7 @@ from common import REPO_ROOT, load_tool_config
 
 ADE = str(REPO_ROOT / 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py')
 COCO = str(REPO_ROOT / 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py')
+PANOPTIC = str(REPO_ROOT / 'configs/vit/mask2former_vit-d6-p8_panoptic_demo-coco.py')
 
 
 @pytest.fixture
@@ -103,11 +104,14 @@ def test_jpeg_with_bytes_after_its_end_passes(ade, tmp_path):
     check_data(_config(ADE, ade, tmp_path))
 
 
-@pytest.mark.parametrize('config, kind', [(COCO, 'coco'), (ADE, 'ade')])
-def test_missing_demo_set_names_the_command_that_writes_it(config, kind, tmp_path, monkeypatch):
+@pytest.mark.parametrize('config, kind, folder', [
+    (COCO, 'coco', 'demo_coco'), (ADE, 'ade', 'demo_ade'),
+    (PANOPTIC, 'panoptic', 'demo_coco_panoptic')], ids=['coco', 'ade', 'panoptic'])
+def test_missing_demo_set_names_the_command_that_writes_it(config, kind, folder, tmp_path,
+                                                          monkeypatch):
     monkeypatch.chdir(tmp_path)  # the configs' own relative data_root, absent here
     cfg = load_tool_config(config, None, 'none', str(tmp_path / 'work'))
-    with pytest.raises(DataError, match=rf'the demo {kind} set is not at data/demo_{kind}/?: '
+    with pytest.raises(DataError, match=rf'the demo {kind} set is not at data/{folder}/?: '
                                         rf'write it with `python tools/data/make_demo_data\.py '
                                         rf'{kind}`'):
         check_data(cfg)

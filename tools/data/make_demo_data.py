@@ -2,6 +2,7 @@
 
     python tools/data/make_demo_data.py coco        # -> data/demo_coco (400 + 100 images)
     python tools/data/make_demo_data.py ade         # -> data/demo_ade (400 + 100 images)
+    python tools/data/make_demo_data.py panoptic    # -> data/demo_coco_panoptic (400 + 100)
     python tools/data/make_demo_data.py imagenet    # -> data/demo_in10 (300 + 50 per class)
 """
 import argparse
@@ -9,7 +10,7 @@ import inspect
 
 from vitdense.demo_data import DEMO_SET_MAKERS, default_folder
 
-#: options of the shape sets (coco, ade) only
+#: options of the shape sets (coco, ade, panoptic) only
 SHAPE_OPTIONS = ('max_objects', 'random_colours')
 
 
@@ -17,19 +18,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('kind', choices=sorted(DEMO_SET_MAKERS),
-                        help='COCO instances, ADE20k semantic maps or ImageNet classes')
+                        help='COCO instances, ADE20k semantic maps, COCO panoptic or ImageNet '
+                             'classes')
     parser.add_argument('--out', help='output folder (default: the demo configs\' data_root)')
     parser.add_argument('--num-train', type=int,
                         help='training images (imagenet: per class); default 400 (300)')
     parser.add_argument('--num-val', type=int,
                         help='validation images (imagenet: per class); default 100 (50)')
-    parser.add_argument('--size', type=int, help='image side in pixels (coco 160, ade 128, '
-                                                 'imagenet 72)')
+    parser.add_argument('--size', type=int, help='image side in pixels (coco 160, ade and '
+                                                 'panoptic 128, imagenet 72)')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--max-objects', type=int, help='shapes per image (coco, ade; default 4)')
+    parser.add_argument('--max-objects', type=int, help='shapes per image (coco, ade, panoptic; '
+                                                          'default 4)')
     parser.add_argument('--random-colours', action='store_true',
-                        help='shapes in any colour (coco, ade; default: shades of a colour '
-                             'per class)')
+                        help='shapes in any colour (coco, ade, panoptic; default: shades of '
+                             'a colour per class)')
     args = parser.parse_args(argv)
     make = DEMO_SET_MAKERS[args.kind]
     takes = inspect.signature(make).parameters

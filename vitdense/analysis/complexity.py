@@ -17,7 +17,8 @@ memory, no arithmetic), one image: a classifier's logits, a segmentor's decode h
 auxiliary head, as at test time), a detector's backbone, neck and RPN plus its box head on
 ``test_cfg.rpn.max_per_img`` proposals and its mask head on ``test_cfg.rcnn.max_per_img``
 boxes (the most a test image gets; RoIAlign itself has no multiply-adds); a detector without
-RPN whose backbone makes the predictions (EoMT), its backbone (and neck).
+RPN whose backbone makes the predictions (EoMT), its backbone (and neck); Mask2Former's
+backbone and its head with its queries (not the panoptic fusion of its outputs).
 
 Command line: ``tools/analysis_tools/get_flops.py``.
 """
@@ -79,13 +80,30 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _run_query_head(model: torch.nn.Module, cfg: Config, features: tuple) -> None:
+    """Mask2Former's head (pixel decoder, query decoder, class and mask predictions) on the
+    features; its forward reads no sample. mmcv's deformable attention reads the levels'
+    shapes as numbers, which meta tensors do not hold: on the meta device the head runs on
+    the CPU, a copy built from the config, on random features of the backbone's shapes."""
+    head = model.panoptic_head
+    if any(param.is_meta for param in head.parameters()):
+        head = build_model(cfg, 'count', device='cpu').panoptic_head.eval()
+        features = tuple(torch.randn(feature.shape) for feature in features)
+    with torch.no_grad():
+        head(features, [])
+
+
 def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> None:
     """Backbone, neck and RPN on the image (EoMT: its backbone alone, which predicts the
-    classes and masks); box and mask heads on the most RoIs a test image can have (their features are RoIAlign outputs: only their shape matters). A
+    classes and masks); box and mask heads on the most RoIs a test image can have (their
+    features are RoIAlign outputs: only their shape matters). A
     cascade runs every stage's box head on the proposals and every stage's mask head on
-    the detections (mmdet averages the stages' masks)."""
+    the detections (mmdet averages the stages' masks). Mask2Former: :func:`_run_query_head`."""
     features = model.extract_feat(images)
     if cfg.model.backbone.type == 'vitdense.EoMT':  # its class and mask logits are the heads'
+        return
+    if 'panoptic_head' in cfg.model:
+        _run_query_head(model, cfg, features)
         return
     model.rpn_head(features)
     roi_head, test_cfg = cfg.model.roi_head, cfg.model.test_cfg

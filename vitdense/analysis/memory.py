@@ -60,6 +60,11 @@ FLOAT_OPS = frozenset({
     'l1_loss', 'smooth_l1_loss', 'mse_loss', 'kl_div', 'poisson_nll_loss',
 })
 
+#: those it runs in the widest floating type of their arguments ("CUDA Ops that promote to
+#: the widest input type") and that do not promote by themselves: deformable attention's
+#: sampling (mmcv's pure-torch path, which Mask2Former's pixel decoder takes on a CPU)
+WIDEST_OPS = frozenset({'grid_sample', 'grid_sampler'})
+
 #: kernels a GPU runs in half precision that a CPU lacks in it (RoIAlign) or runs ~20x slower
 #: than in float32 without bfloat16 units (convolutions and matrix products: a detector's
 #: heads at 1024² took tens of minutes): on real tensors they compute in float32 on float32
@@ -105,7 +110,13 @@ class HalfPrecisionPolicy(TorchFunctionMode):
             args, kwargs = _cast(args, self.dtype), {k: _cast(v, self.dtype)
                                                      for k, v in kwargs.items()}
         elif name in FLOAT_OPS and kwargs.get('dtype') is None:
-            args = _cast(args, torch.float32)
+            args, kwargs = _cast(args, torch.float32), {k: _cast(v, torch.float32)
+                                                        for k, v in kwargs.items()}
+        elif name in WIDEST_OPS:
+            floating = [a.dtype for a in args if isinstance(a, torch.Tensor)
+                        and a.is_floating_point()]
+            if floating:
+                args = _cast(args, max(floating, key=lambda dtype: dtype.itemsize))
         if name in FLOAT_KERNELS_ON_CPU and not _on_meta(args):
             return self._in_float32(func, args, kwargs)
         return func(*args, **kwargs)
@@ -369,17 +380,22 @@ _HEADS_COUNTS: dict[str, int] = {}
 
 
 def detector_classes(model: torch.nn.Module) -> int:
-    """The classes of a two-stage detector's box head (a cascade's: its stages')."""
+    """The classes of a two-stage detector's box head (a cascade's: its stages'); of
+    Mask2Former's head, the thing classes (the objects' labels)."""
+    if hasattr(model, 'panoptic_head'):
+        return model.panoptic_head.num_things_classes
     box_head = model.roi_head.bbox_head
     return (box_head[-1] if isinstance(box_head, torch.nn.ModuleList) else box_head).num_classes
 
 
 def _count_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
                           shape: tuple[int, int], amp: bool, objects: int) -> int:
-    """The RPN and RoI heads' saved bytes, run for real on the CPU on random features of
-    the neck's output shapes (these features are counted here, as the heads save them)."""
-    key = json.dumps([cfg.model.rpn_head.to_dict(), cfg.model.roi_head.to_dict(),
-                      cfg.model.train_cfg.to_dict(), [list(f.shape) for f in features],
+    """The RPN and RoI heads' (Mask2Former's: its head's) saved bytes, run for real on the
+    CPU on random features of the neck's output shapes (these features are counted here, as
+    the heads save them)."""
+    heads = {name: cfg.model[name].to_dict() for name in ('rpn_head', 'roi_head', 'panoptic_head')
+             if name in cfg.model}
+    key = json.dumps([heads, cfg.model.train_cfg.to_dict(), [list(f.shape) for f in features],
                       batch, list(shape), amp, objects], sort_keys=True, default=str)
     if key not in _HEADS_COUNTS:
         _HEADS_COUNTS[key] = _run_detector_heads(model, cfg, features, batch, shape, amp,

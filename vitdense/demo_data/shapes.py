@@ -160,6 +160,15 @@ def render_semantic(rng: np.random.Generator, size: int = 128, max_objects: int 
     "floor" (sometimes only one of them); shapes (ids 3..5) go on top, then 0-2 short
     scribbles of clutter labelled 0, which training and evaluation ignore.
     """
+    image, label, _ = render_scene(rng, size, max_objects, class_colours)
+    return image, label
+
+
+def render_scene(rng: np.random.Generator, size: int = 128, max_objects: int = 4,
+                 class_colours: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scene of :func:`render_semantic` with its objects apart: (RGB image, ADE label
+    map, index of the object on top per pixel or -1). Clutter relabels pixels to 0 in the
+    label map only, so the label map says which object pixels are visible."""
     yy, xx = np.mgrid[0:size, 0:size]
     angle = rng.uniform(0, 2 * np.pi)
     offset = rng.uniform(-0.7, 0.7) * size / 2
@@ -177,14 +186,15 @@ def render_semantic(rng: np.random.Generator, size: int = 128, max_objects: int 
         cv2.polylines(clutter, [points], False, 1, int(rng.integers(2, 5)), lineType=cv2.LINE_8)
         image[clutter > 0] = rng.uniform(0, 255, 3)
         label[clutter > 0] = 0
-    return _finish(rng, image), label
+    return _finish(rng, image), label, canvas
 
 
-def _rng(seed: int, split: str, index: int) -> np.random.Generator:
+def scene_rng(seed: int, split: str, index: int) -> np.random.Generator:
+    """The generator of image ``index`` of ``split``: a set is a pure function of its seed."""
     return np.random.default_rng([seed, _SPLITS[split], index])
 
 
-def _write_jpg(path: Path, rgb: np.ndarray) -> None:
+def write_jpg(path: Path, rgb: np.ndarray) -> None:
     cv2.imwrite(str(path), rgb[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
 
 
@@ -194,9 +204,9 @@ def _coco_split(out_dir: Path, split: str, count: int, size: int, seed: int,
     (out_dir / split).mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     for index in range(count):
-        scene = render_shapes(_rng(seed, split, index), size, max_objects, class_colours)
+        scene = render_shapes(scene_rng(seed, split, index), size, max_objects, class_colours)
         file_name = f'{index:06d}.jpg'
-        _write_jpg(out_dir / split / file_name, scene.image)
+        write_jpg(out_dir / split / file_name, scene.image)
         image_id = index + 1
         images.append(dict(id=image_id, file_name=file_name, width=size, height=size))
         for kind, mask in zip(scene.labels, scene.masks):
@@ -235,9 +245,9 @@ def make_demo_ade(out_dir: str | Path = 'data/demo_ade', num_train: int = 400,
         (out_dir / 'images' / folder).mkdir(parents=True, exist_ok=True)
         (out_dir / 'annotations' / folder).mkdir(parents=True, exist_ok=True)
         for index in range(count):
-            image, label = render_semantic(_rng(seed, split, index), size, max_objects,
+            image, label = render_semantic(scene_rng(seed, split, index), size, max_objects,
                                            class_colours)
             stem = f'ADE_{split}_{index + 1:08d}'
-            _write_jpg(out_dir / 'images' / folder / f'{stem}.jpg', image)
+            write_jpg(out_dir / 'images' / folder / f'{stem}.jpg', image)
             cv2.imwrite(str(out_dir / 'annotations' / folder / f'{stem}.png'), label)
     return out_dir

@@ -111,13 +111,15 @@ def log_to_tensorboard(cfg: Config) -> None:
 
 def point_at_data_root(cfg: Config, data_root: str | os.PathLike) -> None:
     """Read every split from ``data_root``; evaluators with an annotation file (COCO) read
-    the file of the same name from ``data_root/annotations``."""
+    the file of the same name from ``data_root/annotations``, COCO panoptic's its folder of
+    segment PNGs (``seg_prefix``) too."""
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = str(data_root)
     for evaluator in ('val_evaluator', 'test_evaluator'):
-        if 'ann_file' in cfg[evaluator]:
-            name = osp.basename(cfg[evaluator].ann_file)
-            cfg[evaluator].ann_file = osp.join(str(data_root), 'annotations', name)
+        for key in ('ann_file', 'seg_prefix'):
+            if key in cfg[evaluator]:
+                name = osp.basename(osp.normpath(cfg[evaluator][key]))
+                cfg[evaluator][key] = osp.join(str(data_root), 'annotations', name)
 
 
 def add_test_metric(cfg: Config, metric: dict) -> None:
