@@ -1,8 +1,9 @@
 """ViTs users hold from other sources (EVA-02, DINOv3, CLIP, qk_norm ViTs) load into ViT and
 compute what the source library computes: small random timm models with perturbed weights,
 at their own size and a non-square one, in the classifier, pyramid and ViTDet layouts."""
+import contextlib
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -299,6 +300,18 @@ def test_siglip_attention_pooling_is_refused_where_it_would_be_read():
         ViT(SMALL, class_token=False, out_type='avg_featmap').adapt_checkpoint(state_dict)
 
 
+@contextlib.contextmanager
+def mmengine_log_in(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """mmengine's current logger (which does not propagate to the root) also writes to
+    ``caplog`` while the block runs."""
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
 def assert_block_maps_match(ours: ViT, reference_maps: list[torch.Tensor],
                             images: torch.Tensor) -> None:
     with torch.no_grad():
@@ -333,12 +346,8 @@ def test_dinov2_hub_file_loads_as_timm_converts_it(caplog):
         assert (classifier(images)[0] - expected).abs().max() <= \
             RELATIVE_TOLERANCE * expected.abs().max()
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(caplog.handler)
-    try:
+    with mmengine_log_in(caplog):
         dense.load_state_dict(dense.adapt_checkpoint(hub))
-    finally:
-        logger.removeHandler(caplog.handler)
     assert 'leaves out 1 checkpoint tensors' in caplog.text and 'mask_token' in caplog.text
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
@@ -418,12 +427,8 @@ def test_dinov2_hub_file_is_resampled_as_dinov2_resamples_it(ffn, registers, ima
     with torch.no_grad():
         class_token, maps = dinov2_forward(reference, hub, images)
     classifier = ViT(SMALL, out_type='cls_token', **options).eval()
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(caplog.handler)
-    try:
+    with mmengine_log_in(caplog):
         classifier.load_state_dict(classifier.adapt_checkpoint(hub))
-    finally:
-        logger.removeHandler(caplog.handler)
     assert ('scale factor offset by 0.1' in caplog.text) is not registers
     with torch.no_grad():
         assert (classifier(images)[0] - class_token).abs().max() <= \
@@ -491,12 +496,8 @@ def test_dinov3_untied_norms_load_as_dinov3_reads_them(out_type, caplog):
     images = torch.randn(1, 3, 96, 160)
     ours = ViT(SMALL, out_type=out_type, pyramid=False, out_indices=(0, 1, 2, 3),
                **table_options('vit_small_patch16_dinov3')).eval()
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(caplog.handler)
-    try:
+    with mmengine_log_in(caplog):
         ours.load_state_dict(ours.adapt_checkpoint(hub))
-    finally:
-        logger.removeHandler(caplog.handler)
     assert 'untied norms' in caplog.text and 'local_cls_norm' in caplog.text
     with torch.no_grad():
         if out_type == 'featmap':
@@ -642,12 +643,8 @@ def test_beit_v2_pretraining_file_leaves_out_its_class_token_head(caplog):
                         torch.zeros(8, 64), 'mask_token': torch.zeros(1, 1, 64)})
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3),
                 **table_options('beit_base_patch16_224')).eval()
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(caplog.handler)
-    try:
+    with mmengine_log_in(caplog):
         dense.load_state_dict(dense.adapt_checkpoint(pretraining))
-    finally:
-        logger.removeHandler(caplog.handler)
     # the class-token head's 18 tensors (a block's 15, a norm's 2, a linear map), the MIM
     # head's map and the mask token
     assert 'leaves out 20 checkpoint tensors' in caplog.text and 'cls_pt_layers.0.' in caplog.text
@@ -779,12 +776,8 @@ def test_eva02_official_release_computes_what_timm_computes(timm_name, pretraini
     side = options['img_size'] // 14 if 'img_size' in options else 16
     released = eva02_release(timm_layout, side, pretraining)
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(caplog.handler)
-    try:
+    with mmengine_log_in(caplog):
         dense.load_state_dict(dense.adapt_checkpoint(released))
-    finally:
-        logger.removeHandler(caplog.handler)
     assert 'rotary tables' in caplog.text and 'dropped' in caplog.text
     for image_hw in [(side * 14, side * 14), (224, 224), (196, 280)]:
         images = torch.randn(1, 3, *image_hw)
