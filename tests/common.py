@@ -302,9 +302,16 @@ SHAPE_KEYS = {'embed_dims', 'num_layers', 'num_heads'}
 
 
 def options_missing_from_signature(family: type, arch: str | dict) -> set[str]:
-    """The arch settings ``family`` declares (``arch_defaults``) or its builders read while
-    building it densely and as a classifier (a traced ``self.arch``) that its signature does
-    not name."""
+    """The arch settings ``family`` declares (``arch_defaults``), its variants set
+    (``arch_zoo``) or ``arch`` sets that its signature does not name."""
+    settings = set(family.arch_defaults) | set(family.resolve_arch(arch)) | {
+        key for variant in family.arch_zoo.values() for key in variant}
+    return settings - SHAPE_KEYS - set(inspect.signature(family).parameters)
+
+
+def arch_reads_while_building(family: type, arch: str | dict) -> set[str]:
+    """The settings read back from ``self.arch`` (traced) while ``family`` builds densely and
+    as a classifier: none where its builders read the attributes ``_set_arch`` sets."""
     read = set()
 
     class TracedArch(dict):
@@ -313,8 +320,7 @@ def options_missing_from_signature(family: type, arch: str | dict) -> set[str]:
             return super().__getitem__(key)
 
         def get(self, key, default=None):
-            if key in self:  # an absent key is no option of this family
-                read.add(key)
+            read.add(key)
             return super().get(key, default)
 
     original = ColumnarBackbone._set_arch
@@ -326,6 +332,4 @@ def options_missing_from_signature(family: type, arch: str | dict) -> set[str]:
     with mock.patch.object(ColumnarBackbone, '_set_arch', traced), torch.device('meta'):
         family(arch)
         family(arch, out_type='cls_token')
-    assert 'mlp_ratio' in read  # the trace saw the builders read the arch
-    return (read | set(family.arch_defaults)) - SHAPE_KEYS - set(
-        inspect.signature(family).parameters)
+    return read

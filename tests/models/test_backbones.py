@@ -8,7 +8,8 @@ import torch
 from vitdense.analysis.timm_parity import compare_with_timm, count_parameters
 from vitdense.models import CaiT, ColumnarBackbone, ConViT, ViT, XCiT, backbone_families
 
-from common import TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, options_missing_from_signature
+from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, arch_reads_while_building,
+                    options_missing_from_signature)
 
 TOLERANCE = 1e-4
 # small custom archs for shape / training-mode tests
@@ -378,6 +379,7 @@ def test_the_signature_names_every_option_the_family_reads(name):
     family = backbone_families()[name]
     parameters = inspect.signature(family).parameters
     assert not options_missing_from_signature(family, TINY_BACKBONES[name]['arch'])
+    assert not arch_reads_while_building(family, TINY_BACKBONES[name]['arch'])
     # the base's options too, each with a default, none hidden in **kwargs
     assert set(inspect.signature(ColumnarBackbone.__init__).parameters) - {'self'} <= \
         set(parameters)
@@ -385,17 +387,19 @@ def test_the_signature_names_every_option_the_family_reads(name):
                for p in parameters.values())
 
 
-def test_a_family_whose_options_are_no_keywords_is_found():
-    # one declared in arch_defaults, one that a variant alone sets and a builder reads
+def test_a_family_whose_options_are_no_keywords_or_read_from_the_arch_dict_is_found():
+    # one declared in arch_defaults, one that a variant alone sets and a builder reads back
+    # from the settings dict, not its attribute
     class Hidden(XCiT):
         arch_zoo = {'mini': dict(TINY_BACKBONES['xcit']['arch'], read_ratio=2.)}
         arch_defaults = dict(XCiT.arch_defaults, declared_ratio=2.)
 
         def build_block(self, index: int, drop_path: float):
-            assert self.arch['read_ratio'] == 2.
+            assert self.arch['read_ratio'] == self.read_ratio == 2.
             return super().build_block(index, drop_path)
 
     assert options_missing_from_signature(Hidden, 'mini') == {'declared_ratio', 'read_ratio'}
+    assert arch_reads_while_building(Hidden, 'mini') == {'read_ratio'}
 
 
 def test_help_shows_the_family_options():

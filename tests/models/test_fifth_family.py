@@ -16,7 +16,8 @@ from vitdense.engine.tool_config import point_at_data_root
 from vitdense.models import SimpleFeaturePyramid, backbone_families
 from vitdense.registry import MODELS
 
-from common import REPO_ROOT, load_tool_config, options_missing_from_signature
+from common import (REPO_ROOT, arch_reads_while_building, load_tool_config,
+                    options_missing_from_signature)
 
 DEMO_CONFIGS = {
     'classifier': 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py',
@@ -42,6 +43,7 @@ def test_the_registry_lists_the_new_family(toy_family):
 
 def test_its_signature_names_its_options(toy_family):
     assert not options_missing_from_signature(toy_family, 'mini')
+    assert not arch_reads_while_building(toy_family, 'mini')
 
 
 def test_it_builds_in_every_layout(toy_family):

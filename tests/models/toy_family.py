@@ -36,13 +36,12 @@ class ToyFormer(ColumnarBackbone):
                                         antialias=self.pos_antialias)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch, layout = self.arch, self.block_layouts[index]
-        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
+        layout = self.block_layouts[index]
+        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, self.qkv_bias,
                                        rel_pos_grid=layout.rel_pos_grid)
-        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+        return TransformerBlock(self.embed_dims, mixer, self.mlp_ratio, self.layer_scale,
                                 drop_path, self.drop_rate, window_size=layout.window_size)
 
     def build_class_attention_block(self) -> nn.Module:
-        arch = self.arch
-        return ClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
-                                   arch['layer_scale'], arch['qkv_bias'])
+        return ClassAttentionBlock(self.embed_dims, self.num_heads, self.mlp_ratio,
+                                   self.layer_scale, self.qkv_bias)

@@ -188,6 +188,19 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     arch_zoo: dict[str, dict] = {}
     arch_keys: tuple[str, ...] = ('embed_dims', 'num_layers', 'num_heads')
     arch_defaults: dict = {}
+    #: arch settings kept under another attribute name, where the setting's name is that of
+    #: a module of the model (ViT's ``pos_embed``, 'learn' or 'none', and its position table)
+    arch_attributes: dict[str, str] = {}
+    # every arch setting is an attribute of the model (``_set_arch``): the shape and
+    # LayerScale of every family, and the prefix tokens the base builds, whose defaults
+    # hold for a family without such an option (ViT's ``class_token`` and ``reg_tokens``)
+    embed_dims: int
+    num_layers: int
+    num_heads: int
+    layer_scale: Optional[float]
+    num_cls_layers: int
+    class_token: bool = True
+    reg_tokens: int = 0
     uniform_drop_path = False
     #: whether the trunk's token mixers are token attention (window attention and relative
     #: positions apply to them)
@@ -334,7 +347,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     def place_class_token(self) -> int:
         """Where the class token joins: before trunk block i (0: from the start), or
         ``num_layers`` (the default): after the trunk, in a class-attention stage of
-        ``arch['num_cls_layers']`` blocks that exists for classification only (Touvron et
+        ``num_cls_layers`` blocks that exists for classification only (Touvron et
         al. 2021, "Going deeper", §3)."""
         return self.num_layers
 
@@ -343,8 +356,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         """Register tokens (Darcet et al., 2024) the trunk carries after its class token
         (ViT's ``reg_tokens``): none where a dense trunk leaves its class token out, all of
         them in a model built without one (ViT's ``class_token=False``)."""
-        keeps_registers = self.trunk_has_class_token or not self.arch.get('class_token', True)
-        return self.arch.get('reg_tokens', 0) if keeps_registers else 0
+        keeps_registers = self.trunk_has_class_token or not self.class_token
+        return self.reg_tokens if keeps_registers else 0
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -387,7 +400,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     def _set_arch(self, arch: Union[str, dict], overrides: Optional[dict],
                   depth: Optional[int], layer_scale: Optional[float]) -> None:
         """``self.arch``: the resolved ``arch`` with ``overrides`` (checked keys), then the
-        ``depth`` and ``layer_scale`` keywords where given, on top."""
+        ``depth`` and ``layer_scale`` keywords where given, on top; each of its settings an
+        attribute (``arch_attributes`` renames), which the builders read."""
         given = dict(num_layers=depth, layer_scale=layer_scale)
         overrides = {**(overrides or {}),
                      **{key: value for key, value in given.items() if value is not None}}
@@ -398,9 +412,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                            f'{list(self.arch_keys) + list(self.arch_defaults)}')
         self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.arch = {**self.resolve_arch(arch), **overrides}
-        self.embed_dims = self.arch['embed_dims']
-        self.num_layers = self.arch['num_layers']
-        self.num_heads = self.arch['num_heads']
+        for key, value in self.arch.items():
+            setattr(self, self.arch_attributes.get(key, key), value)
 
     @staticmethod
     def _check_options(out_type: str, padding: str, with_cp: Union[bool, int],
@@ -451,7 +464,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self.cls_blocks = None
         if self.out_type == 'cls_token' and not self.trunk_has_class_token:
             self.cls_blocks = nn.ModuleList(self.build_class_attention_block()
-                                            for _ in range(self.arch['num_cls_layers']))
+                                            for _ in range(self.num_cls_layers))
         if not self.dense:
             # named as in timm: ``fc_norm`` where the pooled tokens are normalised
             setattr(self, 'fc_norm' if self.fc_norm_after_pooling else 'norm',

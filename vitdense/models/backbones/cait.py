@@ -32,6 +32,9 @@ class CaiT(ColumnarBackbone):
         'm24': _cait(768, 24, 1e-5), 'm36': _cait(768, 36, 1e-6), 'm48': _cait(768, 48, 1e-6),
     }
     arch_defaults = dict(mlp_ratio=4., layer_scale=1e-5, qkv_bias=True, num_cls_layers=2)
+    # the family's settings as the builders read them (the constructor's options)
+    mlp_ratio: float
+    qkv_bias: bool
     uniform_drop_path = True
     #: timm's CaiT, as the official release: class attention in ``blocks_token_only``,
     #: talking heads' maps ``proj_l`` / ``proj_w``, LayerScale ``gamma_1`` / ``gamma_2``
@@ -73,14 +76,13 @@ class CaiT(ColumnarBackbone):
                                         antialias=self.pos_antialias)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch, layout = self.arch, self.block_layouts[index]
-        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
+        layout = self.block_layouts[index]
+        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, self.qkv_bias,
                                        talking_heads=True, rel_pos_grid=layout.rel_pos_grid)
-        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+        return TransformerBlock(self.embed_dims, mixer, self.mlp_ratio, self.layer_scale,
                                 drop_path, self.drop_rate, window_size=layout.window_size,
                                 norm_eps=self.norm_eps)
 
     def build_class_attention_block(self) -> nn.Module:
-        arch = self.arch
-        return ClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
-                                   arch['layer_scale'], arch['qkv_bias'], norm_eps=self.norm_eps)
+        return ClassAttentionBlock(self.embed_dims, self.num_heads, self.mlp_ratio,
+                                   self.layer_scale, self.qkv_bias, norm_eps=self.norm_eps)

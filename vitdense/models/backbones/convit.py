@@ -30,6 +30,11 @@ class ConViT(ColumnarBackbone):
     }
     arch_defaults = dict(mlp_ratio=4., qkv_bias=False, num_local_layers=10,
                          locality_strength=1.0, layer_scale=None)
+    # the family's settings as the builders read them (the constructor's options)
+    mlp_ratio: float
+    qkv_bias: bool
+    num_local_layers: int
+    locality_strength: float
     no_weight_decay_names = ('gating',)  # GPSA's gates
     #: timm's ConViT, as the official release: GPSA's gate ``gating_param``
     checkpoint_keys = KeyTable(keys=(Rename('.attn.gating_param$', '.attn.gating$'),))
@@ -67,7 +72,7 @@ class ConViT(ColumnarBackbone):
                                         antialias=self.pos_antialias)
 
     def place_class_token(self) -> int:
-        num_local = self.arch['num_local_layers']
+        num_local = self.num_local_layers
         if not 0 <= num_local < self.num_layers:
             raise ValueError(f'num_local_layers must be in [0, num_layers) = [0, '
                              f'{self.num_layers}) so that the class token joins a block, '
@@ -75,16 +80,16 @@ class ConViT(ColumnarBackbone):
         return num_local
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch, layout = self.arch, self.block_layouts[index]
-        if index < arch['num_local_layers']:
+        layout = self.block_layouts[index]
+        if index < self.num_local_layers:
             mixer = GatedPositionalSelfAttention(self.embed_dims, self.num_heads,
-                                                 arch['qkv_bias'],
-                                                 locality_strength=arch['locality_strength'],
+                                                 self.qkv_bias,
+                                                 locality_strength=self.locality_strength,
                                                  rel_pos_grid=layout.rel_pos_grid)
         else:
-            mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
+            mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, self.qkv_bias,
                                            rel_pos_grid=layout.rel_pos_grid)
-        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+        return TransformerBlock(self.embed_dims, mixer, self.mlp_ratio, self.layer_scale,
                                 drop_path, self.drop_rate, window_size=layout.window_size,
                                 norm_eps=self.norm_eps)
 

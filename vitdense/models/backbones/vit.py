@@ -368,6 +368,25 @@ class ViT(ColumnarBackbone):
                          ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
                          scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True,
                          use_rel_pos_bias=False, resample_patch_embed=False)
+    arch_attributes = dict(pos_embed='pos_embed_type')
+    # the family's settings as the builders read them (the constructor's options)
+    mlp_ratio: float
+    qkv_bias: bool
+    num_parallel: int
+    stem: str
+    stem_norm: str
+    no_embed_class: bool
+    pos_embed_type: str
+    rope: Optional[str]
+    rope_temperature: Optional[float]
+    ref_feat_shape: Optional[tuple[int, int]]
+    qk_norm: bool
+    swiglu_mlp: bool
+    scale_mlp: bool
+    act_layer: str
+    pre_norm: bool
+    use_rel_pos_bias: bool
+    resample_patch_embed: bool
     #: timm's ViT keys are ours (its bare position table: the shared table's); the sources'
     #: layouts are read on load. The sources' tensors stored otherwise are merged, each
     #: stored by timm's VisionTransformer as ours or refused by the export
@@ -486,33 +505,33 @@ class ViT(ColumnarBackbone):
                          **kwargs)
 
     def build_patch_embed(self) -> nn.Module:
-        if self.arch['stem'] not in STEMS:
-            raise ValueError(f'unknown stem {self.arch["stem"]!r}; expected one of {STEMS}')
-        if self.arch['stem'] == 'hmlp':
+        if self.stem not in STEMS:
+            raise ValueError(f'unknown stem {self.stem!r}; expected one of {STEMS}')
+        if self.stem == 'hmlp':
             return HMLPPatchEmbed(self.in_channels, self.embed_dims, self.patch_size,
-                                  self.arch['stem_norm'])
+                                  self.stem_norm)
         return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
 
     def build_pos_embed(self) -> Optional[nn.Module]:
-        if self.arch['reg_tokens'] < 0:
-            raise ValueError(f'reg_tokens must be >= 0, got {self.arch["reg_tokens"]}')
-        if self.arch['pos_embed'] not in POS_EMBEDS:
-            raise ValueError(f'unknown pos_embed {self.arch["pos_embed"]!r}; expected one of '
+        if self.reg_tokens < 0:
+            raise ValueError(f'reg_tokens must be >= 0, got {self.reg_tokens}')
+        if self.pos_embed_type not in POS_EMBEDS:
+            raise ValueError(f'unknown pos_embed {self.pos_embed_type!r}; expected one of '
                              f'{POS_EMBEDS}')
-        if self.arch['pos_embed'] == 'none':
+        if self.pos_embed_type == 'none':
             return None
-        if self.arch['no_embed_class']:
+        if self.no_embed_class:
             return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
                                             unpositioned_prefix_tokens=self.num_prefix_tokens,
                                             antialias=self.pos_antialias)
         return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
                                         num_prefix_tokens=self.num_prefix_tokens,
-                                        checkpoint_prefix_tokens=int(self.arch['class_token'])
-                                        + self.arch['reg_tokens'],
+                                        checkpoint_prefix_tokens=int(self.class_token)
+                                        + self.reg_tokens,
                                         antialias=self.pos_antialias)
 
     def place_class_token(self) -> int:
-        if self.arch['class_token']:
+        if self.class_token:
             return 0
         if self.out_type == 'cls_token':
             raise ValueError("class_token=False builds no class token: read the model with "
@@ -526,58 +545,57 @@ class ViT(ColumnarBackbone):
         return super().built_by_other_modes(key)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch, layout = self.arch, self.block_layouts[index]
-        if arch['num_parallel'] < 1:
-            raise ValueError(f'num_parallel must be >= 1, got {arch["num_parallel"]}')
-        if arch['num_parallel'] > 1 and layout != AttentionLayout():
+        layout = self.block_layouts[index]
+        if self.num_parallel < 1:
+            raise ValueError(f'num_parallel must be >= 1, got {self.num_parallel}')
+        if self.num_parallel > 1 and layout != AttentionLayout():
             raise ValueError('window attention and relative positions do not support '
                              'parallel blocks (num_parallel > 1)')
-        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, arch['qkv_bias'],
-                                       num_branches=arch['num_parallel'],
+        mixer = MultiheadSelfAttention(self.embed_dims, self.num_heads, self.qkv_bias,
+                                       num_branches=self.num_parallel,
                                        rel_pos_grid=layout.rel_pos_grid,
-                                       qk_norm=arch['qk_norm'], norm_eps=self.norm_eps,
+                                       qk_norm=self.qk_norm, norm_eps=self.norm_eps,
                                        rope=self._rotary_embedding(),
                                        rel_pos_bias=RelativePositionBias(
                                            self.num_heads, self.pretrain_grid)
-                                       if arch['use_rel_pos_bias'] else None)
-        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
-                                drop_path, self.drop_rate, num_branches=arch['num_parallel'],
+                                       if self.use_rel_pos_bias else None)
+        return TransformerBlock(self.embed_dims, mixer, self.mlp_ratio, self.layer_scale,
+                                drop_path, self.drop_rate, num_branches=self.num_parallel,
                                 window_size=layout.window_size, norm_eps=self.norm_eps,
                                 mlp=self._feed_forward())
 
     def build_norm_pre(self) -> Optional[nn.Module]:
-        return nn.LayerNorm(self.embed_dims, eps=self.norm_eps) if self.arch['pre_norm'] \
+        return nn.LayerNorm(self.embed_dims, eps=self.norm_eps) if self.pre_norm \
             else None
 
     def _rotary_embedding(self) -> Optional[RotaryPositionEmbedding]:
         """A block's rotary position embedding (``rope``), or None."""
-        if self.arch['rope'] is None:
+        if self.rope is None:
             return None
-        return RotaryPositionEmbedding(self.embed_dims // self.num_heads, self.arch['rope'],
-                                       self.arch['rope_temperature'],
-                                       self.arch['ref_feat_shape'] or self.pretrain_grid)
+        return RotaryPositionEmbedding(self.embed_dims // self.num_heads, self.rope,
+                                       self.rope_temperature,
+                                       self.ref_feat_shape or self.pretrain_grid)
 
     def _feed_forward(self) -> Optional[nn.Module]:
         """A block's SwiGLU FFN, or None for the default MLP (with ``act_layer``)."""
-        arch = self.arch
-        if not arch['swiglu_mlp']:
-            if arch['scale_mlp']:
+        if not self.swiglu_mlp:
+            if self.scale_mlp:
                 raise ValueError('scale_mlp normalises the hidden units of a SwiGLU FFN: set '
                                  'swiglu_mlp=True')
-            return None if arch['act_layer'] == 'gelu' else FeedForward(
-                self.embed_dims, int(self.embed_dims * arch['mlp_ratio']), self.drop_rate,
-                arch['num_parallel'], arch['act_layer'])
-        if arch['num_parallel'] > 1:
+            return None if self.act_layer == 'gelu' else FeedForward(
+                self.embed_dims, int(self.embed_dims * self.mlp_ratio), self.drop_rate,
+                self.num_parallel, self.act_layer)
+        if self.num_parallel > 1:
             raise ValueError('swiglu_mlp does not support parallel blocks (num_parallel > 1)')
-        return SwiGLU(self.embed_dims, int(self.embed_dims * arch['mlp_ratio']),
-                      self.drop_rate, arch['scale_mlp'], self.norm_eps)
+        return SwiGLU(self.embed_dims, int(self.embed_dims * self.mlp_ratio),
+                      self.drop_rate, self.scale_mlp, self.norm_eps)
 
     def fit_checkpoint_tensors(self, converted: dict) -> dict:
         """BEiT's relative position tables of another grid resampled to the model's, as BEiT
         does (their modules' load hook does the same for our own layout); with
         ``resample_patch_embed`` the patch projection resampled to ``patch_size``."""
         kernel = converted.get('patch_embed.proj.weight')
-        if self.arch['resample_patch_embed'] and kernel is not None and \
+        if self.resample_patch_embed and kernel is not None and \
                 kernel.shape[-2:] != (self.patch_size, self.patch_size):
             MMLogger.get_current_instance().info(
                 f'{type(self).__name__}: patch projection of {tuple(kernel.shape[-2:])} kernels '
@@ -660,7 +678,7 @@ class ViT(ColumnarBackbone):
         options = super().options_to_load(found, model)
         grid = found['rotary_grid']
         if grid and found['family'] == model['family'] and \
-                grid != tuple(self.arch['ref_feat_shape'] or self.pretrain_grid):
+                grid != tuple(self.ref_feat_shape or self.pretrain_grid):
             options.append(f"ref_feat_shape={grid} (the reference grid of the checkpoint's "
                            f"EVA-02 rotary tables)")
         return options

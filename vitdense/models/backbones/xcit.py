@@ -49,6 +49,10 @@ class XCiT(ColumnarBackbone):
     }
     arch_defaults = dict(mlp_ratio=4., layer_scale=1.0, tokens_norm=True, qkv_bias=True,
                          num_cls_layers=2)
+    # the family's settings as the builders read them (the constructor's options)
+    mlp_ratio: float
+    qkv_bias: bool
+    tokens_norm: bool
     uniform_drop_path = True
     token_attention = False  # XCA attends over channels
     no_weight_decay_names = ('temperature',)  # XCA's per-head temperatures
@@ -93,14 +97,12 @@ class XCiT(ColumnarBackbone):
         return FourierPositionEncoding(self.embed_dims)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
-        arch = self.arch
-        mixer = CrossCovarianceAttention(self.embed_dims, self.num_heads, arch['qkv_bias'])
-        return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
+        mixer = CrossCovarianceAttention(self.embed_dims, self.num_heads, self.qkv_bias)
+        return TransformerBlock(self.embed_dims, mixer, self.mlp_ratio, self.layer_scale,
                                 drop_path, self.drop_rate, local_patch_interaction=True,
                                 norm_eps=self.norm_eps)
 
     def build_class_attention_block(self) -> nn.Module:
-        arch = self.arch
-        return XCiTClassAttentionBlock(self.embed_dims, self.num_heads, arch['mlp_ratio'],
-                                       arch['layer_scale'], arch['qkv_bias'],
-                                       tokens_norm=arch['tokens_norm'], norm_eps=self.norm_eps)
+        return XCiTClassAttentionBlock(self.embed_dims, self.num_heads, self.mlp_ratio,
+                                       self.layer_scale, self.qkv_bias,
+                                       tokens_norm=self.tokens_norm, norm_eps=self.norm_eps)
