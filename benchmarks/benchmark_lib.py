@@ -357,7 +357,7 @@ def build_timm(spec: BackboneSpec, task: str, img_size: int) -> nn.Module:
     for 'cls', wrapped in :class:`TimmDense` with our default out indices for 'dense'."""
     import timm
 
-    from vitdense.models.backbones.base import default_out_indices
+    from vitdense.models.backbones.options import default_out_indices
 
     if spec.timm_name is None:
         raise ValueError(f'{spec.name} has no timm counterpart')

@@ -17,6 +17,7 @@ from mmengine.model import BaseModule
 
 from vitdense.registry import MODELS
 from ..layers.adapter import AdapterGeometry, Interaction, SpatialPriorModule
+from ..layers.grid import tokens_to_map
 from ..layers.norm import build_norm2d
 from .base import ColumnarBackbone
 
@@ -231,7 +232,7 @@ class ColumnarAdapter(BaseModule):
         outs = [c1, c2, c3, c4]
         if self.add_vit_feature:
             only_last = self.vit_features == 'last'
-            trunk_maps = [self.trunk._to_map(sequence, hw).contiguous()
+            trunk_maps = [tokens_to_map(sequence, hw).contiguous()
                           for sequence in (trunk_tokens[-1:] if only_last else trunk_tokens)]
             if only_last:
                 trunk_maps *= len(outs)

@@ -1,98 +1,30 @@
 """What the columnar families share: arch tables, the dense / classification forward,
-the multi-layer pyramid, freezing and activation checkpointing (checkpoint adaptation:
+the multi-layer pyramid, freezing and activation checkpointing (the options' checks:
+:mod:`.options`; training's: :mod:`.training`; checkpoint adaptation:
 :mod:`.checkpoint_adaptation`).
 
 A family (one file each) states its arch table, how its patch embedding, position encoding,
 blocks and class-attention blocks are built, and how official / timm checkpoint keys map to
 ours. Everything else lives here once.
 """
-import inspect
-import re
-import warnings
-from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from ..layers.blocks import NORM_EPS
 from ..layers.branched import BranchedLinear
-from ..layers.grid import Grid
-from ..layers.pyramid import PYRAMID_STRIDES, MultiLevelPyramid, check_levels
+from ..layers.grid import pad_to_multiple, tokens_to_map
+from ..layers.pyramid import MultiLevelPyramid
 from .checkpoint_adaptation import CheckpointAdaptation
-
-if TYPE_CHECKING:
-    from .peft_tuning import PeftTuning
-
-OUT_TYPES = ('featmap', 'cls_token', 'avg_featmap')
-#: how inputs that are not a multiple of the patch size (or of the pyramid's 32) are met
-PADDINGS = ('image', 'stem')
-BATCH_NORM_TYPES = ('BN', 'SyncBN')
-OFFICIAL_OUT_INDICES = {12: (3, 5, 7, 11), 24: (7, 11, 15, 23)}
-
-
-class AttentionLayout(NamedTuple):
-    """How a trunk block's token mixer attends (plain-backbone detection, Li et al. 2022,
-    §3): within windows of
-    ``window_size`` tokens a side (0: globally), with relative position tables for
-    ``rel_pos_grid`` (None: without)."""
-    window_size: int = 0
-    rel_pos_grid: Optional[Grid] = None
-
-
-def _pair(size: Union[int, Sequence[int]]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else tuple(size)
-
-
-def default_out_indices(num_layers: int) -> tuple[int, ...]:
-    """The official dense recipes' blocks for 12 and 24 blocks (El-Nouby et al. 2021,
-    §4.2); otherwise the ends of the four quarters, each once (fewer than four for a trunk
-    of fewer than four blocks)."""
-    if num_layers in OFFICIAL_OUT_INDICES:
-        return OFFICIAL_OUT_INDICES[num_layers]
-    return tuple(sorted({max(num_layers * q // 4 - 1, 0) for q in (1, 2, 3, 4)}))
-
-
-def pretrained_init_cfg(pretrained: Optional[str],
-                        init_cfg: Optional[Union[dict, list]]) -> Optional[Union[dict, list]]:
-    """``init_cfg`` with mmseg's ``pretrained`` argument turned into its ``Pretrained``
-    entry, as mmseg's own backbones (its VisionTransformer) do."""
-    if pretrained is None:
-        return init_cfg
-    if not isinstance(pretrained, str):
-        raise TypeError(f'pretrained must be a checkpoint path or URL (str) or None, got '
-                        f'{type(pretrained).__name__}')
-    if init_cfg is not None:
-        raise ValueError(f'pretrained={pretrained!r} and init_cfg={init_cfg} both given: set '
-                         f'init_cfg=dict(type=\'Pretrained\', checkpoint=...) alone (in an '
-                         f'mmseg config, model.pretrained=None)')
-    warnings.warn(f'pretrained={pretrained!r} (mmseg\'s model-level option) is read as '
-                  f'init_cfg=dict(type=\'Pretrained\', checkpoint={pretrained!r}); say it '
-                  f'with init_cfg, as the backbone\'s own option', FutureWarning)
-    return dict(type='Pretrained', checkpoint=pretrained)
-
-
-def constructor_parameters(cls: type) -> inspect.Signature:
-    """The keyword signature of ``cls(...)``: the parameters of every ``__init__`` from
-    ``cls`` up to ``ColumnarBackbone``'s, the nearest class's first, without the ``*args`` /
-    ``**kwargs`` each passes on."""
-    parameters: dict[str, inspect.Parameter] = {}
-    for base in cls.__mro__:
-        if '__init__' not in vars(base):
-            continue
-        own = list(inspect.signature(vars(base)['__init__']).parameters.items())[1:]
-        for name, parameter in own:
-            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                parameters.setdefault(name, parameter)
-        if base is ColumnarBackbone:
-            break
-    arch = parameters.pop('arch').replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    others = [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-              for parameter in parameters.values()]
-    return inspect.Signature([arch, *others], return_annotation=None)
+from .options import (AttentionLayout, apply_peft, arch_settings, attention_layouts,
+                      batch_norm_type, check_options, check_output_cls_token,
+                      check_token_layouts, checked_overrides, constructor_parameters,
+                      out_indices_read, pretrained_init_cfg, pyramid_levels_read, to_pair)
+from .training import freeze, layer_depth, no_weight_decay_pattern
 
 
 class ColumnarBackbone(CheckpointAdaptation, BaseModule):
@@ -118,22 +50,17 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             all GPUs' images).
         padding: inputs whose size is not a multiple of the patch size. 'image': zero-pad
             the image at the bottom / right to a multiple of the patch size, pool the
-            pyramid in ceil mode and crop every level to ceil(H / stride) × ceil(W / stride)
-            of the input (levels aligned with the image; works for every patch embedding).
-            'stem': the image goes in unpadded and each stride-2 convolution of the stem
-            pads itself; the pyramid pools in floor mode and nothing is cropped. This is the
-            official detection / segmentation forward of El-Nouby et al. 2021, which their
-            released dense checkpoints were evaluated with; it needs a patch embedding that
-            pads its own input (a convolutional stem). Both agree on inputs
-            that are multiples of 32.
+            pyramid in ceil mode and crop every level to the input's ceil(H / stride) ×
+            ceil(W / stride) (any patch embedding). 'stem': each stride-2 convolution of the
+            stem pads its input, the pyramid pools in floor mode, nothing is cropped: the
+            official dense forward of El-Nouby et al. 2021, which their dense checkpoints
+            were evaluated with (a convolutional stem only). Both agree on multiples of 32.
         drop_rate: dropout after the position encoding and inside FFNs.
         drop_path_rate: stochastic depth (uniform or linearly increasing, per family).
         frozen_stages: -1 freezes nothing; k >= 0 freezes the embeddings (patch embedding,
-            position encoding, registers) and the first k blocks (mmdet's ResNet convention,
-            where 0 freezes the stem; mmpretrain's VisionTransformer freezes nothing at 0 and
-            the embeddings from 1), and the class token once the frozen blocks reach where it
-            joins, k >= ``class_token_layer`` (as mmpretrain's XCiT): ViT's with the
-            embeddings, ConViT's with its GPSA blocks, CaiT's and XCiT's with the whole trunk.
+            position encoding, registers) and the first k blocks (mmdet's ResNet convention:
+            0 freezes the stem), and the class token once k >= ``class_token_layer``, where
+            it joins (as mmpretrain's XCiT; ``docs/backbone_contract.md``).
         norm_eval: keep BatchNorm layers in eval mode while training.
         with_cp: activation checkpointing while training with gradients recorded (a
             block's activations are recomputed in backward instead of kept: about a third
@@ -168,10 +95,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             forward; antialiased where no checkpoint says otherwise.
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
             through :meth:`adapt_checkpoint` (official, timm or our layout).
-        pretrained: a checkpoint path or URL, as mmseg's own backbones take it (mmseg's
-            ``EncoderDecoder`` passes its model-level ``pretrained`` here): becomes
-            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``, with a warning that
-            ``init_cfg`` is the way to say it; giving both is an error.
+        pretrained: a checkpoint path or URL, as mmseg's ``EncoderDecoder`` passes its
+            model-level ``pretrained``: read as ``init_cfg=dict(type='Pretrained',
+            checkpoint=pretrained)``, with a warning; giving both is an error.
         depth: the number of blocks (timm's name), replacing ``arch``'s ``num_layers``.
         layer_scale: LayerScale's initial value (None: no LayerScale), replacing ``arch``'s:
             an arch key of every family, set by this keyword or in ``arch``.
@@ -261,22 +187,20 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
         self._set_arch(arch, arch_overrides, depth, layer_scale)
         self.patch_size, self.in_channels, self.norm_eps = patch_size, in_channels, norm_eps
-        self.pretrain_grid = tuple(size // patch_size for size in _pair(img_size))
-        self._check_options(out_type, padding, with_cp, fc_norm)
+        self.pretrain_grid = tuple(size // patch_size for size in to_pair(img_size))
+        check_options(out_type, padding, with_cp, fc_norm)
         self.out_type, self.fc_norm_after_pooling = out_type, fc_norm
         self.dense = out_type == 'featmap'
-        self.pyramid_levels = self._check_pyramid_levels(pyramid_levels, pyramid and self.dense)
-        self.out_indices = self._check_out_indices(out_indices)
+        self.pyramid_levels = pyramid_levels_read(pyramid_levels, pyramid and self.dense)
+        self.out_indices = out_indices_read(out_indices, self.num_layers, self.pyramid_levels)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         self.drop_rate, self.padding = drop_rate, padding
-        #: the kernel resampling position tables; ``pos_kernel_chosen``: the user's, not the
-        #: default that a checkpoint's library may replace
-        self.pos_antialias = True if pos_antialias is None else pos_antialias
-        self.pos_kernel_chosen = pos_antialias is not None
-        self._build_embeddings(dense_class_token)
+        self._build_embeddings(dense_class_token, pos_antialias)
         self.output_cls_token = output_cls_token
         if output_cls_token:
-            self._check_output_cls_token()
+            check_output_cls_token(type(self).__name__, out_type, self.pyramid_levels,
+                                   self.out_indices, self.class_token_layer
+                                   if self.trunk_has_class_token else None)
         #: how each trunk block attends (window size, relative position tables)
         self.block_layouts = self._attention_layouts(
             window_size, window_block_indexes, use_rel_pos, rel_pos_img_size or img_size)
@@ -284,26 +208,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self._build_outputs(pyramid_norm_cfg)
         self._set_batch_norm(norm_cfg or dict(type='BN'))
         self._init_parameters()
-        self.peft = self._apply_peft(peft)
+        self.peft = apply_peft(self, peft)
         self._freeze_stages()
-
-    def _apply_peft(self, peft: Optional[dict]) -> Optional['PeftTuning']:
-        """The ``peft`` option applied to the built, initialised trunk, or None."""
-        if peft is None:
-            return None
-        if not isinstance(peft, dict):
-            raise TypeError(f'peft must be a dict such as dict(type=\'LoRA\', r=16, '
-                            f'alpha=32), got {type(peft).__name__}')
-        # imported here: peft imports transformers, seconds that a backbone without it skips
-        try:
-            from .peft_tuning import PeftTuning
-        except ModuleNotFoundError as error:
-            raise ModuleNotFoundError(f'the peft option needs the peft package ({error}): '
-                                      f'bash tools/install.sh, or pip install peft==0.21.0 '
-                                      f'"transformers<5"') from error
-        tuning = PeftTuning(**peft)
-        tuning.apply(self, self.new_in_fine_tuning)
-        return tuning
 
     constructor_signature = __init__
 
@@ -311,7 +217,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         """A family's signature (``inspect.signature``, ``help()``) names its own options and
         the base's, which its constructor passes on as ``**kwargs``."""
         super().__init_subclass__(**kwargs)
-        cls.__signature__ = constructor_parameters(cls)
+        cls.__signature__ = constructor_parameters(cls, ColumnarBackbone)
 
     @staticmethod
     def with_options(arch_overrides: Optional[dict], options: dict) -> dict:
@@ -374,63 +280,25 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     def resolve_arch(cls, arch: Union[str, dict]) -> dict:
         """The arch settings for a table name or a custom dict (``depth``, timm's name, for
         ``num_layers`` accepted), with family defaults."""
-        if isinstance(arch, str):
-            if arch not in cls.arch_zoo:
-                raise KeyError(f'unknown {cls.__name__} arch {arch!r}; '
-                               f'choose one of {sorted(cls.arch_zoo)} or pass a dict')
-            return {**cls.arch_defaults, **cls.arch_zoo[arch]}
-        if not isinstance(arch, dict):
-            raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
-        if 'depth' in arch:
-            if 'num_layers' in arch:
-                raise KeyError(f'custom {cls.__name__} arch: depth and num_layers both given '
-                               f'({arch}); they are one setting, give one')
-            arch = {('num_layers' if k == 'depth' else k): v for k, v in arch.items()}
-        missing = [k for k in cls.arch_keys if k not in arch]
-        unknown = cls._unknown_arch_keys(arch)
-        if missing or unknown:
-            raise KeyError(f'custom {cls.__name__} arch: missing keys {missing}, unknown keys '
-                           f'{unknown}; allowed: {list(cls.arch_keys) + list(cls.arch_defaults)}')
-        return {**cls.arch_defaults, **arch}
-
-    @classmethod
-    def _unknown_arch_keys(cls, settings: dict) -> list[str]:
-        return [k for k in settings if k not in cls.arch_keys and k not in cls.arch_defaults]
+        return arch_settings(cls, arch)
 
     def _set_arch(self, arch: Union[str, dict], overrides: Optional[dict],
                   depth: Optional[int], layer_scale: Optional[float]) -> None:
         """``self.arch``: the resolved ``arch`` with ``overrides`` (checked keys), then the
         ``depth`` and ``layer_scale`` keywords where given, on top; each of its settings an
         attribute (``arch_attributes`` renames), which the builders read."""
-        given = dict(num_layers=depth, layer_scale=layer_scale)
-        overrides = {**(overrides or {}),
-                     **{key: value for key, value in given.items() if value is not None}}
-        unknown = self._unknown_arch_keys(overrides)
-        if unknown:
-            raise KeyError(f'{type(self).__name__}: unknown arch settings {unknown} in '
-                           f'arch_overrides; allowed: '
-                           f'{list(self.arch_keys) + list(self.arch_defaults)}')
+        overrides = checked_overrides(type(self), overrides, depth, layer_scale)
         self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.arch = {**self.resolve_arch(arch), **overrides}
         for key, value in self.arch.items():
             setattr(self, self.arch_attributes.get(key, key), value)
 
-    @staticmethod
-    def _check_options(out_type: str, padding: str, with_cp: Union[bool, int],
-                       fc_norm: bool) -> None:
-        if out_type not in OUT_TYPES:
-            raise ValueError(f'unknown out_type {out_type!r}; expected one of {OUT_TYPES}')
-        if padding not in PADDINGS:
-            raise ValueError(f'unknown padding {padding!r}; expected one of {PADDINGS}')
-        if not isinstance(with_cp, int) or with_cp < 0:
-            raise ValueError(f'with_cp must be True, False or a number of blocks >= 0, got '
-                             f'{with_cp!r}')
-        if fc_norm and out_type == 'cls_token':
-            raise ValueError("fc_norm normalises averaged tokens: it needs out_type="
-                             "'avg_featmap' (or 'featmap', which builds no norm)")
-
-    def _build_embeddings(self, dense_class_token: bool) -> None:
+    def _build_embeddings(self, dense_class_token: bool, pos_antialias: Optional[bool]) -> None:
         """Patch embedding, where the class token joins, position encoding."""
+        #: the kernel resampling position tables; ``pos_kernel_chosen``: the user's, not the
+        #: default that a checkpoint's library may replace
+        self.pos_antialias = True if pos_antialias is None else pos_antialias
+        self.pos_kernel_chosen = pos_antialias is not None
         self.patch_embed = self.build_patch_embed()
         if self.padding == 'stem' and not getattr(self.patch_embed, 'pads_input', False):
             raise ValueError(f"padding='stem' needs a patch embedding that pads its own input "
@@ -481,105 +349,23 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                                              crop=self.padding == 'image',
                                              levels=self.pyramid_levels)
 
-    @staticmethod
-    def _check_pyramid_levels(pyramid_levels: Optional[Sequence[int]],
-                              pyramid: bool) -> tuple[int, ...]:
-        """The pyramid's levels that come out; () without the multi-layer pyramid."""
-        if not pyramid:
-            if pyramid_levels is not None:
-                raise ValueError(f'pyramid_levels {pyramid_levels} chooses the multi-layer '
-                                 f"pyramid's levels, but pyramid=False (or out_type is not "
-                                 f"'featmap'); the simple feature pyramid chooses its levels by "
-                                 f'its scale_factors')
-            return ()
-        return check_levels(range(len(PYRAMID_STRIDES)) if pyramid_levels is None
-                            else pyramid_levels)
-
-    def _check_out_indices(self, out_indices: Optional[Sequence[int]]) -> tuple[int, ...]:
-        levels = self.pyramid_levels
-        if out_indices is None:
-            out_indices = default_out_indices(self.num_layers)
-            if levels and len(out_indices) == len(PYRAMID_STRIDES):
-                out_indices = [out_indices[level] for level in levels]
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        checked = []
-        for index in out_indices:
-            if not -self.num_layers <= index < self.num_layers:
-                raise IndexError(f'out_indices: block {index} out of range for '
-                                 f'{self.num_layers} blocks')
-            checked.append(index % self.num_layers)
-        if len(set(checked)) != len(checked) or checked != sorted(checked):
-            raise ValueError(f'out_indices must be increasing and unique, got {out_indices}')
-        if levels and len(checked) != len(levels):
-            strides = '/'.join(str(PYRAMID_STRIDES[level]) for level in levels)
-            raise ValueError(f'the pyramid\'s {len(levels)} levels (strides {strides}, '
-                             f'pyramid_levels={levels}) take one out_index each, got '
-                             f'{len(checked)}: {out_indices}; set pyramid_levels to the levels '
-                             f'wanted, or pyramid=False for the blocks\' maps alone')
-        return tuple(checked)
-
-    def _check_output_cls_token(self) -> None:
-        """Refuse ``output_cls_token`` where a probed block's output has no class token to
-        pair with its map, or where the pyramid, which takes maps alone, follows."""
-        name = type(self).__name__
-        if not self.dense or self.pyramid_levels:
-            raise ValueError(f"output_cls_token pairs each block's map with its class token: "
-                             f"it needs out_type='featmap' and pyramid=False, got out_type="
-                             f"{self.out_type!r}, pyramid={bool(self.pyramid_levels)}")
-        if not self.trunk_has_class_token:
-            raise ValueError(f'output_cls_token: the dense trunk of {name} carries no class '
-                             f'token (it joins after the trunk, in the classification stage, '
-                             f'or the model is built without it: dense_class_token=False, '
-                             f'class_token=False)')
-        if self.out_indices[0] < self.class_token_layer:
-            raise ValueError(f'output_cls_token: the class token of {name} joins before block '
-                             f'{self.class_token_layer}, so block {self.out_indices[0]} of '
-                             f'out_indices {list(self.out_indices)} has none; read blocks '
-                             f'>= {self.class_token_layer}')
-
     def _attention_layouts(self, window_size: int,
                            window_block_indexes: Optional[Sequence[int]], use_rel_pos: bool,
                            rel_pos_img_size: Union[int, Sequence[int]]
                            ) -> tuple[AttentionLayout, ...]:
-        """Each trunk block's :class:`AttentionLayout`; the family's ``build_block`` passes
-        it to the block and token mixer it builds."""
-        if window_size < 0:
-            raise ValueError(f'window_size must be >= 0, got {window_size}')
-        if window_block_indexes is not None and any(
-                not -self.num_layers <= i < self.num_layers for i in window_block_indexes):
-            raise IndexError(f'window_block_indexes {list(window_block_indexes)} out of range '
-                             f'for {self.num_layers} blocks')
-        windowed = set(range(self.num_layers) if window_block_indexes is None else
-                       (i % self.num_layers for i in window_block_indexes))
-        if not (window_size and windowed) and not use_rel_pos:
-            return (AttentionLayout(),) * self.num_layers
-        if not self.token_attention:
-            raise ValueError(f'{type(self).__name__} has no token attention: window attention '
-                             f'and relative positions apply to the families with token '
-                             f'attention; use the simple pyramid alone')
-        if self.num_prefix_tokens:
-            raise ValueError(f'window attention and relative positions take patch tokens '
-                             f'only, but the trunk of {type(self).__name__} carries '
-                             f'{self.num_prefix_tokens} prefix tokens (class token from block '
-                             f'{self.class_token_layer}, registers): set '
-                             f'dense_class_token=False')
-        global_grid = tuple(size // self.patch_size for size in _pair(rel_pos_img_size))
-        layouts = []
-        for index in range(self.num_layers):
-            window = window_size if index in windowed else 0
-            grid = ((window, window) if window else global_grid) if use_rel_pos else None
-            layouts.append(AttentionLayout(window, grid))
-        return tuple(layouts)
+        """Each trunk block's :class:`.options.AttentionLayout`, which the family's
+        ``build_block`` passes on."""
+        layouts = attention_layouts(self.num_layers, self.patch_size, window_size,
+                                    window_block_indexes, use_rel_pos, rel_pos_img_size)
+        if all(layout == AttentionLayout() for layout in layouts):
+            return layouts
+        check_token_layouts(type(self).__name__, self.token_attention,
+                            self.num_prefix_tokens, self.class_token_layer)
+        return layouts
 
     def _set_batch_norm(self, norm_cfg: dict) -> None:
         """Make the BatchNorm layers of the stem and the blocks ``norm_cfg['type']``."""
-        norm_type = norm_cfg.get('type')
-        if norm_type not in BATCH_NORM_TYPES or set(norm_cfg) != {'type'}:
-            raise ValueError(f'norm_cfg sets the type of the backbone\'s BatchNorm layers: '
-                             f'dict(type=...) with a type in {list(BATCH_NORM_TYPES)}, got '
-                             f'{norm_cfg}')
-        if norm_type == 'SyncBN':
+        if batch_norm_type(norm_cfg) == 'SyncBN':
             self.patch_embed = nn.SyncBatchNorm.convert_sync_batchnorm(self.patch_embed)
             self.blocks = nn.SyncBatchNorm.convert_sync_batchnorm(self.blocks)
 
@@ -622,11 +408,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         start from here."""
         self._check_input(x)
         if self.padding == 'image':
-            # no branch on the size and no modulo of a negative size: an exported graph
-            # pads any input (by zero pixels where none are needed)
-            pad_h, pad_w = ((self.patch_size - size % self.patch_size) % self.patch_size
-                            for size in (x.shape[2], x.shape[3]))
-            x = F.pad(x, (0, pad_w, 0, pad_h))
+            x = pad_to_multiple(x, self.patch_size)
         tokens, hw = self.patch_embed(x)
         if self.class_token_layer == 0 or self.cls_token is None and self.reg_token is not None:
             tokens = self._prepend_cls_token(tokens)
@@ -652,7 +434,7 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
             extra = dict(num_queries=1) if reads_trunk_class_token and index == last else {}
             tokens = self.run_block(index, block, tokens, hw, **extra)
             if self.dense and index in self.out_indices:
-                features.append(self._to_map(tokens, hw))
+                features.append(tokens_to_map(tokens, hw))
                 if self.output_cls_token:
                     class_tokens.append(tokens[:, 0].contiguous())
         if not self.dense:
@@ -666,13 +448,6 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         if self.output_cls_token:
             return tuple(zip(features, class_tokens))
         return features
-
-    @staticmethod
-    def _to_map(tokens: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        """Patch tokens (the last rows·cols of the sequence) as a (B, C, rows, cols) map:
-        a channels-last view, no copy."""
-        patches = tokens[:, tokens.shape[1] - hw[0] * hw[1]:]
-        return patches.transpose(1, 2).reshape(tokens.shape[0], -1, *hw)
 
     def _pool(self, tokens: torch.Tensor) -> torch.Tensor:
         num_prefix = self.num_prefix_tokens
@@ -688,23 +463,13 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         return self.norm(cls_token[:, 0])
 
     # ------------------------------------------------------------------ training modes
-    def _frozen_modules(self) -> list[nn.Module]:
-        if self.frozen_stages < 0:
-            return []
-        return [self.patch_embed, self.pos_embed, self.norm_pre,
-                *self.blocks[:self.frozen_stages]]
-
     def _freeze_stages(self) -> None:
-        for module in self._frozen_modules():
-            if module is None:
-                continue
-            module.eval()
-            for param in module.parameters():
-                param.requires_grad = False
-        if self.reg_token is not None and self.frozen_stages >= 0:
-            self.reg_token.requires_grad = False
-        if self.cls_token is not None and self.frozen_stages >= self.class_token_layer:
-            self.cls_token.requires_grad = False
+        """The embeddings and the first ``frozen_stages`` blocks frozen, and the class token
+        once they reach ``class_token_layer``."""
+        if self.frozen_stages >= 0:
+            class_token = self.cls_token if self.frozen_stages >= self.class_token_layer else None
+            freeze([self.patch_embed, self.pos_embed, self.norm_pre,
+                    *self.blocks[:self.frozen_stages]], [self.reg_token, class_token])
 
     def train(self, mode: bool = True) -> 'ColumnarBackbone':
         super().train(mode)
@@ -719,22 +484,14 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
 
     # ------------------------------------------------------------------ optimisation
     def get_layer_depth(self, param_name: str, prefix: str = '') -> tuple[int, int]:
-        """Layer id for layer-wise lr decay: embeddings 0, block i -> i + 1, the rest last."""
-        num_ids = self.num_layers + 2
+        """Layer id for layer-wise lr decay: embeddings 0, block i -> i + 1, the rest last
+        (:func:`.training.layer_depth`)."""
         if not param_name.startswith(prefix):
-            return num_ids - 1, num_ids
-        name = param_name[len(prefix):]
-        if name.startswith(('patch_embed', 'pos_embed', 'reg_token', 'norm_pre')) or \
-                (name == 'cls_token' and self.class_token_layer == 0):
-            return 0, num_ids
-        if name.startswith('blocks.'):
-            return int(name.split('.')[1]) + 1, num_ids
-        return num_ids - 1, num_ids
+            return self.num_layers + 1, self.num_layers + 2
+        return layer_depth(param_name[len(prefix):], self.num_layers, self.class_token_layer)
 
     def no_weight_decay(self) -> set[str]:
-        """Parameters trained without weight decay: position encodings, class token,
-        registers, LayerScale gammas, relative position tables (as Li et al. 2022) and the
-        family's ``no_weight_decay_names``."""
-        names = '|'.join(('gamma',) + self.no_weight_decay_names)
-        keep = re.compile(rf'^(cls_token|reg_token|pos_embed\..*|.*\.({names})|.*\.rel_pos\..*)$')
+        """Parameters trained without weight decay (:func:`.training.no_weight_decay_pattern`,
+        with the family's ``no_weight_decay_names``)."""
+        keep = no_weight_decay_pattern(self.no_weight_decay_names)
         return {name for name, _ in self.named_parameters() if keep.match(name)}

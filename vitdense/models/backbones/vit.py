@@ -22,8 +22,9 @@ from ..layers.embed import (HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import SwiGLU, merge_swiglu_tensors
-from .base import AttentionLayout, ColumnarBackbone
+from .base import ColumnarBackbone
 from .checkpoint_keys import Alias, KeyTable, TensorRule
+from .options import AttentionLayout
 
 STEMS = ('linear', 'hmlp')
 POS_EMBEDS = ('learn', 'none')
