@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from common import TINY_ARCH, TINY_CONVIT_ARCH, reference_bias
 from vitdense.models import CaiT, ConViT, SimpleFeaturePyramid, ViT, XCiT
-from vitdense.models.backbones.vit import convert_detectron2_vitdet
+from vitdense.models.backbones.vit_layouts import convert_detectron2_vitdet
 from vitdense.models.layers import talking_heads
 from vitdense.models.layers.attention import GatedPositionalSelfAttention, MultiheadSelfAttention
 from vitdense.models.layers.talking_heads import with_logit_terms
