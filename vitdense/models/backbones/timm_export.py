@@ -205,6 +205,61 @@ class TimmExport(NamedTuple):
     difference: float
 
 
+def built_backbone(family: type[ColumnarBackbone], options: dict,
+                   backbone: dict) -> ColumnarBackbone:
+    """``family(**options)`` holding the checkpoint's ``backbone`` tensors; refused unless
+    they load exactly and timm's model has a counterpart for every option."""
+    model = family(**options)
+    try:
+        model.load_state_dict(backbone)
+    except RuntimeError as error:
+        raise ValueError(f'{family.__name__}({options}) is not the checkpoint\'s backbone: '
+                         f'{str(error).splitlines()[0]}') from None
+    check_expressible(model)
+    return model
+
+
+def missing_from_export(exported: dict, expected: dict, family: type[ColumnarBackbone],
+                        timm_model: str, call: str, fill_missing: bool) -> list[str]:
+    """The keys of timm's model (``expected``) the export lacks, those of the classification
+    stage only, with ``fill_missing``; refused where timm's model has no place for a tensor
+    of the export, or where the export lacks one of the trunk."""
+    unexpected = [key for key in exported if key not in expected]
+    missing = [key for key in expected if key not in exported]
+    if unexpected:
+        raise ValueError(
+            f'{call} has no tensor for {len(unexpected)} of the checkpoint '
+            f'({", ".join(unexpected[:6])}): the backbone uses an option timm lacks (window '
+            f'attention, relative positions, the hMLP stem) or is of another timm model '
+            f'(name it)')
+    classification_stage = f'{CLASS_TOKEN}|{family.classification_keys}'
+    table = family.checkpoint_table()
+    trunk = [key for key in missing
+             if not re.match(classification_stage, table.key_to_ours(key))]
+    if trunk:
+        raise ValueError(
+            f'the checkpoint lacks {len(trunk)} tensors of the trunk of {call} '
+            f'({", ".join(trunk[:6])}): the timm options given are of another arch')
+    if missing and not fill_missing:
+        raise ValueError(
+            f'the checkpoint lacks {len(missing)} tensors of {timm_model} '
+            f'({", ".join(missing[:6])}): a dense model has no trained classification stage; '
+            f'fill_missing=True (--fill-missing) takes them from timm\'s initialisation, '
+            f'so that timm\'s classification features are not the trained ones')
+    return missing
+
+
+def load_export(theirs: nn.Module, exported: dict, call: str) -> None:
+    """``exported`` loaded into timm's model strictly; a shape mismatch names another arch."""
+    try:
+        theirs.load_state_dict(exported, strict=True)
+    except RuntimeError as error:
+        mismatches = [line.strip() for line in str(error).splitlines()[1:]]
+        raise ValueError(f'{call} does not load the export, another arch (name the timm '
+                         f'options): {len(mismatches)} tensors differ\n  '
+                         + '\n  '.join(mismatches[:6])) from None
+
+
 def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
             timm_model: Optional[str] = None, timm_kwargs: Optional[dict] = None,
             fill_missing: bool = False, options: Optional[dict] = None) -> TimmExport:
@@ -229,13 +284,7 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
                          "options (--options), so that the export is built and checked as "
                          "the backbone computes")
     options = {**options, 'init_cfg': None}
-    model = family(**options)
-    try:
-        model.load_state_dict(backbone)
-    except RuntimeError as error:
-        raise ValueError(f'{family.__name__}({options}) is not the checkpoint\'s backbone: '
-                         f'{str(error).splitlines()[0]}') from None
-    check_expressible(model)
+    model = built_backbone(family, options, backbone)
     timm_model = timm_model or timm_model_of(model)
     arguments = {**timm_arguments(model), **(timm_kwargs or {})}
     exported = {**family.export_to_timm(backbone), **head}
@@ -246,36 +295,9 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
     expected = theirs.state_dict()
     if PATCH_BIAS in exported and PATCH_BIAS not in expected:
         fold_patch_bias(exported, model, call)
-    unexpected = [key for key in exported if key not in expected]
-    missing = [key for key in expected if key not in exported]
-    if unexpected:
-        raise ValueError(
-            f'{call} has no tensor for {len(unexpected)} of the checkpoint '
-            f'({", ".join(unexpected[:6])}): the backbone uses an option timm lacks (window '
-            f'attention, relative positions, the hMLP stem) or is of another timm model '
-            f'(name it)')
-    classification_stage = f'{CLASS_TOKEN}|{family.classification_keys}'
-    table = family.checkpoint_table()
-    trunk = [key for key in missing
-             if not re.match(classification_stage, table.key_to_ours(key))]
-    if trunk:
-        raise ValueError(
-            f'the checkpoint lacks {len(trunk)} tensors of the trunk of {call} '
-            f'({", ".join(trunk[:6])}): the timm options given are of another arch')
-    if missing and not fill_missing:
-        raise ValueError(
-            f'the checkpoint lacks {len(missing)} tensors of {timm_model} '
-            f'({", ".join(missing[:6])}): a dense model has no trained classification stage; '
-            f'fill_missing=True (--fill-missing) takes them from timm\'s initialisation, '
-            f'so that timm\'s classification features are not the trained ones')
+    missing = missing_from_export(exported, expected, family, timm_model, call, fill_missing)
     exported.update({key: expected[key] for key in missing})
-    try:
-        theirs.load_state_dict(exported, strict=True)
-    except RuntimeError as error:
-        mismatches = [line.strip() for line in str(error).splitlines()[1:]]
-        raise ValueError(f'{call} does not load the export, another arch (name the timm '
-                         f'options): {len(mismatches)} tensors differ\n  '
-                         + '\n  '.join(mismatches[:6])) from None
+    load_export(theirs, exported, call)
     if model.dense:  # the blocks' maps, which timm's forward_intermediates gives
         model = family(**{**options, 'pyramid': False, 'pyramid_levels': None,
                           'out_indices': tuple(range(model.num_layers))})
