@@ -14,7 +14,7 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from benchmarks import benchmark_lib
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 #: ViT-B/16's UperNet recipes in the three layouts
 LAYOUTS = {

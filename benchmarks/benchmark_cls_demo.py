@@ -31,7 +31,7 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.analysis.memory import SavedTensors
 from vitdense.engine import train_on_time_budget
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIGS = {

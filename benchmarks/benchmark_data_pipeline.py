@@ -56,7 +56,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 import vitdense.cls  # noqa: F401  (LoadImageTensor, DeviceAugmentPreprocessor)
 from benchmarks.benchmark_cls_demo import DEMO_CONFIGS
 from benchmarks.benchmark_lib import environment
-from vitdense.engine.hosts import build_model, host_of
+from vitdense.model_factory import build_model, register_host
 from vitdense.registry import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,7 +258,7 @@ def device_part_vs_step(device: torch.device, batch: int, rounds: int, folder: P
     itself) against the ViT-S step on its output, in ``rounds`` interleaved rounds after one
     untimed round; medians, and the device part's share of the step."""
     cfg = Config.fromfile(ROOT / RECIPE)
-    host_of(cfg)
+    register_host(cfg)
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         pipelines = worker_pipelines(cfg)

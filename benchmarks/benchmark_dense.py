@@ -157,7 +157,7 @@ def make_iteration(task: str, backbone: str, img_size: int, batch: int,
     from mmengine.config import Config
     from mmengine.optim import OptimWrapper
 
-    from vitdense.engine.hosts import build_model
+    from vitdense.model_factory import build_model
 
     torch.manual_seed(0)
     cfg = Config(dict(default_scope=TASKS[task][0],

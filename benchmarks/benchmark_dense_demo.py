@@ -107,9 +107,9 @@ def train_and_test(cfg, task: str, threads: int) -> dict:
     from mmengine.runner import Runner
 
     import vitdense  # noqa: F401
-    from vitdense.engine.hosts import host_of
+    from vitdense.model_factory import register_host
     torch.set_num_threads(threads)
-    host_of(cfg)
+    register_host(cfg)
     start = (time.monotonic(), time.process_time())
     runner = Runner.from_cfg(cfg)
     runner.train()

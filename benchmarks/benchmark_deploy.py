@@ -24,7 +24,7 @@ from benchmarks import benchmark_lib
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.deploy import PARTS, ExportedModel, deployable
 from vitdense.deploy.inputs import graph_input, sample_images
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 
 def parse_args() -> argparse.Namespace:

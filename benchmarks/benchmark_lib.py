@@ -19,7 +19,7 @@ The pieces ``benchmarks/benchmark.py`` (backbones vs timm) and ``benchmarks/benc
 - reporting: JSON, a terminal table (rich) and memory / time vs tokens plots (XCiT Fig. 2).
 
 Nothing here imports mmdet or mmseg; the dense benchmark builds its models with
-:func:`vitdense.engine.hosts.build_model`. This module measures, it is not library code:
+:func:`vitdense.model_factory.build_model`. This module measures, it is not library code:
 it lives with the benchmarks (the package ``benchmarks``, run as ``python -m
 benchmarks.<name>`` from the repository root) and depends on ``vitdense``, never the reverse.
 """

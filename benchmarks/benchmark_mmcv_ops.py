@@ -55,7 +55,7 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.compat import mmcv_ext as torch_native
 from vitdense.demo_data import make_demo_coco
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.engine.tool_config import load_config, point_at_data_root
 
 ROOT = Path(__file__).resolve().parents[1]

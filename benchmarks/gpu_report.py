@@ -476,7 +476,7 @@ def build_training_step(config: str, setting: Setting, amp: Optional[bool] = Non
     from mmengine.registry import DefaultScope
 
     from vitdense.analysis import memory
-    from vitdense.engine.hosts import build_model
+    from vitdense.model_factory import build_model
 
     cfg = memory.load_config(config)
     if amp is not None and amp != memory.uses_amp(cfg):

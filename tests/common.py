@@ -32,7 +32,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from mmengine.utils import ManagerMixin
 from torch import nn
 
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 from vitdense.engine.tool_config import load_config
 from vitdense.models import ColumnarBackbone, backbone_families
 
@@ -62,7 +62,7 @@ def load_tool_config(*args, **kwargs) -> Config:
     """A config as tools/train.py loads it (:func:`load_config`'s arguments), its host
     library imported."""
     cfg = load_config(*args, **kwargs)
-    host_of(cfg)
+    register_host(cfg)
     return cfg
 
 

@@ -31,6 +31,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine import train_on_time_budget
 from vitdense.demo_data import make_demo_coco
 from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 from vitdense.engine.preflight import check_data
 from vitdense.engine.resume_choice import apply_resume
 from vitdense.engine.tool_config import add_safety_hooks, load_config, point_at_data_root
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f'wrote the demo COCO set to {data_root}')
     work_dir = Path(args.work_dir).resolve()
     cfg = load_config(str(CONFIG), None, 'none', str(work_dir))
+    register_host(cfg)
     host = host_of(cfg)
     point_at_data_root(cfg, str(data_root))
     train_on_time_budget(cfg, args.minutes)

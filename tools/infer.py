@@ -31,7 +31,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.analysis.loading import IMAGE_SUFFIXES
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine.compile import add_compile_argument, compile_model
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 
 VIDEO_SUFFIXES = ('.mp4', '.avi', '.mov', '.mkv', '.webm')
 TOP_K = 5
@@ -211,7 +211,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if not osp.isfile(args.checkpoint):
         raise SystemExit(f'checkpoint not found: {args.checkpoint}')
     cfg = Config.fromfile(args.config)
-    host_of(cfg)  # registers the host library named by default_scope, or says why not
+    register_host(cfg)  # the host library named by default_scope, or why not
     init_default_scope(cfg.default_scope)
     os.makedirs(args.out_dir, exist_ok=True)
     images, video = list_images(args.input, args.out_dir)

@@ -17,6 +17,7 @@ from mmengine.runner import Runner
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
 from vitdense.engine.hosts import HOSTS, host_of
+from vitdense.model_factory import register_host
 from vitdense.engine.launch import join_job, run_tool
 from vitdense.engine.tool_config import add_test_metric, load_config, parse_tool_args, tool_parser
 
@@ -51,6 +52,7 @@ def main() -> None:
     args = parse_args()
     cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
                       args.dist_timeout)
+    register_host(cfg)
     host = host_of(cfg)
     join_job(cfg)
     cfg.load_from = args.checkpoint

@@ -18,7 +18,7 @@ from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.compile import add_compile_argument, add_compile_hook
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 from vitdense.engine.launch import join_job, run_tool
 from vitdense.engine.preflight import check_data
 from vitdense.engine.resume_choice import apply_resume, refuse_to_start_over
@@ -53,7 +53,7 @@ def main() -> None:
     args = parse_args()
     cfg = load_config(args.config, args.cfg_options, args.launcher, args.work_dir,
                       args.dist_timeout)
-    host_of(cfg)
+    register_host(cfg)
     join_job(cfg)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'

@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from vitdense.analysis.complexity import (FLOPS_PER_MULTIPLY_ADD, analyse, count_flops,
                                           count_multiply_adds, forward_multiply_adds,
                                           load_config)
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 from common import REPO_ROOT
 

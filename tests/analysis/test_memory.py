@@ -11,7 +11,7 @@ import torch
 from mmengine.registry import MODELS
 
 from vitdense.analysis import memory
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models.layers import talking_heads
 
 from common import CHECKOUT_ENV, REPO_ROOT, TINY_BACKBONES

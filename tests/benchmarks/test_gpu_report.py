@@ -16,7 +16,7 @@ from benchmarks import gpu_report
 from benchmarks.benchmark_lib import build_ours, count_flops
 from vitdense.analysis.complexity import position_tables
 from vitdense.analysis.memory import load_config
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models.layers import talking_heads
 from vitdense.models.layers.attention import MultiheadSelfAttention
 

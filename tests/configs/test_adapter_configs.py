@@ -9,7 +9,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade, make_demo_coco
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.engine.tool_config import point_at_data_root
 
 from common import REPO_ROOT, load_tool_config

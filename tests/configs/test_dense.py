@@ -19,7 +19,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
 from vitdense.compat.mmcv_ext import IMPLEMENTED
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 
 from common import REPO_ROOT, groups_by_parameter_name
 
@@ -42,7 +42,7 @@ RECIPES = {  # XCiT paper §4.2-4.3: lr, weight decay, images per GPU, length
 @functools.lru_cache(maxsize=None)
 def _parsed(config: str) -> Config:
     cfg = Config.fromfile(str(REPO_ROOT / config))
-    host_of(cfg)
+    register_host(cfg)
     return cfg
 
 

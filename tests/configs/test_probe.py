@@ -13,7 +13,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from vitdense.demo_data import make_demo_ade
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.engine.tool_config import point_at_data_root
 
 from common import CONFIGS, load_tool_config

@@ -9,14 +9,14 @@ from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import MODELS, DefaultScope
 
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 
 from common import REPO_ROOT
 
 
 def _built(config: str):
     cfg = Config.fromfile(str(REPO_ROOT / config))
-    host_of(cfg)
+    register_host(cfg)
     cfg.model.pop('teacher', None)
     backbone = cfg.model.backbone
     arch = MODELS.get(backbone.type).resolve_arch(backbone.arch)

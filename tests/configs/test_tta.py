@@ -16,7 +16,7 @@ from mmengine.structures import InstanceData
 from torch import nn
 
 from vitdense.demo_data import make_demo_ade
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.engine.tool_config import point_at_data_root
 
 from common import CONFIGS, REPO_ROOT, RegressToOne, load_tool_config

@@ -9,7 +9,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 
 from common import REPO_ROOT
 
@@ -29,7 +29,7 @@ RECIPE = {'vit-b-p16': (0.7, {2, 5, 8, 11}), 'cait-s24-p16': (0.8, {5, 11, 17, 2
 
 def _load(config: str) -> Config:
     cfg = Config.fromfile(str(REPO_ROOT / config))
-    host_of(cfg)
+    register_host(cfg)
     return cfg
 
 

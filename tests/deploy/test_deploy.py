@@ -15,7 +15,7 @@ from mmengine.config import Config, ConfigDict
 from vitdense.deploy import (ExportedModel, MaskRCNNGraph, SegmentorGraph, deployable,
                              export_module, max_abs_differences)
 from vitdense.deploy.graphs import AdaptiveAvgPool2d, IntegerUpsample
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.registry import MODELS
 
 # square, non-square, and neither side a multiple of 32 (nor of the patch size 16)

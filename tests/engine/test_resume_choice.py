@@ -19,7 +19,7 @@ from mmengine.logging import MMLogger
 
 from vitdense.checkpoint_io import CorruptCheckpointError, safe_load
 from vitdense.demo_data import make_demo_imagenet
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 from vitdense.engine.launch import join_job
 from vitdense.engine.resume_choice import apply_resume, refuse_to_start_over
 from vitdense.engine.tool_config import load_config
@@ -189,7 +189,8 @@ def _resume_on_rank(rank: int, port: int, nodes: list[str], out: str, launcher: 
 def _resume_two_processes(nodes: list[Path], out: Path, launcher: str = 'pytorch',
                           action: str = 'resume') -> list[str]:
     (out / 'job.py').write_text("default_scope = 'mmseg'\n")  # a job's config, host imported
-    host_of(load_config(str(out / 'job.py'), None, 'none', None))  # so that forks start with it
+    # registered here, so that forks start with it
+    register_host(load_config(str(out / 'job.py'), None, 'none', None))
     port = free_port()
     mp.start_processes(_resume_on_rank, nprocs=2, start_method='fork',
                        args=(port, [str(n) for n in nodes], str(out), launcher, action))

@@ -11,7 +11,7 @@ from mmengine.config import Config
 from PIL import Image
 
 from tools import infer
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 from common import REPO_ROOT
 

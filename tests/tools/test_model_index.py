@@ -12,7 +12,7 @@ from mmengine.config import Config
 
 from tools import model_index
 from vitdense.analysis import complexity
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 from common import REPO_ROOT
 

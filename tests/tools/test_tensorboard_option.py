@@ -7,7 +7,7 @@ from mmengine.config import Config
 from mmengine.registry import VISUALIZERS, init_default_scope
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from vitdense.engine.hosts import host_of
+from vitdense.model_factory import register_host
 from vitdense.engine.tool_config import log_to_tensorboard
 
 from common import REPO_ROOT
@@ -24,7 +24,7 @@ def test_the_option_writes_tensorboard_scalars(config, tmp_path):
     log_to_tensorboard(cfg)  # once is enough
     assert [b['type'] for b in cfg.visualizer.vis_backends] == ['LocalVisBackend',
                                                             'TensorboardVisBackend']
-    host_of(cfg)
+    register_host(cfg)
     init_default_scope(cfg.default_scope)
     visualizer = VISUALIZERS.build(dict(cfg.visualizer, save_dir=str(tmp_path),
                                         name=f'tb_{tmp_path.name}'))

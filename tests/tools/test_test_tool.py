@@ -10,7 +10,7 @@ from mmengine.config import Config
 
 from tools.test import use_tta
 from vitdense.demo_data import make_demo_coco
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config
 

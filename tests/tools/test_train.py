@@ -15,7 +15,7 @@ from PIL import Image
 
 from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_ade, make_demo_coco
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models.layers.embed import PositionKernel
 
 from common import CHECKOUT_ENV, REPO_ROOT, free_port, load_tool_config, perturb_

@@ -45,7 +45,7 @@ from vitdense.deploy import (FORMATS, PARTS, SUFFIXES, ExportedModel, deployable
                              export_module, max_abs_differences)
 from vitdense.deploy.inputs import (graph_input, image_tensor, sample_images,
                                     validation_loader)
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 #: the floors the exported model is held to on a validation set (--evaluate)
 METRIC_TOLERANCES = {'mIoU': 0.1, 'coco/bbox_mAP': 0.005, 'coco/segm_mAP': 0.005}

@@ -24,7 +24,7 @@ from mmengine.config import Config
 from vitdense.checkpoint_convert import (Converted, converter_main, converter_parser,
                                          require_dict)
 from vitdense.checkpoint_io import safe_load
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models.backbones.vit_layouts import convert_detectron2_vitdet
 
 #: what a detectron2 .pkl may hold besides plain containers and numbers

@@ -30,7 +30,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.checkpoint_convert import (Converted, convert_prefixed, converted_meta,
                                          converter_main, converter_parser,
                                          read_checkpoint)
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models import ColumnarBackbone
 
 #: our adapter's ``vit_features`` that computes what each official release's backbone does

@@ -24,7 +24,7 @@ import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.checkpoint_convert import (Converted, convert_prefixed, converted_meta,
                                          converter_main, converter_parser,
                                          read_checkpoint)
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models import XCiT
 
 

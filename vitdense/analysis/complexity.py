@@ -30,7 +30,7 @@ import torch
 from mmengine.config import Config
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from vitdense.engine.hosts import build_model, host_of
+from vitdense.model_factory import build_model, register_host
 from vitdense.models.layers.embed import LearnedPositionEmbedding
 from vitdense.models.layers.talking_heads import forced_path
 
@@ -41,7 +41,7 @@ FLOPS_PER_MULTIPLY_ADD = 2
 def load_config(config: str) -> Config:
     """Read ``config`` and register its host library."""
     cfg = Config.fromfile(config)
-    host_of(cfg)
+    register_host(cfg)
     return cfg
 
 

@@ -26,7 +26,7 @@ from mmpretrain.structures import DataSample
 from torch import nn
 
 from ..checkpoint_io import load_checkpoint
-from ..engine.hosts import image_normalization
+from ..model_factory import image_normalization
 from ..registry import MODELS
 from .finetune import ATTENTION_ONLY, train_only
 

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torchvision.ops import nms, roi_align
 
-from ..engine.hosts import image_normalization
+from ..model_factory import image_normalization
 
 
 class Normalize(nn.Module):

@@ -3,7 +3,7 @@
 constructors), ``wrappers/`` (model wrappers for several processes), and beside them the
 launch of a tool's process (:mod:`~vitdense.engine.launch`), its command line and config
 (:mod:`~vitdense.engine.tool_config`), the resume decision
-(:mod:`~vitdense.engine.resume_choice`), the host libraries (:mod:`~vitdense.engine.hosts`),
+(:mod:`~vitdense.engine.resume_choice`), the host tools' table (:mod:`~vitdense.engine.hosts`),
 compilation and the data checks."""
 from .compile import CompileHook, compile_model
 from .hooks import (PREEMPTED_EXIT_CODE, EoMTMaskAnnealingHook, ExactResumeHook,

@@ -1,7 +1,7 @@
 """The command line every vitdense tool takes, and what a tool changes in the config it loads.
 
 Loading a config only reads it (:func:`load_config`); the host library it names is imported
-by :func:`vitdense.engine.hosts.host_of` and the process joins its job in
+by :func:`vitdense.model_factory.register_host` and the process joins its job in
 :mod:`vitdense.engine.launch`. Every change is made in memory: no config file is rewritten.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def load_config(path: str, cfg_options: dict | None, launcher: str,
 
     The work dir is, by priority, ``work_dir``, the config's own, ``work_dirs/<config name>``.
     ``dist_timeout`` (seconds) bounds how long a process waits for the others. The host library
-    is imported by :func:`~vitdense.engine.hosts.host_of`, the job joined by
+    is imported by :func:`~vitdense.model_factory.register_host`, the job joined by
     :func:`~vitdense.engine.launch.join_job`.
     """
     if not osp.isfile(path):

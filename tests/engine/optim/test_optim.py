@@ -12,7 +12,7 @@ from torch import nn
 
 from vitdense.analysis.memory import load_config
 from vitdense.checkpoint_io import safe_load
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models import XCiT
 from vitdense.registry import HOOKS
 

@@ -79,7 +79,7 @@ def test_evaluate_holds_the_segmentor_labels_to_min_agreement(tmp_path, capsys):
     from tools.deployment import export
     from vitdense.demo_data import make_demo_ade
     from vitdense.deploy import deployable
-    from vitdense.engine.hosts import build_model
+    from vitdense.model_factory import build_model
 
     cfg = Config.fromfile(CONFIG)
     cfg.merge_from_dict(dict(model=dict(

@@ -10,7 +10,7 @@ import sys
 import torch
 from mmengine.config import Config
 
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 from common import CHECKOUT_ENV, REPO_ROOT
 

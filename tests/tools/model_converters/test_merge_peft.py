@@ -13,7 +13,7 @@ from mmengine.runner import Runner
 from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_ade
 from vitdense.engine.hooks.peft_checkpoint import fill_frozen_base
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.engine.tool_config import point_at_data_root
 
 from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config, max_relative_diff, perturb_
