@@ -146,7 +146,8 @@ def test_training_through_mmengines_runner_leaves_the_process_as_it_was(tmp_path
     assert {'SafeCheckpointHook', 'PreemptionHook', 'ExactResumeHook'} <= set(report['hooks'])
     assert report['changed'] == dict(handlers=[], excepthook=False, schemes=[])
     # safe loading during the run only
-    assert report['local_loader'] == ['vitdense.checkpoint_io', 'mmengine.runner.checkpoint']
+    assert report['local_loader'] == ['vitdense.checkpoint_io.loading',
+                                      'mmengine.runner.checkpoint']
 
 
 BUILD_ON = """

@@ -1,13 +1,6 @@
-"""Checkpoint files: safe loading, atomic writing, and errors that name the file.
+"""Checkpoint files loaded safely, with errors that name the file.
 
-Plain data: what vitdense writes (:class:`vitdense.SafeCheckpointHook`, the converters) holds
-tensors and Python builtins only, so ``torch.load`` with torch's defaults (``weights_only=True``
-since torch 2.6, no allow-list) reads it wherever it runs, e.g. in the hosts' own tools and
-inferencers. :func:`to_plain` writes the message hub's ``HistoryBuffer`` s and numpy arrays and
-scalars as tagged dicts of tensors; :func:`from_plain` rebuilds them exactly (dtype, shape,
-numbers), so resuming stays exact. :func:`plain_checkpoint` rewrites a checkpoint mmengine wrote.
-
-Loading: mmengine 0.10 calls ``torch.load`` without ``weights_only``, so a checkpoint that
+mmengine 0.10 calls ``torch.load`` without ``weights_only``, so a checkpoint that
 mmengine's own hook wrote (``resume``, ``load_from``, ``init_cfg=dict(type='Pretrained')``) is
 refused with ``Unsupported global: GLOBAL mmengine.logging.history_buffer.HistoryBuffer`` (and
 numpy arrays / scalars in the message hub). Turning ``weights_only`` off would let any
@@ -39,40 +32,29 @@ The other schemes of ``CheckpointLoader`` (http, open-mmlab, ceph, ...) call ``t
 without ``weights_only``; :func:`use_safe_loading` re-registers each as
 :func:`load_from_remote`, which fetches the file as the scheme would and reads it with
 :func:`safe_load`, the process environment untouched.
-
-Writing: :func:`atomic_write` (temporary file in the same folder, fsync, rename, fsync of the
-folder) leaves a path with either its old or its new content, never a half-written file;
-:class:`AtomicLocalBackend` is mmengine's local file backend writing that way, registered as
-``vitdense_atomic_local`` for ``backend_args=dict(backend='vitdense_atomic_local')``.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import io
 import os
 import os.path as osp
 import pickle
 import re
-import tempfile
 import zipfile
 from typing import Any, Callable
 from urllib.parse import urlparse
 
 import numpy as np
 import torch
-from mmengine.fileio import LocalBackend, get_file_backend, register_backend
+from mmengine.fileio import get_file_backend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner import checkpoint as mmengine_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from vitdense.internals import checkpoint_loader_for, checkpoint_schemes
+from .plain import _HISTORY_BUFFER_STATISTICS, _HistoryBufferFromFile, from_plain
 from vitdense.torchscript_weights import is_torchscript_archive, read_torchscript_weights
-
-__all__ = ['UnsafeCheckpointError', 'CorruptCheckpointError', 'ALLOWED_GLOBALS', 'safe_load',
-           'load_from_local', 'use_safe_loading', 'atomic_write', 'AtomicLocalBackend',
-           'ATOMIC_BACKEND', 'PLAIN_TAG', 'to_plain', 'from_plain', 'save_plain',
-           'plain_checkpoint', 'load_checkpoint']
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -95,48 +77,6 @@ class CorruptCheckpointError(ValueError):
     def __init__(self, filename: str, problem: str) -> None:
         self.filename = filename
         super().__init__(f"checkpoint '{filename}' is unreadable: {problem}")
-
-
-# The statistics HistoryBuffer registers for itself (``HistoryBuffer.__init__``).
-_HISTORY_BUFFER_STATISTICS = ('min', 'max', 'current', 'mean')
-# What ``HistoryBuffer.__getstate__`` writes: its ``__dict__`` and the statistics table.
-_HISTORY_BUFFER_STATE = {'max_length', '_log_history', '_count_history', 'statistics_methods'}
-
-
-class _HistoryBufferFromFile:
-    """What a file's ``mmengine.logging.history_buffer.HistoryBuffer`` unpickles as: the
-    file's state, checked, until :func:`from_plain` builds the ``HistoryBuffer`` from it.
-
-    mmengine's ``HistoryBuffer.__setstate__`` merges the file's ``statistics_methods`` into a
-    table shared by the class (a file could make every later ``statistics('mean')`` return
-    the max) and puts any other key of the state on the instance. This stand-in accepts the
-    state mmengine writes and nothing else (each statistic named by its own method, the
-    history arrays, ``max_length``); the buffer is then made by ``HistoryBuffer``'s own
-    constructor, which leaves the class table as it is. (torch's weights-only unpickler keeps
-    the object it created for the file's class, so the buffer cannot be made during
-    unpickling: :func:`safe_load` hands what it loaded to :func:`from_plain`.)
-    """
-
-    def __setstate__(self, state: Any) -> None:
-        methods = state.get('statistics_methods', {}) if isinstance(state, dict) else None
-        if not (isinstance(methods, dict) and set(state) <= _HISTORY_BUFFER_STATE and
-                all(name in _HISTORY_BUFFER_STATISTICS and method is HistoryBuffer.__dict__[name]
-                    for name, method in methods.items()) and
-                isinstance(state.get('max_length'), int) and
-                all(isinstance(state.get(key), np.ndarray)
-                    for key in ('_log_history', '_count_history')) and
-                state['_log_history'].shape == state['_count_history'].shape):
-            raise pickle.UnpicklingError(
-                'Unsupported state: a HistoryBuffer state other than mmengine writes '
-                f'(keys {sorted(state) if isinstance(state, dict) else type(state).__name__}, '
-                f'statistics {methods!r:.200})')
-        self.log_history: np.ndarray = state['_log_history']
-        self.count_history: np.ndarray = state['_count_history']
-        self.max_length: int = state['max_length']
-
-    def history_buffer(self) -> HistoryBuffer:
-        """The ``HistoryBuffer`` the file holds, with its numbers, dtypes and length."""
-        return HistoryBuffer(self.log_history, self.count_history, self.max_length)
 
 
 def _history_buffer_getattr(obj: Any, name: str) -> Callable:
@@ -291,139 +231,6 @@ def safe_load(f: Any, map_location: Any = None, mmap: bool = False) -> Any:
         raise CorruptCheckpointError(name, str(err)) from None
 
 
-# Key of the dicts that stand for numpy values and HistoryBuffers in a plain checkpoint.
-PLAIN_TAG = '__vitdense_plain__'
-_KEEP = object()
-
-
-def _walk(obj: Any, convert: Callable[[Any], Any]) -> Any:
-    """``obj`` with ``convert`` applied top-down to every value of its dicts, lists and tuples
-    (``convert`` returns ``_KEEP`` to descend). A container none of whose members changed is
-    returned as it is, so tensors and an ``OrderedDict``'s ``_metadata`` stay untouched."""
-    new = convert(obj)
-    if new is not _KEEP:
-        return new
-    if isinstance(obj, dict):
-        items = {key: _walk(value, convert) for key, value in obj.items()}
-        if all(items[key] is obj[key] for key in obj):
-            return obj
-        out = copy.copy(obj)
-        out.update(items)
-        return out
-    if type(obj) in (list, tuple):
-        items = [_walk(value, convert) for value in obj]
-        return obj if all(a is b for a, b in zip(items, obj)) else type(obj)(items)
-    return obj
-
-
-def _numpy_as_tensor(value: np.ndarray | np.generic) -> torch.Tensor | None:
-    """A tensor with ``value``'s dtype, shape and numbers, or None where torch has no such
-    dtype."""
-    try:
-        return torch.from_numpy(np.array(value, order='C'))
-    except TypeError:
-        return None
-
-
-def _to_plain(obj: Any) -> Any:
-    if isinstance(obj, HistoryBuffer):
-        logs, counts = obj.data
-        return {PLAIN_TAG: 'HistoryBuffer', 'max_length': int(obj.max_length),
-                'log_history': to_plain(logs), 'count_history': to_plain(counts)}
-    if isinstance(obj, (np.ndarray, np.generic)):
-        data = _numpy_as_tensor(obj)
-        if data is not None:
-            return {PLAIN_TAG: 'ndarray' if isinstance(obj, np.ndarray) else 'numpy_scalar',
-                    'data': data}
-    return _KEEP
-
-
-def _from_plain(obj: Any) -> Any:
-    if isinstance(obj, _HistoryBufferFromFile):
-        return obj.history_buffer()
-    if not (isinstance(obj, dict) and PLAIN_TAG in obj):
-        return _KEEP
-    kind = obj[PLAIN_TAG]
-    if kind in ('ndarray', 'numpy_scalar') and isinstance(obj.get('data'), torch.Tensor):
-        array = obj['data'].cpu().numpy()  # Runner.resume maps the whole file to its device
-        return array if kind == 'ndarray' else array[()]
-    if kind == 'HistoryBuffer' and isinstance(obj.get('max_length'), int):
-        logs, counts = from_plain(obj['log_history']), from_plain(obj['count_history'])
-        if isinstance(logs, np.ndarray) and isinstance(counts, np.ndarray) and \
-                logs.shape == counts.shape:
-            return HistoryBuffer(logs, counts, obj['max_length'])
-    raise ValueError(f'not plain checkpoint data vitdense writes: {PLAIN_TAG}={kind!r} with '
-                     f'keys {sorted(obj)}')
-
-
-def to_plain(obj: Any) -> Any:
-    """``obj`` with its numpy arrays and scalars and mmengine ``HistoryBuffer`` s as dicts of
-    tensors and builtins, which ``torch.load`` reads with its defaults (``weights_only=True``,
-    no allow-list); :func:`from_plain` rebuilds them exactly (dtype, shape, numbers)."""
-    return _walk(obj, _to_plain)
-
-
-def from_plain(obj: Any) -> Any:
-    """What :func:`to_plain` was given, and the ``HistoryBuffer`` s of a file mmengine wrote
-    built from the states :func:`safe_load` checked; other data is returned as it is."""
-    return _walk(obj, _from_plain)
-
-
-def save_plain(checkpoint: Any, path: str | os.PathLike, overwrite: bool = True) -> None:
-    """Save ``checkpoint`` as plain data (:func:`to_plain`) to ``path``, atomically
-    (:func:`atomic_write`, which ``overwrite=False`` makes refuse an existing ``path``): what
-    converters and tools write loads with ``torch.load``'s defaults, and a failed save leaves
-    ``path`` as it was."""
-    buffer = io.BytesIO()
-    torch.save(to_plain(checkpoint), buffer)
-    atomic_write(path, buffer.getvalue(), overwrite=overwrite)
-
-
-def plain_checkpoint(src: str | os.PathLike, dst: str | os.PathLike,
-                     overwrite: bool = False) -> None:
-    """Rewrite the checkpoint ``src`` (read with :func:`safe_load`) as ``dst`` holding plain
-    data only (:func:`save_plain`); ``dst`` may exist only with ``overwrite``."""
-    if osp.exists(dst) and not overwrite:
-        raise FileExistsError(f'{os.fspath(dst)} exists; pass overwrite=True (--overwrite) to '
-                              'replace it')
-    save_plain(safe_load(src, map_location='cpu'), dst)
-
-
-def atomic_write(path: str | os.PathLike, data: bytes | str, overwrite: bool = True) -> None:
-    """Write ``data`` to ``path`` so that ``path`` holds either its old or its new content.
-
-    The bytes go to a temporary file in the same folder, are fsynced, and the file is renamed
-    over ``path`` (atomic on POSIX); the folder is fsynced so the rename survives a crash.
-    ``overwrite=False``: the file is linked to ``path`` instead, which fails with
-    FileExistsError if ``path`` exists, also when another process created it meanwhile.
-    """
-    path = os.fspath(path)
-    folder = osp.dirname(osp.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise FileExistsError(f'{path} exists; it is kept') from None
-            os.remove(tmp)
-    except BaseException:
-        if osp.exists(tmp):
-            os.remove(tmp)
-        raise
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def load_from_local(filename: str, map_location: Any = None) -> Any:
     """mmengine's local-file checkpoint scheme, loading through :func:`safe_load`."""
     filename = osp.expanduser(filename)
@@ -498,18 +305,3 @@ def load_checkpoint(filename: str, map_location: Any = 'cpu') -> Any:
     if checkpoint_loader_for(filename) is checkpoint_schemes().get(''):
         return load_from_local(filename, map_location)
     return load_from_remote(filename, map_location)
-
-
-ATOMIC_BACKEND = 'vitdense_atomic_local'
-
-
-@register_backend(ATOMIC_BACKEND)
-class AtomicLocalBackend(LocalBackend):
-    """mmengine's local file backend whose writes are atomic (:func:`atomic_write`)."""
-
-    def put(self, obj: bytes, filepath: str | os.PathLike) -> None:
-        os.makedirs(osp.dirname(osp.abspath(filepath)), exist_ok=True)
-        atomic_write(filepath, obj)
-
-    def put_text(self, obj: str, filepath: str | os.PathLike, encoding: str = 'utf-8') -> None:
-        self.put(obj.encode(encoding), filepath)
