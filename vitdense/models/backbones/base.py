@@ -354,7 +354,8 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                            rel_pos_img_size: Union[int, Sequence[int]]
                            ) -> tuple[AttentionLayout, ...]:
         """Each trunk block's :class:`.options.AttentionLayout`, which the family's
-        ``build_block`` passes on."""
+        ``build_block`` passes on; windows and relative positions checked to suit the family
+        (:func:`.options.check_token_layouts`)."""
         layouts = attention_layouts(self.num_layers, self.patch_size, window_size,
                                     window_block_indexes, use_rel_pos, rel_pos_img_size)
         if all(layout == AttentionLayout() for layout in layouts):
