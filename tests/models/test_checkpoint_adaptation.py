@@ -217,6 +217,16 @@ def _dinov2_hub_source() -> dict:
                 mask_token=torch.randn(1, 32, generator=generator))
 
 
+def _dinov2_giant_hub_source() -> dict:
+    """The official DINOv2-g hub layout: xformers' packed SwiGLU (``mlp.w12``, ``mlp.w3``),
+    LayerScale ``ls1.gamma``, the class row in the table, ``mask_token``."""
+    state_dict = _timm_published('vit_giant_patch14_dinov2', img_size=56).state_dict()
+    generator = torch.Generator().manual_seed(1)
+    return dict({key.replace('mlp.fc1.', 'mlp.w12.').replace('mlp.fc2.', 'mlp.w3.'): value
+                 for key, value in state_dict.items()},
+                mask_token=torch.randn(1, 32, generator=generator))
+
+
 def _eva02_official_source() -> dict:
     """EVA-02 S's official fine-tuned layout at 84 px (fused ``qkv`` with ``q_bias`` /
     ``v_bias``, xformers' packed SwiGLU ``w12`` / ``w3``), pretrained on a 4 x 4 grid: its
@@ -331,6 +341,23 @@ ADVICE_CASES = {
        for m, mode in (('cls', CLS), ('dense', DENSE))},
     'timm-siglip-dense': (lambda: _timm_published('vit_base_patch16_siglip_224', img_size=64),
                           ViT, DENSE, ['dense_class_token=False']),
+    # the other sources whose refusal advises: DeiT-distilled (read as a state dict: its
+    # classifier averages two tokens), OpenAI's CLIP (QuickGELU, which no tensor shows: the
+    # load alone is checked), a hidden width whose ratio truncates, deeper and shallower
+    # CaiT and XCiT trunks (timm's XCiT: tokens_norm=False), DINOv2-g's official hub file (fused SwiGLU)
+    'timm-deit-distilled-cls': (lambda: _timm_source('Distilled').state_dict(), ViT, CLS,
+                                ['reg_tokens=1']),
+    'timm-openai-clip-dense': (
+        lambda: _timm_published('vit_base_patch16_clip_quickgelu_224', img_size=64)
+        .state_dict(), ViT, DENSE, ['pre_norm=True', "act_layer='quick_gelu'"]),
+    'timm-mlp-hidden-115-cls': (
+        lambda: _timm_source(embed_dim=112, depth=1, mlp_ratio=(115 + 1e-9) / 112), ViT,
+        dict(CLS, arch=dict(embed_dims=112, num_layers=1, num_heads=2)), ['mlp_ratio=']),
+    'timm-cait-deeper-cls': (lambda: _timm_source('Cait', depth=6), CaiT, CLS, ['depth=6']),
+    'timm-xcit-shallower-cls': (lambda: _timm_source('Xcit', depth=3), XCiT,
+                                dict(CLS, tokens_norm=False), ['depth=3']),
+    'dinov2-hub-giant-layout-dense': (_dinov2_giant_hub_source, ViT, dict(DENSE, img_size=56),
+                                      ['patch_size=14', 'layer_scale=', 'swiglu_mlp=True']),
     # an official EVA-02 file above its pretraining size: the rotary reference grid, which
     # its rotary tables show, is named with the options its tensors and layout imply
     'eva02-official-above-pretraining-size-dense': (
@@ -448,6 +475,30 @@ def test_an_advice_that_does_not_load_is_not_printed(tmp_path):
                                          r"its tensors imply \(layer_scale=1e-5 .*\) leave it "
                                          r"refused; tensors no option builds: "
                                          r"blocks.0.attn.talking.weight\n"):
+        _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)
+
+
+@pytest.mark.parametrize('broken', ['silenced', 'not-finite'])
+def test_an_advice_whose_model_does_not_compute_with_the_file_is_not_printed(
+        broken, tmp_path):
+    """Before it is printed, the advised model is built with the file's tensors and run on a
+    small image: a LayerScale file whose first attention branch is scaled to zero loads into
+    it exactly, but that branch's tensors have no effect, and a file with a NaN computes no
+    finite output; each is refused without the advice, naming what fails."""
+    state_dict = _timm_source(init_values=1e-5).state_dict()
+    if broken == 'silenced':
+        state_dict['blocks.0.ls1.gamma'] = torch.zeros(32)
+        failure = (r'6 of its tensors have no effect on the forward: blocks.0.attn.proj.bias, '
+                   r'blocks.0.attn.proj.weight, blocks.0.attn.qkv.bias, '
+                   r'blocks.0.attn.qkv.weight, blocks.0.norm1.bias, blocks.0.norm1.weight\n')
+    else:
+        state_dict['blocks.2.mlp.fc1.weight'][0, 0] = float('nan')
+        failure = r'its forward is not finite\n'
+    path = tmp_path / f'{broken}.pth'
+    torch.save(state_dict, path)
+    with pytest.raises(ValueError, match=r"to load it: no option of ViT loads it: the options "
+                                         r"its tensors imply \(layer_scale=1e-5 .*\) load it, "
+                                         r"but " + failure):
         _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)
 
 

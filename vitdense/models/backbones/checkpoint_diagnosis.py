@@ -15,6 +15,8 @@ from ..layers.rotary import eva02_reference_grid
 BLOCK_INDEX = re.compile(r'^blocks\.(\d+)\.')
 #: the prefix of the backbone's tensors in a whole OpenMMLab model's checkpoint
 BACKBONE_PREFIX = 'backbone.'
+#: our dense pyramid's tensors, new in fine-tuning
+PYRAMID_PREFIX = 'pyramid.'
 #: attention biases of a trunk block (ViT's and CaiT's qkv, ConViT's qk and v)
 QKV_BIAS = re.compile(r'^blocks\.\d+\.attn\.(qkv|qk|v)\.bias$')
 #: a block's gated positional self-attention (ConViT's local blocks)
@@ -127,6 +129,51 @@ def format_facts(facts: dict) -> str:
             f"{f', {n} GPSA blocks' if (n := facts['gpsa_blocks']) else ''}")
 
 
+def _listed(keys: Sequence[str], shown: int = 6) -> str:
+    return ', '.join(keys[:shown]) + (', ...' if len(keys) > shown else '')
+
+
+#: the patch grid (a side at most) of the image the advice's check runs: every tensor of a
+#: trunk acts on a few tokens, and the check costs a small forward and backward
+CHECK_GRID = 4
+
+
+def forward_refusal(model: torch.nn.Module, adapted: dict) -> Optional[str]:
+    """Whether ``model`` (built on the meta device) computes with the tensors ``adapted`` to
+    it: they are assigned (float32; what the checkpoint lacks, new in fine-tuning, zero),
+    one image of at most ``CHECK_GRID`` patches a side goes forward and a random projection
+    of the outputs backward. None where the outputs are finite and every checkpoint
+    parameter gets a gradient that is not all zero; else what fails: the forward, or the
+    tensors that have no effect on it (a load that is exact but computes without them)."""
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v
+                           for k, v in adapted.items()}, strict=False, assign=True)
+    for module in model.modules():
+        for slots in (module._parameters, module._buffers):
+            for slot, tensor in slots.items():
+                if tensor is not None and tensor.is_meta:
+                    zeros = torch.zeros(tensor.shape, dtype=tensor.dtype)
+                    slots[slot] = torch.nn.Parameter(zeros) if isinstance(
+                        tensor, torch.nn.Parameter) else zeros
+    tensors = model.state_dict(keep_vars=True)
+    if model.peft is not None:  # the plain layout the checkpoint was adapted to
+        tensors = {**model.peft.split_checkpoint(tensors)[0]}
+    parameters = {k: v for k, v in tensors.items()
+                  if k in adapted and isinstance(v, torch.nn.Parameter)}
+    generator = torch.Generator().manual_seed(0)
+    side = [min(cells, CHECK_GRID) * model.patch_size for cells in model.pretrain_grid]
+    image = torch.randn(1, model.in_channels, *side, generator=generator)
+    model.eval().requires_grad_(True)
+    with torch.enable_grad():
+        outputs = [o for out in model(image) for o in (out if isinstance(out, tuple) else (out,))]
+        if not all(bool(o.isfinite().all()) for o in outputs):
+            return 'its forward is not finite'
+        sum((o * torch.randn(o.shape, generator=generator)).sum() for o in outputs).backward()
+    inert = sorted(k for k, p in parameters.items() if p.grad is None or not p.grad.any())
+    if not inert:
+        return None
+    return f'{len(inert)} of its tensors have no effect on the forward: {_listed(inert)}'
+
+
 class CheckpointDiagnosis:
     """The message of a refused load, for a ``ColumnarBackbone``: the checkpoint's facts
     beside the model's and the options (constructor, ``Pretrained`` keys) that would load it.
@@ -188,50 +235,62 @@ class CheckpointDiagnosis:
 
     def advice_refusal(self, options: list[str], saved: dict) -> Optional[str]:
         """None where the model the advice ``options`` builds (this model's constructor
-        options with the advised ones, on the meta device) loads ``saved`` exactly, its
-        ``Pretrained`` keys applied; else what to say instead: no option loads it, and the
-        tensors the advised model has no place for. Advice that names another family or
-        writes no option is not checked, nor is the advised model's own refusal."""
+        options with the advised ones) loads ``saved`` exactly, its ``Pretrained`` keys
+        applied, and, for a checkpoint of real tensors, computes with all of them
+        (:func:`forward_refusal`); else what to say instead: no option loads it, and the
+        tensors the advised model has no place or no use for. Advice that names another
+        family or writes no option is not checked, nor is the advised model's own refusal."""
         if getattr(self, 'checking_advice', False) or not hasattr(self, 'constructor_options'):
             return None
         advised = parse_advice(options)
         if advised is None:
             return None
         kwargs, pretrained = advised
-        args, given = self.constructor_options
-        names = list(inspect.signature(type(self).constructor_signature).parameters)[1:]
-        given = {**dict(zip(names, args)), **given}
-        overrides = {**(given.get('arch_overrides') or {}), **kwargs.pop('arch_overrides', {})}
-        kwargs = {**given, **kwargs, 'arch_overrides': overrides, 'init_cfg': None,
-                  'pretrained': None}
         prefix = pretrained.get('prefix')
-        if prefix:
-            saved = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
+        # the checking model builds no pyramid (new in fine-tuning): its tensors are left out
+        saved = {k[len(prefix or ''):]: v for k, v in saved.items()
+                 if k.startswith(prefix or '') and not k[len(prefix or ''):].startswith(
+                     PYRAMID_PREFIX)}
+        name, advice = type(self).__name__, '; '.join(options)
         failures = (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError)
         try:
             with torch.device('meta'):
-                model = type(self)(**kwargs)
+                model = type(self)(**self._advised_options(kwargs))
         except failures as error:
-            return f'no option of {type(self).__name__} loads it: the advised model cannot be ' \
-                   f'built ({error})'
+            return f'no option of {name} loads it: the advised model cannot be built ({error})'
         model.checking_advice = True
         try:
-            model.adapt_checkpoint(saved, truncate=pretrained.get('truncate', False))
-            return None
-        except failures:
-            pass
-        try:
-            converted = model.fit_checkpoint_tensors(model.convert_checkpoint(saved))
-            expected = model.state_dict()
-            unknown = sorted(k for k in converted
-                             if k not in expected and not model.built_by_other_modes(k))
+            adapted = model.adapt_checkpoint(saved, truncate=pretrained.get('truncate', False))
         except failures:
             unknown = []
-        advice = '; '.join(options)
-        return (f'no option of {type(self).__name__} loads it: the options its tensors imply '
-                f'({advice}) leave it refused' + (
-                    f'; tensors no option builds: {", ".join(unknown[:6])}'
-                    f'{", ..." if len(unknown) > 6 else ""}' if unknown else ''))
+            try:
+                converted = model.fit_checkpoint_tensors(model.convert_checkpoint(saved))
+                unknown = sorted(k for k in converted if k not in model.state_dict()
+                                 and not model.built_by_other_modes(k))
+            except failures:
+                pass
+            return (f'no option of {name} loads it: the options its tensors imply ({advice}) '
+                    f'leave it refused' + (f'; tensors no option builds: {_listed(unknown)}'
+                                           if unknown else ''))
+        if any(getattr(v, 'is_meta', False) for v in saved.values()):
+            return None  # a meta checkpoint (a dry run) has no forward to check
+        unused = forward_refusal(model, adapted)
+        if unused is None:
+            return None
+        return (f'no option of {name} loads it: the options its tensors imply ({advice}) load '
+                f'it, but {unused}')
+
+    def _advised_options(self, advised: dict) -> dict:
+        """This model's constructor options with the ``advised`` ones, for a model that
+        checks the advice: without the pyramid (new in fine-tuning) and dense outputs but
+        the last block's, so that every checkpoint tensor can reach its forward."""
+        args, given = self.constructor_options
+        names = list(inspect.signature(type(self).constructor_signature).parameters)[1:]
+        given = {**dict(zip(names, args)), **given}
+        overrides = {**(given.get('arch_overrides') or {}), **advised.pop('arch_overrides', {})}
+        return {**given, **advised, 'arch_overrides': overrides, 'init_cfg': None,
+                'pretrained': None, 'pyramid': False, 'pyramid_levels': None,
+                'out_indices': (-1,), 'output_cls_token': False}
 
     def describe_model(self) -> dict:
         """:func:`describe_checkpoint`'s facts for the checkpoint this model would load."""
