@@ -341,6 +341,14 @@ ADVICE_CASES = {
        for m, mode in (('cls', CLS), ('dense', DENSE))},
     'timm-siglip-dense': (lambda: _timm_published('vit_base_patch16_siglip_224', img_size=64),
                           ViT, DENSE, ['dense_class_token=False']),
+    # timm's res-post-norm ViT: no class token, no qkv bias, norms after its branches,
+    # which the order of its keys shows
+    **{f'timm-rpn-{m}': (
+        lambda: _timm_published('vit_base_patch16_rpn_224', img_size=64), ViT, mode,
+        ['qkv_bias=False', 'res_post_norm=True'] + extra)
+       for m, mode, extra in (('cls', CLS, ["class_token=False, out_type='avg_featmap'",
+                                            'fc_norm=True']),
+                              ('dense', DENSE, ['dense_class_token=False']))},
     # the other sources whose refusal advises: DeiT-distilled (read as a state dict: its
     # classifier averages two tokens), OpenAI's CLIP (QuickGELU, which no tensor shows: the
     # load alone is checked), a hidden width whose ratio truncates, deeper and shallower
@@ -442,17 +450,8 @@ def test_openai_clip_advice_names_the_activation_no_tensor_shows(tmp_path):
 
 
 def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
-    """timm's res-post-norm ViT has a plain ViT's tensors (its blocks' keys saved ``attn``
-    before ``norm1``) and loaded strictly into one that computes otherwise; the rope-mixed
-    ViT's learned frequencies were dropped as a pretraining tensor. Both are refused, naming
-    what no option builds, and no option is advised."""
-    rpn = tmp_path / 'rpn.pth'
-    torch.save(_timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict(), rpn)
-    with pytest.raises(ValueError, match=r'to load it: no option of ViT loads it: the '
-                                         r'checkpoint has norms after attention and FFN '
-                                         r'\(res-post-norm blocks'):
-        _pretrained(ViT, TINY_ARCH, rpn, img_size=64, qkv_bias=False, dense_class_token=False,
-                    **DENSE)
+    """The rope-mixed ViT's learned frequencies were dropped as a pretraining tensor: it is
+    refused, naming what no option builds, and no option is advised."""
     mixed = tmp_path / 'rope_mixed.pth'
     torch.save(_timm_published('vit_small_patch16_rope_mixed_224', img_size=64).state_dict(),
                mixed)
@@ -461,6 +460,26 @@ def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
                                          r'rope.freqs'):
         _pretrained(ViT, TINY_ARCH, mixed, img_size=64, pos_embed='none', rope='eva02',
                     layer_scale=1e-5, **DENSE)
+
+
+def test_the_order_of_a_files_keys_tells_res_post_norm_blocks(tmp_path):
+    """timm's res-post-norm ViT has a plain ViT's tensors, its blocks' keys saved ``attn``
+    before ``norm1``: a pre-norm model refuses it, advising ``res_post_norm=True``, and a
+    res-post-norm model refuses a pre-norm file, advising ``res_post_norm=False``; a file
+    whose keys are sorted shows no order and loads into either."""
+    options = dict(img_size=64, qkv_bias=False, dense_class_token=False, **DENSE)
+    rpn = _timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict()
+    plain = _timm_source(qkv_bias=False, class_token=False, global_pool='avg').state_dict()
+    for state_dict, ours, advice in ((rpn, False, 'res_post_norm=True'),
+                                     (plain, True, 'res_post_norm=False')):
+        path = tmp_path / f'{advice}.pth'
+        torch.save(state_dict, path)
+        with pytest.raises(ValueError, match=rf'to load it: {advice} \(the file\'s blocks '
+                                             rf'normalise the (outputs|inputs) of attention'):
+            _pretrained(ViT, TINY_ARCH, path, res_post_norm=ours, **options)
+        path = tmp_path / f'sorted-{advice}.pth'
+        torch.save(dict(sorted(state_dict.items())), path)
+        _pretrained(ViT, TINY_ARCH, path, res_post_norm=ours, **options)
 
 
 def test_an_advice_that_does_not_load_is_not_printed(tmp_path):

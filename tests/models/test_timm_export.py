@@ -277,6 +277,7 @@ REFUSED_SOURCE_OPTIONS = {
     'rope-dinov3': (dict(rope='dinov3', pos_embed='none'), "rope='dinov3'"),
     'swiglu': (dict(swiglu_mlp=True), 'swiglu_mlp=True'),
     'rel-pos-bias': (dict(use_rel_pos_bias=True, pos_embed='none'), 'use_rel_pos_bias=True'),
+    'res-post-norm': (dict(res_post_norm=True), 'res_post_norm=True'),
 }
 
 

@@ -26,9 +26,9 @@ SMALL_TIMM = dict(embed_dim=64, depth=4, num_heads=2)
 #: each source's own size and a non-square one, multiples of its patch
 SIZES = {14: [(224, 224), (196, 280)], 16: [(224, 224), (192, 288)]}
 #: the published EVA-02, DINOv3, CLIP and SigLIP sizes of ViT's table, and a class-token-free
-#: ViT with registers
+#: ViT with registers, the res-post-norm ViT
 SOURCES = [name for _, _, name in ViT.timm_models if name and any(
-    source in name for source in ('eva02', 'dinov3', 'clip', 'siglip', 'gap'))]
+    source in name for source in ('eva02', 'dinov3', 'clip', 'siglip', 'gap', 'rpn'))]
 
 
 def table_options(timm_name: str) -> dict:
@@ -471,6 +471,46 @@ def test_dinov3_hub_file_loads_as_timm_converts_it():
     images = torch.randn(2, 3, 96, 160)
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
     dense.load_state_dict(dense.adapt_checkpoint(hub))
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+def test_dinov3_7b_hub_layout_is_advised_its_swiglu_then_loads_as_timm_converts_it(caplog):
+    """DINOv3 7B's hub layout (timm 1.0.31's ``vit_7b_patch16_dinov3`` at a small width): no
+    qkv bias, a SwiGLU FFN of hidden width 2 x the width (``w1`` gate, ``w2``, ``w3``), the
+    local crops' class norm ``local_cls_norm`` (training only), storage tokens. A DINOv3 ViT
+    without SwiGLU refuses it, advising the FFN; with the advice it loads, the local norm
+    left out (logged), and every block's map is timm's after timm's conversion."""
+    import timm
+    from timm.models.eva import checkpoint_filter_fn
+    reference = timm.create_model('vit_7b_patch16_dinov3', num_classes=0, **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    assert 'blocks.0.mlp.fc1_g.weight' in timm_layout and \
+        timm_layout['blocks.0.mlp.fc2.weight'].shape == (64, 128)
+    names = (('reg_token', 'storage_tokens'), ('gamma_1', 'ls1.gamma'),
+             ('gamma_2', 'ls2.gamma'), ('mlp.fc1_g.', 'mlp.w1.'), ('mlp.fc1_x.', 'mlp.w2.'),
+             ('mlp.fc2.', 'mlp.w3.'))
+    hub = {}
+    for key, value in timm_layout.items():
+        for theirs, official in names:
+            key = key.replace(theirs, official)
+        hub[key] = value
+    generator = torch.Generator().manual_seed(3)
+    hub.update({'local_cls_norm.weight': 1 + .1 * torch.randn(64, generator=generator),
+                'local_cls_norm.bias': .1 * torch.randn(64, generator=generator),
+                'mask_token': torch.zeros(1, 64), 'rope_embed.periods': torch.ones(8)})
+    reference.load_state_dict(checkpoint_filter_fn(dict(hub), reference))
+    options = dict(table_options('vit_small_patch16_dinov3'), pyramid=False,
+                   out_indices=(0, 1, 2, 3))
+    with pytest.raises(ValueError, match=r"to load it: arch_overrides=dict\(swiglu_mlp=True, "
+                                         r"mlp_ratio=2.0\)"):
+        ViT(SMALL, **options).adapt_checkpoint(hub)
+    dense = ViT(SMALL, swiglu_mlp=True, mlp_ratio=2., **options).eval()
+    with mmengine_log_in(caplog):
+        dense.load_state_dict(dense.adapt_checkpoint(hub))
+    assert 'local_cls_norm' in caplog.text
+    images = torch.randn(2, 3, 96, 160)
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)

@@ -156,8 +156,8 @@ class CheckpointAdaptation(CheckpointDiagnosis):
                    and not re.search(self.new_in_fine_tuning, k)]
         unexpected = [k for k in converted if k not in expected]
         unbuilt = self.mechanisms_not_built(list(state_dict))
-        if unbuilt or mismatched or (strict and (missing or unexpected or self.class_row_differs(
-                converted))):
+        if unbuilt or mismatched or self.order_options(list(state_dict)) or (strict and (
+                missing or unexpected or self.class_row_differs(converted))):
             raise ValueError(self.mismatch_message(converted, mismatched, missing,
                                                    unexpected, state_dict, unbuilt))
         self.adopt_position_kernel(state_dict, converted)
@@ -170,6 +170,12 @@ class CheckpointAdaptation(CheckpointDiagnosis):
     def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
         """What a checkpoint computes that no option of the family builds, as its keys (as
         saved, in their order) show: each a phrase after "the checkpoint has" (none here)."""
+        return []
+
+    def order_options(self, saved_keys: list[str]) -> list[str]:
+        """The options that the order of a checkpoint's keys (as saved) shows and this
+        model's settings differ from, as the advice writes them: a load that they name is
+        refused, whatever the shapes (none here; ViT's res-post-norm blocks)."""
         return []
 
     def fit_checkpoint_tensors(self, converted: dict) -> dict:

@@ -206,7 +206,7 @@ class CheckpointDiagnosis:
             converted = self.convert_checkpoint({
                 k[len(BACKBONE_PREFIX):]: v for k, v in converted.items()
                 if k.startswith(BACKBONE_PREFIX)})
-            saved = {k[len(BACKBONE_PREFIX):] for k in saved if k.startswith(BACKBONE_PREFIX)}
+            saved = [k[len(BACKBONE_PREFIX):] for k in saved if k.startswith(BACKBONE_PREFIX)]
         found = describe_checkpoint(converted)
         model = self.describe_model()
         details = mismatched[:10] + [
@@ -216,7 +216,7 @@ class CheckpointDiagnosis:
                     f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
-            options += self.layout_options(saved)
+            options += self.layout_options(saved) + self.order_options(list(saved))
         if unbuilt:
             options = [f'no option of {type(self).__name__} loads it: the checkpoint has '
                        f'{", and ".join(unbuilt)}, which {type(self).__name__} does not build']

@@ -348,6 +348,8 @@ class ViT(ColumnarBackbone):
             data2vec; with ``pos_embed='none'``), its tables sized for ``img_size`` and
             resampled as BEiT does to other grids (at load and in forward); a pretraining
             checkpoint's shared table is copied to each block.
+        res_post_norm: normalise the output of each block's attention and FFN, not their
+            input (timm's res-post-norm blocks, ``ResPostBlock``: ``vit_*_rpn_*``).
         class_token: False: a model without class token (SigLIP, timm's ``*_gap`` ViTs; its
             registers, if any, kept), read by ``out_type='avg_featmap'`` or densely; SigLIP's
             attention-pooling head (``attn_pool``) is unused by dense models.
@@ -367,7 +369,8 @@ class ViT(ColumnarBackbone):
                          pos_embed='learn', rope=None, rope_temperature=None,
                          ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
                          scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True,
-                         use_rel_pos_bias=False, resample_patch_embed=False)
+                         use_rel_pos_bias=False, resample_patch_embed=False,
+                         res_post_norm=False)
     #: timm's ViT keys are ours (its bare position table: the shared table's); the sources'
     #: layouts are read on load. The sources' tensors stored otherwise are merged, each
     #: stored by timm's VisionTransformer as ours or refused by the export
@@ -403,8 +406,10 @@ class ViT(ColumnarBackbone):
                           qk_norm='qk_norm', act_layer='act_layer', pre_norm='pre_norm',
                           fc_norm_after_pooling='fc_norm')
     #: timm's VisionTransformer has no rotary positions, SwiGLU or relative position bias
-    #: (its Eva and Beit classes do, in layouts of their own)
-    timm_inexpressible = dict(rope=None, swiglu_mlp=False, use_rel_pos_bias=False)
+    #: (its Eva and Beit classes do, in layouts of their own), and builds res-post-norm
+    #: blocks from a block class (``block_fn``), which no keyword names
+    timm_inexpressible = dict(rope=None, swiglu_mlp=False, use_rel_pos_bias=False,
+                              res_post_norm=False)
     checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.',)
     #: the sources' layouts as saved, named by a refused load's advice: their rotary
     #: positions, relative bias and norms (the shapes show SwiGLU and the registers)
@@ -457,6 +462,8 @@ class ViT(ColumnarBackbone):
         ('base', dict(class_token=False), 'vit_base_patch16_siglip_224'),
         ('base', dict(class_token=False, reg_tokens=4, no_embed_class=True, img_size=256),
          'vit_base_patch16_reg4_gap_256'),
+        ('base', dict(class_token=False, qkv_bias=False, res_post_norm=True),
+         'vit_base_patch16_rpn_224'),
     )
 
     def __init__(self, arch: Union[str, dict] = 'base', *,
@@ -479,6 +486,7 @@ class ViT(ColumnarBackbone):
                  class_token: Optional[bool] = None,
                  use_rel_pos_bias: Optional[bool] = None,
                  resample_patch_embed: Optional[bool] = None,
+                 res_post_norm: Optional[bool] = None,
                  arch_overrides: Optional[dict] = None,
                  **kwargs) -> None:
         options = {key: value for key, value in locals().items() if key in self.arch_defaults}
@@ -543,7 +551,7 @@ class ViT(ColumnarBackbone):
         return TransformerBlock(self.embed_dims, mixer, arch['mlp_ratio'], arch['layer_scale'],
                                 drop_path, self.drop_rate, num_branches=arch['num_parallel'],
                                 window_size=layout.window_size, norm_eps=self.norm_eps,
-                                mlp=self._feed_forward())
+                                mlp=self._feed_forward(), res_post_norm=arch['res_post_norm'])
 
     def build_norm_pre(self) -> Optional[nn.Module]:
         return nn.LayerNorm(self.embed_dims, eps=self.norm_eps) if self.arch['pre_norm'] \
@@ -637,22 +645,29 @@ class ViT(ColumnarBackbone):
 
     def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
         """Learned rotary frequencies (``rope.freqs``, ``freqs``: timm's and Naver's
-        rope-mixed ViTs, Heo et al. 2024), and norms after attention and FFN (timm's
-        res-post-norm blocks, ``ResPostBlock``, whose keys are saved ``attn`` before
-        ``norm1``: a file whose keys are sorted shows no such order)."""
-        found = []
+        rope-mixed ViTs, Heo et al. 2024)."""
         if any(LEARNED_ROTARY.match(key) for key in saved_keys):
-            found.append("learned rotary frequencies (rope.freqs: the rope-mixed ViTs)")
-        first = {}
+            return ["learned rotary frequencies (rope.freqs: the rope-mixed ViTs)"]
+        return []
+
+    def order_options(self, saved_keys: list[str]) -> list[str]:
+        """``res_post_norm`` as the order of the first block's keys as saved shows it
+        (timm's ``ResPostBlock`` and ours save ``attn`` before ``norm1``, pre-norm blocks
+        ``norm1`` first), where this model's differs; a file whose keys are sorted (as
+        safetensors writes them) shows no order."""
+        first: dict[str, int] = {}
         for index, key in enumerate(saved_keys):
             match = BLOCK_MODULE_AS_SAVED.match(key)
             if match:
                 first.setdefault(match.group(1), index)
-        if saved_keys != sorted(saved_keys) and first.get('attn', -1) >= 0 and \
-                first['attn'] < first.get('norm1', -1):
-            found.append('norms after attention and FFN (res-post-norm blocks: its keys '
-                         'put attn before norm1)')
-        return found
+        if saved_keys == sorted(saved_keys) or len(first) < 2:
+            return []
+        post_norm = first['attn'] < first['norm1']
+        if post_norm == self.arch['res_post_norm']:
+            return []
+        return [f'res_post_norm={post_norm} (the file\'s blocks normalise the '
+                f'{"outputs" if post_norm else "inputs"} of attention and FFN: its keys put '
+                f'{"attn before norm1" if post_norm else "norm1 before attn"})']
 
     def options_to_load(self, found: dict, model: dict) -> list[str]:
         """As the base's, and EVA-02's rotary reference grid where the checkpoint's rotary
