@@ -9,7 +9,7 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from vitdense.models import CaiT, ConViT, ViT, XCiT
+from vitdense.models import CaiT, ConViT, ViT, XCiT, adapt_checkpoint
 
 from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, assert_features_match,
                     eva02_official_rotary_tables, perturb_)
@@ -61,13 +61,13 @@ def test_a_deeper_or_shallower_checkpoint_names_the_arch_and_truncation():
         xcit12, xcit24 = XCiT('tiny_12'), XCiT('tiny_24')
     with pytest.raises(ValueError, match=r"216 missing(.|\n)*checkpoint: CaiT, depth 24, "
                                          r"width 192(.|\n)*to load it: arch='xxs24'"):
-        cait36.adapt_checkpoint(cait24.state_dict())
+        adapt_checkpoint(cait36, cait24.state_dict())
     with pytest.raises(ValueError, match=r"to load it: arch='xxs36'; or load its first 24 "
                                          r"blocks: init_cfg=dict\(type='Pretrained', ..., "
                                          r"truncate=True\)"):
-        cait24.adapt_checkpoint(cait36.state_dict())
+        adapt_checkpoint(cait24, cait36.state_dict())
     with pytest.raises(ValueError, match=r"324 missing(.|\n)*to load it: arch='tiny_12'"):
-        xcit24.adapt_checkpoint(xcit12.state_dict())
+        adapt_checkpoint(xcit24, xcit12.state_dict())
 
 
 def test_a_shallower_vit_is_refused_and_truncation_is_explicit(tmp_path):
@@ -93,7 +93,7 @@ def test_a_cait_checkpoint_is_refused_by_a_vitdet_layout_vit():
     vitdet = ViT(TINY_ARCH, dense_class_token=False, window_size=2, use_rel_pos=True)
     with pytest.raises(ValueError, match=r"checkpoint: CaiT, depth 4(.|\n)*to load it: a CaiT "
                                          r"backbone \(type='vitdense.CaiT'\)"):
-        vitdet.adapt_checkpoint(cait.state_dict())
+        adapt_checkpoint(vitdet, cait.state_dict())
 
 
 def test_mae_fine_tuned_layout_needs_fc_norm_then_loads_exactly(tmp_path):
@@ -126,18 +126,18 @@ def test_a_missing_trunk_tensor_or_an_extra_block_is_refused(family):
     cfg = {k: v for k, v in TINY_BACKBONES[family].items() if k != 'type'}
     model = FAMILIES[family](**cfg, out_type='cls_token')
     complete = model.state_dict()
-    assert model.adapt_checkpoint(dict(complete)).keys() == complete.keys()
+    assert adapt_checkpoint(model, dict(complete)).keys() == complete.keys()
     removed = dict(complete)
     del removed['blocks.1.mlp.fc1.weight']
     with pytest.raises(ValueError, match=r'1 missing, 0 unexpected(.|\n)*no option of '
                                          r'(.|\n)*missing: blocks.1.mlp.fc1.weight'):
-        model.adapt_checkpoint(removed)
+        adapt_checkpoint(model, removed)
     depth = model.num_layers
     extra = dict(complete, **{re.sub(r'^blocks\.\d+\.', f'blocks.{depth}.', k): v
                               for k, v in complete.items() if k.startswith(f'blocks.{depth - 1}.')})
     with pytest.raises(ValueError, match=rf'0 missing, \d+ unexpected(.|\n)*depth {depth + 1}'
                                          rf'(.|\n)*unexpected: blocks.{depth}.'):
-        model.adapt_checkpoint(extra)
+        adapt_checkpoint(model, extra)
 
 
 # ---------------------------------------------------------------- advice that loads

@@ -31,7 +31,7 @@ from vitdense.checkpoint_convert import (Converted, convert_prefixed, converted_
                                          converter_main, converter_parser,
                                          read_checkpoint)
 from vitdense.engine.hosts import build_model
-from vitdense.models import ColumnarBackbone
+from vitdense.models import ColumnarBackbone, adapt_checkpoint
 
 #: our adapter's ``vit_features`` that computes what each official release's backbone does
 RELEASE_FEATURES = {'detection': 'last', 'segmentation': 'per_interaction'}
@@ -45,7 +45,7 @@ def convert_backbone(state_dict: dict, trunk: ColumnarBackbone) -> OrderedDict:
     trunk_part = {key: value for key, value in state_dict.items() if TRUNK_KEYS.match(key)}
     converted = OrderedDict(
         (f'trunk.{key}', value)
-        for key, value in trunk.adapt_checkpoint(trunk_part, strict=True).items())
+        for key, value in adapt_checkpoint(trunk, trunk_part, strict=True).items())
     converted.update((key, value) for key, value in state_dict.items()
                      if not TRUNK_KEYS.match(key))
     return converted

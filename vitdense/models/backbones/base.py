@@ -22,7 +22,8 @@ from ..layers.blocks import NORM_EPS
 from ..layers.branched import BranchedLinear
 from ..layers.grid import Grid
 from ..layers.pyramid import PYRAMID_STRIDES, MultiLevelPyramid, check_levels
-from .checkpoint_adaptation import CheckpointAdaptation
+from .checkpoint_adaptation import init_with_pretrained
+from .checkpoint_layout import CheckpointLayout
 
 if TYPE_CHECKING:
     from .peft_tuning import PeftTuning
@@ -95,7 +96,7 @@ def constructor_parameters(cls: type) -> inspect.Signature:
     return inspect.Signature([arch, *others], return_annotation=None)
 
 
-class ColumnarBackbone(CheckpointAdaptation, BaseModule):
+class ColumnarBackbone(BaseModule):
     """Base of the columnar backbones (see ``docs/backbone_contract.md``).
 
     Args:
@@ -164,10 +165,10 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         pos_antialias: resample learned position tables to other grids with antialiasing
             (timm's kernel); False: plain bicubic, as detectron2's ``get_abs_pos``, mmpretrain
             and mmseg. None (default): the kernel of the library whose layout a
-            ``Pretrained`` checkpoint has (the family's ``position_kernels``), at load and in
-            forward; antialiased where no checkpoint says otherwise.
+            ``Pretrained`` checkpoint has (``checkpoint_layout.position_kernels``), at load and
+            in forward; antialiased where no checkpoint says otherwise.
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
-            through :meth:`adapt_checkpoint` (official, timm or our layout).
+            through :func:`.checkpoint_adaptation.adapt_checkpoint` (official, timm or ours).
         pretrained: a checkpoint path or URL, as mmseg's own backbones take it (mmseg's
             ``EncoderDecoder`` passes its model-level ``pretrained`` here): becomes
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``, with a warning that
@@ -199,12 +200,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     #: the family's named variants as (arch, constructor options, the timm model it
     #: reproduces or None where timm has none): how a timm checkpoint finds its arch
     timm_models: tuple[tuple[str, dict, Optional[str]], ...] = ()
-    #: checkpoint tensors of the classification stage (final norm, class attention): a
-    #: dense model builds none of them and leaves them unused
-    classification_keys = r'^(norm|fc_norm|cls_blocks)\.'
-    #: checkpoint tensors of the tokens prepended to the patches: unused by a model that
-    #: builds no class token (a dense trunk without it, ViTDet)
-    prefix_token_keys = r'^(cls_token|reg_token)$'
+    #: what the family's checkpoints look like (keys, layouts, its timm model's keywords):
+    #: an object beside the model, read by the loader, the diagnosis and the export
+    checkpoint_layout = CheckpointLayout('ColumnarBackbone')
 
     def __new__(cls, *args, **kwargs) -> 'ColumnarBackbone':
         """A backbone that keeps the options it is built with (``constructor_options``), so
@@ -289,10 +287,15 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
                                       f'bash tools/install.sh, or pip install peft==0.21.0 '
                                       f'"transformers<5"') from error
         tuning = PeftTuning(**peft)
-        tuning.apply(self, self.new_in_fine_tuning)
+        tuning.apply(self, self.checkpoint_layout.new_in_fine_tuning)
         return tuning
 
     constructor_signature = __init__
+
+    def init_weights(self) -> None:
+        """mmengine's initialisation, its ``Pretrained`` entries loaded exactly or refused
+        (:func:`.checkpoint_adaptation.init_with_pretrained`)."""
+        init_with_pretrained(self, super().init_weights)
 
     def __init_subclass__(cls, **kwargs) -> None:
         """A family's signature (``inspect.signature``, ``help()``) names its own options and
