@@ -227,6 +227,21 @@ def _dinov2_giant_hub_source() -> dict:
                 mask_token=torch.randn(1, 32, generator=generator))
 
 
+def _dinov3_7b_hub_source() -> dict:
+    """DINOv3 7B's hub layout (timm's ``vit_7b_patch16_dinov3``): storage tokens,
+    ``ls1.gamma``, SwiGLU ``w1`` / ``w2`` / ``w3``, the local crops' ``local_cls_norm``."""
+    state_dict = _timm_published('vit_7b_patch16_dinov3', img_size=64).state_dict()
+    names = (('reg_token', 'storage_tokens'), ('gamma_1', 'ls1.gamma'), ('gamma_2', 'ls2.gamma'),
+             ('mlp.fc1_g.', 'mlp.w1.'), ('mlp.fc1_x.', 'mlp.w2.'), ('mlp.fc2.', 'mlp.w3.'))
+    hub = {}
+    for key, value in state_dict.items():
+        for theirs, official in names:
+            key = key.replace(theirs, official)
+        hub[key] = value
+    return dict(hub, **{'local_cls_norm.weight': torch.ones(32),
+                        'local_cls_norm.bias': torch.zeros(32)})
+
+
 def _eva02_official_source() -> dict:
     """EVA-02 S's official fine-tuned layout at 84 px (fused ``qkv`` with ``q_bias`` /
     ``v_bias``, xformers' packed SwiGLU ``w12`` / ``w3``), pretrained on a 4 x 4 grid: its
@@ -352,7 +367,8 @@ ADVICE_CASES = {
     # the other sources whose refusal advises: DeiT-distilled (read as a state dict: its
     # classifier averages two tokens), OpenAI's CLIP (QuickGELU, which no tensor shows: the
     # load alone is checked), a hidden width whose ratio truncates, deeper and shallower
-    # CaiT and XCiT trunks (timm's XCiT: tokens_norm=False), DINOv2-g's official hub file (fused SwiGLU)
+    # CaiT and XCiT trunks (timm's XCiT: tokens_norm=False), the official hub files of
+    # DINOv2-g (fused SwiGLU) and DINOv3 7B (SwiGLU, local_cls_norm), read as state dicts
     'timm-deit-distilled-cls': (lambda: _timm_source('Distilled').state_dict(), ViT, CLS,
                                 ['reg_tokens=1']),
     'timm-openai-clip-dense': (
@@ -366,6 +382,9 @@ ADVICE_CASES = {
                                 dict(CLS, tokens_norm=False), ['depth=3']),
     'dinov2-hub-giant-layout-dense': (_dinov2_giant_hub_source, ViT, dict(DENSE, img_size=56),
                                       ['patch_size=14', 'layer_scale=', 'swiglu_mlp=True']),
+    'dinov3-7b-hub-layout-cls': (_dinov3_7b_hub_source, ViT, CLS,
+                                 ['layer_scale=', 'reg_tokens=4', 'qkv_bias=False',
+                                  'swiglu_mlp=True', 'mlp_ratio=2.0', "rope='dinov3'"]),
     # an official EVA-02 file above its pretraining size: the rotary reference grid, which
     # its rotary tables show, is named with the options its tensors and layout imply
     'eva02-official-above-pretraining-size-dense': (

@@ -5,7 +5,7 @@ The authors released Mask R-CNN (mmdet 2.x) and UperNet (mmseg 0.x) checkpoints 
 necks and heads already carry mmdet 3.x / mmseg 1.x names. The backbone's adapter modules
 (``spm``, ``interactions``, ``level_embed``, ``up``, ``norm1..4``) have our names too; its
 DeiT trunk (``patch_embed``, ``pos_embed``, ``blocks``) moves under ``backbone.trunk`` through
-the trunk's own :meth:`~vitdense.models.ColumnarBackbone.adapt_checkpoint` (timm's block
+the trunk's family's layout (:func:`vitdense.models.adapt_checkpoint`: timm's block
 names, the class token and its position row dropped: the official adapter carries none).
 
 The two releases' backbones differ in one line that no tensor shows: the detection code adds
