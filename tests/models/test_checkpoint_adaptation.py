@@ -12,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer
 from vitdense.models import CaiT, ConViT, ViT, XCiT, adapt_checkpoint
 
 from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, assert_features_match,
-                    eva02_official_rotary_tables, perturb_)
+                    dinov3_hub_layout, eva02_official_rotary_tables, perturb_)
 
 FAMILIES = dict(vit=ViT, cait=CaiT, xcit=XCiT, convit=ConViT)
 
@@ -230,16 +230,8 @@ def _dinov2_giant_hub_source() -> dict:
 def _dinov3_7b_hub_source() -> dict:
     """DINOv3 7B's hub layout (timm's ``vit_7b_patch16_dinov3``): storage tokens,
     ``ls1.gamma``, SwiGLU ``w1`` / ``w2`` / ``w3``, the local crops' ``local_cls_norm``."""
-    state_dict = _timm_published('vit_7b_patch16_dinov3', img_size=64).state_dict()
-    names = (('reg_token', 'storage_tokens'), ('gamma_1', 'ls1.gamma'), ('gamma_2', 'ls2.gamma'),
-             ('mlp.fc1_g.', 'mlp.w1.'), ('mlp.fc1_x.', 'mlp.w2.'), ('mlp.fc2.', 'mlp.w3.'))
-    hub = {}
-    for key, value in state_dict.items():
-        for theirs, official in names:
-            key = key.replace(theirs, official)
-        hub[key] = value
-    return dict(hub, **{'local_cls_norm.weight': torch.ones(32),
-                        'local_cls_norm.bias': torch.zeros(32)})
+    return dinov3_hub_layout(_timm_published('vit_7b_patch16_dinov3', img_size=64).state_dict(),
+                             (torch.ones(32), torch.zeros(32)))
 
 
 def _eva02_official_source() -> dict:
@@ -484,8 +476,8 @@ def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
 def test_the_order_of_a_files_keys_tells_res_post_norm_blocks(tmp_path):
     """timm's res-post-norm ViT has a plain ViT's tensors, its blocks' keys saved ``attn``
     before ``norm1``: a pre-norm model refuses it, advising ``res_post_norm=True``, and a
-    res-post-norm model refuses a pre-norm file, advising ``res_post_norm=False``; a file
-    whose keys are sorted shows no order and loads into either."""
+    res-post-norm model refuses a pre-norm file, advising ``res_post_norm=False``, and loads
+    its own; a file whose keys are sorted shows no order and loads into either."""
     options = dict(img_size=64, qkv_bias=False, dense_class_token=False, **DENSE)
     rpn = _timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict()
     plain = _timm_source(qkv_bias=False, class_token=False, global_pool='avg').state_dict()
@@ -499,6 +491,8 @@ def test_the_order_of_a_files_keys_tells_res_post_norm_blocks(tmp_path):
         path = tmp_path / f'sorted-{advice}.pth'
         torch.save(dict(sorted(state_dict.items())), path)
         _pretrained(ViT, TINY_ARCH, path, res_post_norm=ours, **options)
+    ours = ViT(TINY_ARCH, res_post_norm=True, **options)
+    assert adapt_checkpoint(ours, ours.state_dict()).keys() == ours.state_dict().keys()
 
 
 def test_an_advice_that_does_not_load_is_not_printed(tmp_path):

@@ -17,7 +17,7 @@ from vitdense.models.layers.rotary import RotaryPositionEmbedding
 from vitdense.models.layers.swiglu import merge_swiglu_tensors
 from vitdense.models.layers.window_attention import window_partition, window_unpartition
 
-from common import eva02_official_rotary_tables
+from common import dinov3_hub_layout, eva02_official_rotary_tables
 
 #: the floor: each source equal to timm's forward within this, relative to its largest value
 RELATIVE_TOLERANCE = 1e-5
@@ -488,18 +488,10 @@ def test_dinov3_7b_hub_layout_is_advised_its_swiglu_then_loads_as_timm_converts_
     timm_layout = perturbed(reference.state_dict(), .05)
     assert 'blocks.0.mlp.fc1_g.weight' in timm_layout and \
         timm_layout['blocks.0.mlp.fc2.weight'].shape == (64, 128)
-    names = (('reg_token', 'storage_tokens'), ('gamma_1', 'ls1.gamma'),
-             ('gamma_2', 'ls2.gamma'), ('mlp.fc1_g.', 'mlp.w1.'), ('mlp.fc1_x.', 'mlp.w2.'),
-             ('mlp.fc2.', 'mlp.w3.'))
-    hub = {}
-    for key, value in timm_layout.items():
-        for theirs, official in names:
-            key = key.replace(theirs, official)
-        hub[key] = value
     generator = torch.Generator().manual_seed(3)
-    hub.update({'local_cls_norm.weight': 1 + .1 * torch.randn(64, generator=generator),
-                'local_cls_norm.bias': .1 * torch.randn(64, generator=generator),
-                'mask_token': torch.zeros(1, 64), 'rope_embed.periods': torch.ones(8)})
+    hub = dinov3_hub_layout(timm_layout, (1 + .1 * torch.randn(64, generator=generator),
+                                          .1 * torch.randn(64, generator=generator)))
+    hub.update({'mask_token': torch.zeros(1, 64), 'rope_embed.periods': torch.ones(8)})
     reference.load_state_dict(checkpoint_filter_fn(dict(hub), reference))
     options = dict(table_options('vit_small_patch16_dinov3'), pyramid=False,
                    out_indices=(0, 1, 2, 3))

@@ -137,8 +137,8 @@ class TransformerBlock(nn.Module):
         mlp: the FFN (default: :class:`FeedForward` of ``mlp_ratio``), e.g. a SwiGLU.
         res_post_norm: normalise each branch's output instead of its input,
             ``x + drop_path(ls(norm(branch(x))))`` (Swin V2's res-post-norm, §3.1; timm's
-            ``ResPostBlock``); the token mixer is then registered before ``norm1``, so the
-            keys are saved in the order that shows it.
+            ``ResPostBlock``); each branch is then registered before its norm, so the keys
+            are saved in timm's order, which shows it.
     """
 
     def __init__(self, dim: int, token_mixer: nn.Module, mlp_ratio: float = 4.,
@@ -158,7 +158,9 @@ class TransformerBlock(nn.Module):
         self.num_branches = num_branches
         self.window_size = window_size
         self.res_post_norm = res_post_norm
-        if res_post_norm:  # registered first: its keys are saved before norm1's, as timm's
+        mlp = mlp if mlp is not None else FeedForward(dim, int(dim * mlp_ratio), drop,
+                                                      num_branches)
+        if res_post_norm:  # each branch before its norm: saved in that order, as timm's
             self.attn = token_mixer
         self.norm1 = make_layer_norm(dim, norm_eps, num_branches)
         self.attn = token_mixer
@@ -169,9 +171,10 @@ class TransformerBlock(nn.Module):
             self.ls_lpi = _layer_scale(dim, layer_scale)
         else:
             self.lpi = None
+        if res_post_norm:
+            self.mlp = mlp
         self.norm2 = make_layer_norm(dim, norm_eps, num_branches)
-        self.mlp = mlp if mlp is not None else FeedForward(dim, int(dim * mlp_ratio), drop,
-                                                           num_branches)
+        self.mlp = mlp
         self.ls2 = _layer_scale(dim, layer_scale, num_branches)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
