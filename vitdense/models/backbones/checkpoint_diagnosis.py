@@ -8,7 +8,7 @@ import ast
 import inspect
 import math
 import re
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -148,7 +148,7 @@ def forward_refusal(model: torch.nn.Module, adapted: dict) -> Optional[str]:
     """Whether ``model`` (built on the meta device) computes with the tensors ``adapted`` to
     it: they are assigned (float32; what the checkpoint lacks, new in fine-tuning, zero),
     one image of at most ``CHECK_GRID`` patches a side goes forward and a random projection
-    of the outputs backward. None where the outputs are finite and every checkpoint
+    of the outputs backward (each gradient read as it is accumulated, then dropped). None where the outputs are finite and every checkpoint
     parameter gets a gradient that is not all zero; else what fails: the forward, or the
     tensors that have no effect on it (a load that is exact but computes without them)."""
     model.load_state_dict({k: v.float() if v.is_floating_point() else v
@@ -165,19 +165,33 @@ def forward_refusal(model: torch.nn.Module, adapted: dict) -> Optional[str]:
         tensors = {**model.peft.split_checkpoint(tensors)[0]}
     parameters = {k: v for k, v in tensors.items()
                   if k in adapted and isinstance(v, torch.nn.Parameter)}
+    effective: set[str] = set()
+    model.eval().requires_grad_(False)
+    for key, parameter in parameters.items():
+        parameter.requires_grad_(True)
+        parameter.register_post_accumulate_grad_hook(_effect_recorder(key, effective))
     generator = torch.Generator().manual_seed(0)
     side = [min(cells, CHECK_GRID) * model.patch_size for cells in model.pretrain_grid]
     image = torch.randn(1, model.in_channels, *side, generator=generator)
-    model.eval().requires_grad_(True)
     with torch.enable_grad():
         outputs = [o for out in model(image) for o in (out if isinstance(out, tuple) else (out,))]
         if not all(bool(o.isfinite().all()) for o in outputs):
             return 'its forward is not finite'
         sum((o * torch.randn(o.shape, generator=generator)).sum() for o in outputs).backward()
-    inert = sorted(k for k, p in parameters.items() if p.grad is None or not p.grad.any())
+    inert = sorted(parameters.keys() - effective)
     if not inert:
         return None
     return f'{len(inert)} of its tensors have no effect on the forward: {_listed(inert)}'
+
+
+def _effect_recorder(key: str, effective: set[str]) -> Callable[[nn.Parameter], None]:
+    """A hook that adds ``key`` to ``effective`` where its parameter's gradient is not all
+    zero, then drops the gradient: a check of a large model holds one gradient at a time."""
+    def record(parameter: nn.Parameter) -> None:
+        if parameter.grad.any():
+            effective.add(key)
+        parameter.grad = None
+    return record
 
 
 class CheckpointDiagnosis:
