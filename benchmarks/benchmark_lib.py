@@ -380,8 +380,9 @@ def build_backbone_pair(spec: BackboneSpec, task: str, img_size: int, seed: int 
     else:
         ours = build_ours(spec, task, img_size)
         reference = build_timm(spec, task, img_size)
+    from vitdense.models import adapt_checkpoint
     state_dict = (reference.model if task == 'dense' else reference).state_dict()
-    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    ours.load_state_dict(adapt_checkpoint(ours, state_dict))
     return {OURS: ours, TIMM: reference}
 
 

@@ -227,6 +227,27 @@ def eva02_official_rotary_tables(head_dim: int, reference: int, side: int
     return angles.cos(), angles.sin()
 
 
+#: timm's names of DINOv3's tensors -> the official hub file's (DINOv3 7B: SwiGLU ``w1`` gate,
+#: ``w2``, ``w3``)
+DINOV3_HUB_NAMES = (('reg_token', 'storage_tokens'), ('gamma_1', 'ls1.gamma'),
+                    ('gamma_2', 'ls2.gamma'), ('mlp.fc1_g.', 'mlp.w1.'), ('mlp.fc1_x.', 'mlp.w2.'),
+                    ('mlp.fc2.', 'mlp.w3.'))
+
+
+def dinov3_hub_layout(timm_layout: dict, local_cls_norm: tuple[torch.Tensor, torch.Tensor]
+                      ) -> dict:
+    """A timm DINOv3 state dict (``vit_7b_patch16_dinov3``'s layout) in the official hub
+    file's names, with the local crops' class-token norm (``local_cls_norm``: weight, bias)
+    that DINOv3 7B's file keeps."""
+    hub = {}
+    for key, value in timm_layout.items():
+        for theirs, official in DINOV3_HUB_NAMES:
+            key = key.replace(theirs, official)
+        hub[key] = value
+    weight, bias = local_cls_norm
+    return dict(hub, **{'local_cls_norm.weight': weight, 'local_cls_norm.bias': bias})
+
+
 class Watched:
     """A command in a process group of its own (as a launcher starts it), its output (stdout
     and stderr) read line by line by a thread, so that the test waits for a line or for the

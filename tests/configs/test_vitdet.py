@@ -10,6 +10,7 @@ from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 
 from vitdense.model_factory import register_host
+from vitdense.models import adapt_checkpoint
 
 from common import REPO_ROOT
 
@@ -102,7 +103,7 @@ def test_imagenet_checkpoint_loads_with_only_the_new_tensors_missing(config):
         source = timm.create_model(TIMM_MODELS[Path(config).name.split('_')[1]]).state_dict()
         with DefaultScope.overwrite_default_scope(cfg.default_scope):
             model = MODELS.build(cfg.model)
-    missing = model.backbone.load_state_dict(model.backbone.adapt_checkpoint(source),
+    missing = model.backbone.load_state_dict(adapt_checkpoint(model.backbone, source),
                                              strict=False)
     assert not missing.unexpected_keys
     rel_pos = {f'blocks.{i}.attn.rel_pos.{axis}' for i in range(len(model.backbone.blocks))

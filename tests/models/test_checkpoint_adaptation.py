@@ -9,10 +9,10 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from vitdense.models import CaiT, ConViT, ViT, XCiT
+from vitdense.models import CaiT, ConViT, ViT, XCiT, adapt_checkpoint
 
 from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, assert_features_match,
-                    eva02_official_rotary_tables, perturb_)
+                    dinov3_hub_layout, eva02_official_rotary_tables, perturb_)
 
 FAMILIES = dict(vit=ViT, cait=CaiT, xcit=XCiT, convit=ConViT)
 
@@ -61,13 +61,13 @@ def test_a_deeper_or_shallower_checkpoint_names_the_arch_and_truncation():
         xcit12, xcit24 = XCiT('tiny_12'), XCiT('tiny_24')
     with pytest.raises(ValueError, match=r"216 missing(.|\n)*checkpoint: CaiT, depth 24, "
                                          r"width 192(.|\n)*to load it: arch='xxs24'"):
-        cait36.adapt_checkpoint(cait24.state_dict())
+        adapt_checkpoint(cait36, cait24.state_dict())
     with pytest.raises(ValueError, match=r"to load it: arch='xxs36'; or load its first 24 "
                                          r"blocks: init_cfg=dict\(type='Pretrained', ..., "
                                          r"truncate=True\)"):
-        cait24.adapt_checkpoint(cait36.state_dict())
+        adapt_checkpoint(cait24, cait36.state_dict())
     with pytest.raises(ValueError, match=r"324 missing(.|\n)*to load it: arch='tiny_12'"):
-        xcit24.adapt_checkpoint(xcit12.state_dict())
+        adapt_checkpoint(xcit24, xcit12.state_dict())
 
 
 def test_a_shallower_vit_is_refused_and_truncation_is_explicit(tmp_path):
@@ -93,7 +93,7 @@ def test_a_cait_checkpoint_is_refused_by_a_vitdet_layout_vit():
     vitdet = ViT(TINY_ARCH, dense_class_token=False, window_size=2, use_rel_pos=True)
     with pytest.raises(ValueError, match=r"checkpoint: CaiT, depth 4(.|\n)*to load it: a CaiT "
                                          r"backbone \(type='vitdense.CaiT'\)"):
-        vitdet.adapt_checkpoint(cait.state_dict())
+        adapt_checkpoint(vitdet, cait.state_dict())
 
 
 def test_mae_fine_tuned_layout_needs_fc_norm_then_loads_exactly(tmp_path):
@@ -126,18 +126,18 @@ def test_a_missing_trunk_tensor_or_an_extra_block_is_refused(family):
     cfg = {k: v for k, v in TINY_BACKBONES[family].items() if k != 'type'}
     model = FAMILIES[family](**cfg, out_type='cls_token')
     complete = model.state_dict()
-    assert model.adapt_checkpoint(dict(complete)).keys() == complete.keys()
+    assert adapt_checkpoint(model, dict(complete)).keys() == complete.keys()
     removed = dict(complete)
     del removed['blocks.1.mlp.fc1.weight']
     with pytest.raises(ValueError, match=r'1 missing, 0 unexpected(.|\n)*no option of '
                                          r'(.|\n)*missing: blocks.1.mlp.fc1.weight'):
-        model.adapt_checkpoint(removed)
+        adapt_checkpoint(model, removed)
     depth = model.num_layers
     extra = dict(complete, **{re.sub(r'^blocks\.\d+\.', f'blocks.{depth}.', k): v
                               for k, v in complete.items() if k.startswith(f'blocks.{depth - 1}.')})
     with pytest.raises(ValueError, match=rf'0 missing, \d+ unexpected(.|\n)*depth {depth + 1}'
                                          rf'(.|\n)*unexpected: blocks.{depth}.'):
-        model.adapt_checkpoint(extra)
+        adapt_checkpoint(model, extra)
 
 
 # ---------------------------------------------------------------- advice that loads
@@ -215,6 +215,23 @@ def _dinov2_hub_source() -> dict:
     generator = torch.Generator().manual_seed(1)
     return dict(state_dict, register_tokens=torch.randn(1, 4, 32, generator=generator),
                 mask_token=torch.randn(1, 32, generator=generator))
+
+
+def _dinov2_giant_hub_source() -> dict:
+    """The official DINOv2-g hub layout: xformers' packed SwiGLU (``mlp.w12``, ``mlp.w3``),
+    LayerScale ``ls1.gamma``, the class row in the table, ``mask_token``."""
+    state_dict = _timm_published('vit_giant_patch14_dinov2', img_size=56).state_dict()
+    generator = torch.Generator().manual_seed(1)
+    return dict({key.replace('mlp.fc1.', 'mlp.w12.').replace('mlp.fc2.', 'mlp.w3.'): value
+                 for key, value in state_dict.items()},
+                mask_token=torch.randn(1, 32, generator=generator))
+
+
+def _dinov3_7b_hub_source() -> dict:
+    """DINOv3 7B's hub layout (timm's ``vit_7b_patch16_dinov3``): storage tokens,
+    ``ls1.gamma``, SwiGLU ``w1`` / ``w2`` / ``w3``, the local crops' ``local_cls_norm``."""
+    return dinov3_hub_layout(_timm_published('vit_7b_patch16_dinov3', img_size=64).state_dict(),
+                             (torch.ones(32), torch.zeros(32)))
 
 
 def _eva02_official_source() -> dict:
@@ -331,6 +348,35 @@ ADVICE_CASES = {
        for m, mode in (('cls', CLS), ('dense', DENSE))},
     'timm-siglip-dense': (lambda: _timm_published('vit_base_patch16_siglip_224', img_size=64),
                           ViT, DENSE, ['dense_class_token=False']),
+    # timm's res-post-norm ViT: no class token, no qkv bias, norms after its branches,
+    # which the order of its keys shows
+    **{f'timm-rpn-{m}': (
+        lambda: _timm_published('vit_base_patch16_rpn_224', img_size=64), ViT, mode,
+        ['qkv_bias=False', 'res_post_norm=True'] + extra)
+       for m, mode, extra in (('cls', CLS, ["class_token=False, out_type='avg_featmap'",
+                                            'fc_norm=True']),
+                              ('dense', DENSE, ['dense_class_token=False']))},
+    # the other sources whose refusal advises: DeiT-distilled (read as a state dict: its
+    # classifier averages two tokens), OpenAI's CLIP (QuickGELU, which no tensor shows: the
+    # load alone is checked), a hidden width whose ratio truncates, deeper and shallower
+    # CaiT and XCiT trunks (timm's XCiT: tokens_norm=False), the official hub files of
+    # DINOv2-g (fused SwiGLU) and DINOv3 7B (SwiGLU, local_cls_norm), read as state dicts
+    'timm-deit-distilled-cls': (lambda: _timm_source('Distilled').state_dict(), ViT, CLS,
+                                ['reg_tokens=1']),
+    'timm-openai-clip-dense': (
+        lambda: _timm_published('vit_base_patch16_clip_quickgelu_224', img_size=64)
+        .state_dict(), ViT, DENSE, ['pre_norm=True', "act_layer='quick_gelu'"]),
+    'timm-mlp-hidden-115-cls': (
+        lambda: _timm_source(embed_dim=112, depth=1, mlp_ratio=(115 + 1e-9) / 112), ViT,
+        dict(CLS, arch=dict(embed_dims=112, num_layers=1, num_heads=2)), ['mlp_ratio=']),
+    'timm-cait-deeper-cls': (lambda: _timm_source('Cait', depth=6), CaiT, CLS, ['depth=6']),
+    'timm-xcit-shallower-cls': (lambda: _timm_source('Xcit', depth=3), XCiT,
+                                dict(CLS, tokens_norm=False), ['depth=3']),
+    'dinov2-hub-giant-layout-dense': (_dinov2_giant_hub_source, ViT, dict(DENSE, img_size=56),
+                                      ['patch_size=14', 'layer_scale=', 'swiglu_mlp=True']),
+    'dinov3-7b-hub-layout-cls': (_dinov3_7b_hub_source, ViT, CLS,
+                                 ['layer_scale=', 'reg_tokens=4', 'qkv_bias=False',
+                                  'swiglu_mlp=True', 'mlp_ratio=2.0', "rope='dinov3'"]),
     # an official EVA-02 file above its pretraining size: the rotary reference grid, which
     # its rotary tables show, is named with the options its tensors and layout imply
     'eva02-official-above-pretraining-size-dense': (
@@ -415,17 +461,8 @@ def test_openai_clip_advice_names_the_activation_no_tensor_shows(tmp_path):
 
 
 def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
-    """timm's res-post-norm ViT has a plain ViT's tensors (its blocks' keys saved ``attn``
-    before ``norm1``) and loaded strictly into one that computes otherwise; the rope-mixed
-    ViT's learned frequencies were dropped as a pretraining tensor. Both are refused, naming
-    what no option builds, and no option is advised."""
-    rpn = tmp_path / 'rpn.pth'
-    torch.save(_timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict(), rpn)
-    with pytest.raises(ValueError, match=r'to load it: no option of ViT loads it: the '
-                                         r'checkpoint has norms after attention and FFN '
-                                         r'\(res-post-norm blocks'):
-        _pretrained(ViT, TINY_ARCH, rpn, img_size=64, qkv_bias=False, dense_class_token=False,
-                    **DENSE)
+    """The rope-mixed ViT's learned frequencies were dropped as a pretraining tensor: it is
+    refused, naming what no option builds, and no option is advised."""
     mixed = tmp_path / 'rope_mixed.pth'
     torch.save(_timm_published('vit_small_patch16_rope_mixed_224', img_size=64).state_dict(),
                mixed)
@@ -434,6 +471,28 @@ def test_a_mechanism_no_option_builds_is_refused_by_name(tmp_path):
                                          r'rope.freqs'):
         _pretrained(ViT, TINY_ARCH, mixed, img_size=64, pos_embed='none', rope='eva02',
                     layer_scale=1e-5, **DENSE)
+
+
+def test_the_order_of_a_files_keys_tells_res_post_norm_blocks(tmp_path):
+    """timm's res-post-norm ViT has a plain ViT's tensors, its blocks' keys saved ``attn``
+    before ``norm1``: a pre-norm model refuses it, advising ``res_post_norm=True``, and a
+    res-post-norm model refuses a pre-norm file, advising ``res_post_norm=False``, and loads
+    its own; a file whose keys are sorted shows no order and loads into either."""
+    options = dict(img_size=64, qkv_bias=False, dense_class_token=False, **DENSE)
+    rpn = _timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict()
+    plain = _timm_source(qkv_bias=False, class_token=False, global_pool='avg').state_dict()
+    for state_dict, ours, advice in ((rpn, False, 'res_post_norm=True'),
+                                     (plain, True, 'res_post_norm=False')):
+        path = tmp_path / f'{advice}.pth'
+        torch.save(state_dict, path)
+        with pytest.raises(ValueError, match=rf'to load it: {advice} \(the file\'s blocks '
+                                             rf'normalise the (outputs|inputs) of attention'):
+            _pretrained(ViT, TINY_ARCH, path, res_post_norm=ours, **options)
+        path = tmp_path / f'sorted-{advice}.pth'
+        torch.save(dict(sorted(state_dict.items())), path)
+        _pretrained(ViT, TINY_ARCH, path, res_post_norm=ours, **options)
+    ours = ViT(TINY_ARCH, res_post_norm=True, **options)
+    assert adapt_checkpoint(ours, ours.state_dict()).keys() == ours.state_dict().keys()
 
 
 def test_an_advice_that_does_not_load_is_not_printed(tmp_path):
@@ -448,6 +507,30 @@ def test_an_advice_that_does_not_load_is_not_printed(tmp_path):
                                          r"its tensors imply \(layer_scale=1e-5 .*\) leave it "
                                          r"refused; tensors no option builds: "
                                          r"blocks.0.attn.talking.weight\n"):
+        _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)
+
+
+@pytest.mark.parametrize('broken', ['silenced', 'not-finite'])
+def test_an_advice_whose_model_does_not_compute_with_the_file_is_not_printed(
+        broken, tmp_path):
+    """Before it is printed, the advised model is built with the file's tensors and run on a
+    small image: a LayerScale file whose first attention branch is scaled to zero loads into
+    it exactly, but that branch's tensors have no effect, and a file with a NaN computes no
+    finite output; each is refused without the advice, naming what fails."""
+    state_dict = _timm_source(init_values=1e-5).state_dict()
+    if broken == 'silenced':
+        state_dict['blocks.0.ls1.gamma'] = torch.zeros(32)
+        failure = (r'6 of its tensors have no effect on the forward: blocks.0.attn.proj.bias, '
+                   r'blocks.0.attn.proj.weight, blocks.0.attn.qkv.bias, '
+                   r'blocks.0.attn.qkv.weight, blocks.0.norm1.bias, blocks.0.norm1.weight\n')
+    else:
+        state_dict['blocks.2.mlp.fc1.weight'][0, 0] = float('nan')
+        failure = r'its forward is not finite\n'
+    path = tmp_path / f'{broken}.pth'
+    torch.save(state_dict, path)
+    with pytest.raises(ValueError, match=r"to load it: no option of ViT loads it: the options "
+                                         r"its tensors imply \(layer_scale=1e-5 .*\) load it, "
+                                         r"but " + failure):
         _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)
 
 

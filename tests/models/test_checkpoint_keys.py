@@ -38,11 +38,11 @@ def test_templates_whose_placeholders_do_not_correspond_are_refused(theirs, ours
 
 
 def test_the_export_reads_the_renames_backward_and_skips_aliases():
-    table = CaiT.checkpoint_table()
+    table = CaiT.checkpoint_layout.table()
     assert table.key_to_timm('cls_blocks.1.ls2.gamma') == 'blocks_token_only.1.gamma_2'
     assert table.key_to_timm('blocks.0.attn.mix_logits.weight') == 'blocks.0.attn.proj_l.weight'
     assert table.key_to_timm('pos_embed.weight') == 'pos_embed'
-    xcit = XCiT.checkpoint_table()  # pos_embeder is the official release's alone: an alias
+    xcit = XCiT.checkpoint_layout.table()  # pos_embeder is the official release's alone: an alias
     assert xcit.key_to_ours('pos_embeder.token_projection.weight') == \
         'pos_embed.token_projection.weight'
     assert xcit.key_to_timm('pos_embed.token_projection.weight') == \
@@ -55,7 +55,7 @@ def test_the_export_reads_the_renames_backward_and_skips_aliases():
 def test_every_key_of_a_family_comes_back_from_timms_name(family, arch):
     with torch.device('meta'):
         keys = family(arch, out_type='cls_token').state_dict().keys()
-    table = family.checkpoint_table()
+    table = family.checkpoint_layout.table()
     assert [table.key_to_ours(table.key_to_timm(key)) for key in keys] == list(keys)
 
 

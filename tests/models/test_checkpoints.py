@@ -3,7 +3,7 @@ import pytest
 import timm
 import torch
 
-from vitdense.models import CaiT, ViT, XCiT
+from vitdense.models import CaiT, ViT, XCiT, adapt_checkpoint
 
 from common import TINY_ARCH
 
@@ -112,13 +112,13 @@ def test_a_vit_names_its_arch_and_adapt_checkpoint_honours_strict(xcit_reference
     strict=False."""
     with pytest.raises(ValueError, match=r'checkpoint does not match ViT\(arch=small, '
                                          r'embed_dims=384, num_layers=6'):
-        ViT('small', depth=6).adapt_checkpoint(
+        adapt_checkpoint(ViT('small', depth=6), 
             {'patch_embed.proj.weight': torch.zeros(1, 3, 16, 16)})
     cait = CaiT(dict(embed_dims=128, num_layers=12, num_heads=4))
     foreign = xcit_reference.state_dict()
     with pytest.raises(ValueError, match=r'checkpoint does not match CaiT\(arch=custom'):
-        cait.adapt_checkpoint(foreign)
-    result = cait.load_state_dict(cait.adapt_checkpoint(foreign, strict=False), strict=False)
+        adapt_checkpoint(cait, foreign)
+    result = cait.load_state_dict(adapt_checkpoint(cait, foreign, strict=False), strict=False)
     assert 'patch_embed.proj.weight' in result.missing_keys
     assert 'pos_embed.token_projection.weight' in result.unexpected_keys
 
@@ -130,7 +130,7 @@ def test_load_state_dict_is_torchs_and_takes_our_layout_only(xcit_reference):
     timm_layout = xcit_reference.state_dict()
     with pytest.raises(RuntimeError, match='Unexpected key'):
         ours.load_state_dict(timm_layout)
-    ours.load_state_dict(ours.adapt_checkpoint(timm_layout))
+    ours.load_state_dict(adapt_checkpoint(ours, timm_layout))
     torch.testing.assert_close(ours.cls_blocks[1].attn.q.weight,
                                xcit_reference.cls_attn_blocks[1].attn.q.weight)
 
@@ -145,7 +145,7 @@ def test_official_layer_scale_and_position_names_convert_for_every_family():
                 .replace('pos_embed.weight', 'pos_embed'): v
                 for k, v in ours.state_dict().items()}
     assert 'blocks.3.gamma_2' in official and 'pos_embed' in official
-    adapted = ours.adapt_checkpoint(official)
+    adapted = adapt_checkpoint(ours, official)
     assert adapted.keys() == ours.state_dict().keys()
     for key, value in ours.state_dict().items():
         assert torch.equal(adapted[key], value)

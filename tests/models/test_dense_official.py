@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitdense.models import ViT, XCiT
+from vitdense.models import ViT, XCiT, adapt_checkpoint
 
 from common import TINY_ARCH
 
@@ -54,7 +54,7 @@ def test_stem_padding_is_the_official_forward(patch_size, image_hw):
         _randomise_batch_norms(ours.pyramid)
         for param in ours.pyramid.parameters():
             param.normal_(0, .1)
-    ours.load_state_dict(ours.adapt_checkpoint(reference.state_dict()), strict=False)
+    ours.load_state_dict(adapt_checkpoint(ours, reference.state_dict()), strict=False)
     images = torch.randn(2, 3, *image_hw)
     with torch.no_grad():
         trunk = reference.forward_intermediates(images, indices=[0, 1, 2, 3], norm=False,

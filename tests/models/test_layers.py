@@ -177,6 +177,29 @@ def test_block_updating_only_the_first_tokens_equals_the_full_block(num_branches
         xca_block(x[:, 1:], (2, 3), num_queries=1)
 
 
+def test_res_post_norm_block_is_timms_and_saves_attn_before_norm1():
+    """A res-post-norm block (``x + norm(branch(x))``) computes timm's ``ResPostBlock`` from
+    its tensors, under the same names saved in the same order (``attn`` first), with and
+    without ``num_queries``; it refuses parallel branches and the LPI."""
+    from timm.models.vision_transformer import ResPostBlock
+    torch.manual_seed(0)
+    reference = ResPostBlock(8, 2, qkv_bias=True, init_values=.5).eval()
+    block = TransformerBlock(8, MultiheadSelfAttention(8, 2), res_post_norm=True).eval()
+    assert list(block.state_dict()) == list(reference.state_dict())
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.add_(torch.randn_like(param) * .1)
+    block.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 7, 8)
+    with torch.no_grad():
+        expected = reference(x)
+        torch.testing.assert_close(block(x, (2, 3)), expected)
+        torch.testing.assert_close(block(x, (2, 3), num_queries=1), expected[:, :1])
+    for options in (dict(num_branches=2), dict(local_patch_interaction=True)):
+        with pytest.raises(ValueError, match='res_post_norm normalises the output of a single'):
+            TransformerBlock(8, MultiheadSelfAttention(8, 2), res_post_norm=True, **options)
+
+
 def test_in_place_only_when_no_gradient_is_needed():
     """Inference writes into the branch (x, which a dense map may view, is untouched);
     with autograd a new tensor is made and the gradient is that of x + branch."""

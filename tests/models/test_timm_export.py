@@ -125,12 +125,13 @@ def test_a_key_table_that_is_not_one_to_one_is_refused_on_export(monkeypatch):
     """LayerScale renamed crosswise: the export writes gamma_2 for ls1, which the shared
     table reads back as ls2."""
     swapped = (Rename('.gamma_2$', '.ls1.gamma$'), Rename('.gamma_1$', '.ls2.gamma$'))
-    table = CaiT.checkpoint_keys
-    monkeypatch.setattr(CaiT, 'checkpoint_keys', replace(table, keys=table.keys[:3] + swapped))
+    layout = CaiT.checkpoint_layout
+    monkeypatch.setattr(CaiT, 'checkpoint_layout', replace(
+        layout, keys=replace(layout.keys, keys=layout.keys.keys[:3] + swapped)))
     model = _perturbed(CaiT, {}, out_type='cls_token')
     with pytest.raises(ValueError, match=r'CaiT: the timm export does not load back exactly '
                                          r'for 12 tensors \(blocks\.0\.ls1\.gamma'):
-        CaiT.export_to_timm(model.state_dict())
+        CaiT.checkpoint_layout.export_to_timm(model.state_dict())
 
 
 def test_a_classifiers_head_is_written_as_timms_head():
@@ -277,6 +278,7 @@ REFUSED_SOURCE_OPTIONS = {
     'rope-dinov3': (dict(rope='dinov3', pos_embed='none'), "rope='dinov3'"),
     'swiglu': (dict(swiglu_mlp=True), 'swiglu_mlp=True'),
     'rel-pos-bias': (dict(use_rel_pos_bias=True, pos_embed='none'), 'use_rel_pos_bias=True'),
+    'res-post-norm': (dict(res_post_norm=True), 'res_post_norm=True'),
 }
 
 

@@ -12,12 +12,12 @@ from mmengine.logging import MMLogger
 from timm.layers import resample_abs_pos_embed
 
 from vitdense.analysis.timm_parity import compare_with_timm, perturbed
-from vitdense.models import ViT
+from vitdense.models import ViT, adapt_checkpoint
 from vitdense.models.layers.rotary import RotaryPositionEmbedding
 from vitdense.models.layers.swiglu import merge_swiglu_tensors
 from vitdense.models.layers.window_attention import window_partition, window_unpartition
 
-from common import eva02_official_rotary_tables
+from common import dinov3_hub_layout, eva02_official_rotary_tables
 
 #: the floor: each source equal to timm's forward within this, relative to its largest value
 RELATIVE_TOLERANCE = 1e-5
@@ -26,9 +26,9 @@ SMALL_TIMM = dict(embed_dim=64, depth=4, num_heads=2)
 #: each source's own size and a non-square one, multiples of its patch
 SIZES = {14: [(224, 224), (196, 280)], 16: [(224, 224), (192, 288)]}
 #: the published EVA-02, DINOv3, CLIP and SigLIP sizes of ViT's table, and a class-token-free
-#: ViT with registers
+#: ViT with registers, the res-post-norm ViT
 SOURCES = [name for _, _, name in ViT.timm_models if name and any(
-    source in name for source in ('eva02', 'dinov3', 'clip', 'siglip', 'gap'))]
+    source in name for source in ('eva02', 'dinov3', 'clip', 'siglip', 'gap', 'rpn'))]
 
 
 def table_options(timm_name: str) -> dict:
@@ -150,7 +150,7 @@ def test_vitdet_layout_rotates_each_window_as_its_own_grid(timm_name, size_index
     ours = ViT(SMALL, out_type='featmap', pyramid=False, out_indices=(0, 1, 2, 3),
                dense_class_token=False, window_size=window, window_block_indexes=sorted(windowed),
                **options).eval()
-    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    ours.load_state_dict(adapt_checkpoint(ours, state_dict))
     images = torch.randn(2, 3, *image_hw)
     with torch.no_grad():
         expected = timm_vitdet_maps(reference, images, window, windowed, [0, 1, 2, 3], attend)
@@ -163,9 +163,9 @@ def assert_file_computes_as_timm(released: dict, options: dict, reference: torch
     """ViTs built with ``options`` and loaded from ``released`` give the class token and every
     block's map of ``reference``, timm's model holding the same tensors."""
     classifier = ViT(SMALL, out_type='cls_token', **options).eval()
-    classifier.load_state_dict(classifier.adapt_checkpoint(released))
+    classifier.load_state_dict(adapt_checkpoint(classifier, released))
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(released))
+    dense.load_state_dict(adapt_checkpoint(dense, released))
     with torch.no_grad():
         expected = reference.forward_features(images)[:, 0]
         assert (classifier(images)[0] - expected).abs().max() <= \
@@ -207,7 +207,7 @@ def test_beit_and_clip_in_the_vitdet_layout_compute_timms_blocks(timm_name, size
     ours = ViT(SMALL, out_type='featmap', pyramid=False, out_indices=(0, 1, 2, 3),
                dense_class_token=False, window_size=window, window_block_indexes=sorted(windowed),
                **options).eval()
-    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    ours.load_state_dict(adapt_checkpoint(ours, state_dict))
     images = torch.randn(2, 3, *image_hw)
     with torch.no_grad():
         expected = timm_vitdet_maps(reference, images, window, windowed, [0, 1, 2, 3], attend)
@@ -281,7 +281,7 @@ def test_a_model_without_class_token_keeps_its_registers():
                                   **SMALL_TIMM)
     model = ViT(SMALL, out_type='avg_featmap', fc_norm=True, class_token=False, reg_tokens=4,
                 no_embed_class=True, img_size=256)
-    adapted = model.adapt_checkpoint(reference.state_dict())
+    adapted = adapt_checkpoint(model, reference.state_dict())
     assert adapted['reg_token'].shape == (1, 4, 64) and 'cls_token' not in adapted
     assert model.num_prefix_tokens == 4
     with pytest.raises(ValueError, match="class_token=False builds no class token"):
@@ -295,9 +295,9 @@ def test_siglip_attention_pooling_is_refused_where_it_would_be_read():
     state_dict = timm.create_model('vit_base_patch16_siglip_224', num_classes=0,
                                    **SMALL_TIMM).state_dict()
     dense = ViT(SMALL, class_token=False, pyramid=False)
-    assert not any(key.startswith('attn_pool') for key in dense.adapt_checkpoint(state_dict))
+    assert not any(key.startswith('attn_pool') for key in adapt_checkpoint(dense, state_dict))
     with pytest.raises(ValueError, match='attn_pool'):
-        ViT(SMALL, class_token=False, out_type='avg_featmap').adapt_checkpoint(state_dict)
+        adapt_checkpoint(ViT(SMALL, class_token=False, out_type='avg_featmap'), state_dict)
 
 
 @contextlib.contextmanager
@@ -340,14 +340,14 @@ def test_dinov2_hub_file_loads_as_timm_converts_it(caplog):
                    layer_scale=1e-5)
     images = torch.randn(2, 3, 70, 126)
     classifier = ViT(SMALL, out_type='cls_token', **options).eval()
-    classifier.load_state_dict(classifier.adapt_checkpoint(hub))
+    classifier.load_state_dict(adapt_checkpoint(classifier, hub))
     with torch.no_grad():
         expected = reference.forward_features(images)[:, 0]
         assert (classifier(images)[0] - expected).abs().max() <= \
             RELATIVE_TOLERANCE * expected.abs().max()
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
     with mmengine_log_in(caplog):
-        dense.load_state_dict(dense.adapt_checkpoint(hub))
+        dense.load_state_dict(adapt_checkpoint(dense, hub))
     assert 'leaves out 1 checkpoint tensors' in caplog.text and 'mask_token' in caplog.text
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
@@ -428,18 +428,18 @@ def test_dinov2_hub_file_is_resampled_as_dinov2_resamples_it(ffn, registers, ima
         class_token, maps = dinov2_forward(reference, hub, images)
     classifier = ViT(SMALL, out_type='cls_token', **options).eval()
     with mmengine_log_in(caplog):
-        classifier.load_state_dict(classifier.adapt_checkpoint(hub))
+        classifier.load_state_dict(adapt_checkpoint(classifier, hub))
     assert ('scale factor offset by 0.1' in caplog.text) is not registers
     with torch.no_grad():
         assert (classifier(images)[0] - class_token).abs().max() <= \
             RELATIVE_TOLERANCE * class_token.abs().max()
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(hub))
+    dense.load_state_dict(adapt_checkpoint(dense, hub))
     assert_block_maps_match(dense, maps, images)
     if not registers and image_hw != (518, 518):
         timm_kernel = ViT(SMALL, pyramid=False, out_indices=(0,), pos_antialias=True,
                           **options).eval()
-        timm_kernel.load_state_dict(timm_kernel.adapt_checkpoint(hub))
+        timm_kernel.load_state_dict(adapt_checkpoint(timm_kernel, hub))
         with torch.no_grad():
             assert (timm_kernel(images)[0] - maps[0]).abs().max() > \
                 100 * RELATIVE_TOLERANCE * maps[0].abs().max()
@@ -470,7 +470,39 @@ def test_dinov3_hub_file_loads_as_timm_converts_it():
     options = dict(table_options('vit_small_patch16_dinov3'), qkv_bias=True)
     images = torch.randn(2, 3, 96, 160)
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(hub))
+    dense.load_state_dict(adapt_checkpoint(dense, hub))
+    assert_block_maps_match(dense, reference.forward_intermediates(
+        images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
+        images)
+
+
+def test_dinov3_7b_hub_layout_is_advised_its_swiglu_then_loads_as_timm_converts_it(caplog):
+    """DINOv3 7B's hub layout (timm 1.0.31's ``vit_7b_patch16_dinov3`` at a small width): no
+    qkv bias, a SwiGLU FFN of hidden width 2 x the width (``w1`` gate, ``w2``, ``w3``), the
+    local crops' class norm ``local_cls_norm`` (training only), storage tokens. A DINOv3 ViT
+    without SwiGLU refuses it, advising the FFN; with the advice it loads, the local norm
+    left out (logged), and every block's map is timm's after timm's conversion."""
+    import timm
+    from timm.models.eva import checkpoint_filter_fn
+    reference = timm.create_model('vit_7b_patch16_dinov3', num_classes=0, **SMALL_TIMM).eval()
+    timm_layout = perturbed(reference.state_dict(), .05)
+    assert 'blocks.0.mlp.fc1_g.weight' in timm_layout and \
+        timm_layout['blocks.0.mlp.fc2.weight'].shape == (64, 128)
+    generator = torch.Generator().manual_seed(3)
+    hub = dinov3_hub_layout(timm_layout, (1 + .1 * torch.randn(64, generator=generator),
+                                          .1 * torch.randn(64, generator=generator)))
+    hub.update({'mask_token': torch.zeros(1, 64), 'rope_embed.periods': torch.ones(8)})
+    reference.load_state_dict(checkpoint_filter_fn(dict(hub), reference))
+    options = dict(table_options('vit_small_patch16_dinov3'), pyramid=False,
+                   out_indices=(0, 1, 2, 3))
+    with pytest.raises(ValueError, match=r"to load it: arch_overrides=dict\(swiglu_mlp=True, "
+                                         r"mlp_ratio=2.0\)"):
+        adapt_checkpoint(ViT(SMALL, **options), hub)
+    dense = ViT(SMALL, swiglu_mlp=True, mlp_ratio=2., **options).eval()
+    with mmengine_log_in(caplog):
+        dense.load_state_dict(adapt_checkpoint(dense, hub))
+    assert 'local_cls_norm' in caplog.text
+    images = torch.randn(2, 3, 96, 160)
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)
@@ -497,7 +529,7 @@ def test_dinov3_untied_norms_load_as_dinov3_reads_them(out_type, caplog):
     ours = ViT(SMALL, out_type=out_type, pyramid=False, out_indices=(0, 1, 2, 3),
                **table_options('vit_small_patch16_dinov3')).eval()
     with mmengine_log_in(caplog):
-        ours.load_state_dict(ours.adapt_checkpoint(hub))
+        ours.load_state_dict(adapt_checkpoint(ours, hub))
     assert 'untied norms' in caplog.text and 'local_cls_norm' in caplog.text
     with torch.no_grad():
         if out_type == 'featmap':
@@ -538,7 +570,7 @@ def test_sam_image_encoder_loads_into_the_vitdet_layout(image_hw):
     ours = ViT(SMALL, img_size=224, class_token=False, window_size=4,
                window_block_indexes=[0, 2], use_rel_pos=True, pyramid=False,
                out_indices=(0, 1, 2, 3)).eval()
-    ours.load_state_dict(ours.adapt_checkpoint(released))
+    ours.load_state_dict(adapt_checkpoint(ours, released))
     images = torch.randn(2, 3, *image_hw)
     with torch.no_grad():
         x = reference.patch_embed(images)
@@ -561,13 +593,13 @@ def test_deit_distilled_loads_its_distillation_token_as_a_register():
     reference.load_state_dict(state_dict)
     images = torch.randn(2, 3, 160, 224)
     classifier = ViT(SMALL, out_type='cls_token', reg_tokens=1).eval()
-    classifier.load_state_dict(classifier.adapt_checkpoint(state_dict))
+    classifier.load_state_dict(adapt_checkpoint(classifier, state_dict))
     with torch.no_grad():
         expected = reference.forward_features(images)[:, 0]
         assert (classifier(images)[0] - expected).abs().max() <= \
             RELATIVE_TOLERANCE * expected.abs().max()
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), reg_tokens=1).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(state_dict))
+    dense.load_state_dict(adapt_checkpoint(dense, state_dict))
     assert_block_maps_match(dense, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
         images)
@@ -597,7 +629,7 @@ def test_beit_tables_are_resampled_as_beit_does(img_size):
     reference.load_state_dict(checkpoint_filter_fn(dict(state_dict), reference))
     ours = ViT(SMALL, img_size=img_size, pyramid=False, out_indices=(0, 1, 2, 3),
                **table_options('beit_base_patch16_224')).eval()
-    ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+    ours.load_state_dict(adapt_checkpoint(ours, state_dict))
     images = torch.randn(2, 3, 192, 288)
     assert_block_maps_match(ours, reference.forward_intermediates(
         images, indices=[0, 1, 2, 3], norm=False, output_fmt='NCHW', intermediates_only=True),
@@ -614,7 +646,7 @@ def test_beit_pretraining_table_is_shared_by_every_block():
         del state_dict[key]
     state_dict['rel_pos_bias.relative_position_bias_table'] = shared
     model = ViT(SMALL, pyramid=False, **table_options('beit_base_patch16_224'))
-    adapted = model.adapt_checkpoint(state_dict)
+    adapted = adapt_checkpoint(model, state_dict)
     for block in range(SMALL['num_layers']):
         assert torch.equal(adapted[f'blocks.{block}.attn.relative_position_bias.table'], shared)
     assert 'blocks.0.attn.relative_position_bias.table' in model.no_weight_decay()
@@ -644,7 +676,7 @@ def test_beit_v2_pretraining_file_leaves_out_its_class_token_head(caplog):
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3),
                 **table_options('beit_base_patch16_224')).eval()
     with mmengine_log_in(caplog):
-        dense.load_state_dict(dense.adapt_checkpoint(pretraining))
+        dense.load_state_dict(adapt_checkpoint(dense, pretraining))
     # the class-token head's 18 tensors (a block's 15, a norm's 2, a linear map), the MIM
     # head's map and the mask token
     assert 'leaves out 20 checkpoint tensors' in caplog.text and 'cls_pt_layers.0.' in caplog.text
@@ -777,7 +809,7 @@ def test_eva02_official_release_computes_what_timm_computes(timm_name, pretraini
     released = eva02_release(timm_layout, side, pretraining)
     dense = ViT(SMALL, pyramid=False, out_indices=(0, 1, 2, 3), **options).eval()
     with mmengine_log_in(caplog):
-        dense.load_state_dict(dense.adapt_checkpoint(released))
+        dense.load_state_dict(adapt_checkpoint(dense, released))
     assert 'rotary tables' in caplog.text and 'dropped' in caplog.text
     for image_hw in [(side * 14, side * 14), (224, 224), (196, 280)]:
         images = torch.randn(1, 3, *image_hw)
@@ -797,12 +829,12 @@ def test_eva02_rotary_grid_is_read_from_the_files_tables():
     options = dict(table_options('eva02_small_patch14_336'), ref_feat_shape=None)
     with pytest.raises(ValueError, match=r'to load it: ref_feat_shape=\(16, 16\) \(the '
                                          r'reference grid of the checkpoint\'s EVA-02 rotary'):
-        ViT(SMALL, pyramid=False, **options).adapt_checkpoint(released)
-    ViT(SMALL, pyramid=False, **dict(options, ref_feat_shape=(16, 16))).adapt_checkpoint(
+        adapt_checkpoint(ViT(SMALL, pyramid=False, **options), released)
+    adapt_checkpoint(ViT(SMALL, pyramid=False, **dict(options, ref_feat_shape=(16, 16))), 
         released)
     released['blocks.1.attn.rope.freqs_sin'] = released['blocks.1.attn.rope.freqs_sin'] + 1e-3
     with pytest.raises(ValueError, match=r'unexpected: (.|\n)*rope.freqs_'):
-        ViT(SMALL, pyramid=False, **table_options('eva02_small_patch14_336')).adapt_checkpoint(
+        adapt_checkpoint(ViT(SMALL, pyramid=False, **table_options('eva02_small_patch14_336')), 
             released)
 
 
@@ -816,9 +848,9 @@ def test_patch_projection_is_resampled_only_where_asked():
     options = dict(table_options('eva02_base_patch14_224'), patch_size=16,
                    ref_feat_shape=(16, 16))
     with pytest.raises(ValueError, match='patch_embed.proj.weight'):
-        ViT(SMALL, pyramid=False, **options).adapt_checkpoint(state_dict)
+        adapt_checkpoint(ViT(SMALL, pyramid=False, **options), state_dict)
     model = ViT(SMALL, pyramid=False, resample_patch_embed=True, **options)
-    adapted = model.adapt_checkpoint(state_dict)
+    adapted = adapt_checkpoint(model, state_dict)
     assert torch.equal(adapted['patch_embed.proj.weight'], resample_patch_embed(
         state_dict['patch_embed.proj.weight'], [16, 16]))
 

@@ -4,8 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from common import TINY_ARCH, TINY_CONVIT_ARCH, reference_bias
-from vitdense.models import CaiT, ConViT, SimpleFeaturePyramid, ViT, XCiT
-from vitdense.models.backbones.vit_layouts import convert_detectron2_vitdet
+from vitdense.models import (CaiT, ConViT, SimpleFeaturePyramid, ViT, XCiT,
+                             adapt_checkpoint)
+from vitdense.models.backbones.checkpoint_vit import convert_detectron2_vitdet
 from vitdense.models.layers import talking_heads
 from vitdense.models.layers.attention import GatedPositionalSelfAttention, MultiheadSelfAttention
 from vitdense.models.layers.talking_heads import with_logit_terms
@@ -184,7 +185,7 @@ def test_timm_checkpoint_loads_without_the_class_token_row():
     source = timm.create_model('vit_tiny_patch16_224', pretrained=False).state_dict()
     model = ViT('tiny', pyramid=False, out_indices=(11,), dense_class_token=False,
                 window_size=14, use_rel_pos=True)
-    adapted = model.adapt_checkpoint(source)
+    adapted = adapt_checkpoint(model, source)
     missing = model.load_state_dict(adapted, strict=False)
     assert not missing.unexpected_keys
     assert {k.rsplit('.', 3)[0] for k in missing.missing_keys} == {

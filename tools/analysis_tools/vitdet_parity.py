@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from vitdense.models import SimpleFeaturePyramid, ViT
-from vitdense.models.backbones.vit_layouts import convert_detectron2_vitdet
+from vitdense.models.backbones.checkpoint_vit import convert_detectron2_vitdet
 
 #: ViTDet's ViT-B (``projects/ViTDet/configs/common/coco_loader_lsj.py`` + ``mask_rcnn_vitdet``)
 WINDOW_BLOCKS = (0, 1, 3, 4, 6, 7, 9, 10)

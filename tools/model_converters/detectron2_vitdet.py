@@ -3,8 +3,8 @@ models of our ``*_vitdet_*`` ViT configs (``backbone.*``, ``neck.*``).
 
 detectron2 keeps the ViT at ``backbone.net`` and the pyramid stages at
 ``backbone.simfp_<log2 stride>``; the key table is data next to the ViT family
-(``vitdense.models.backbones.vit_layouts.DETECTRON2_VITDET_KEYS``). Its RPN and RoI heads
-have other layouts than mmdet's and are left out: those train from their initialisation. Reads
+(``vitdense.models.backbones.checkpoint_vit.DETECTRON2_VITDET_KEYS``). Its RPN and RoI heads have other
+layouts than mmdet's and are left out: those train from their initialisation. Reads
 detectron2's ``.pkl`` (numpy arrays, read with a loader that accepts numpy arrays only) and
 ``.pth`` files.
 
@@ -25,7 +25,7 @@ from vitdense.checkpoint_convert import (Converted, converter_main, converter_pa
                                          require_dict)
 from vitdense.checkpoint_io import safe_load
 from vitdense.model_factory import build_model
-from vitdense.models.backbones.vit_layouts import convert_detectron2_vitdet
+from vitdense.models.backbones.checkpoint_vit import convert_detectron2_vitdet
 
 #: what a detectron2 .pkl may hold besides plain containers and numbers
 NUMPY_GLOBALS = {('numpy.core.multiarray', '_reconstruct'), ('numpy._core.multiarray', '_reconstruct'),

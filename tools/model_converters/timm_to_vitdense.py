@@ -36,7 +36,7 @@ def convert_file(args: argparse.Namespace) -> Converted:
     cls = backbone_families()[args.family]
     source = read_checkpoint(args.src, 'state dict')
     source = source.get('model', source.get('state_dict', source))
-    state_dict = cls.convert_checkpoint(source)
+    state_dict = cls.checkpoint_layout.convert(source)
     backbone = cls(args.arch, patch_size=args.patch_size, img_size=args.img_size,
                    out_type='cls_token', **args.backbone_options)
     backbone.load_state_dict(state_dict, strict=True)

@@ -5,7 +5,7 @@ The authors released Mask R-CNN (mmdet 2.x) and UperNet (mmseg 0.x) checkpoints 
 necks and heads already carry mmdet 3.x / mmseg 1.x names. The backbone's adapter modules
 (``spm``, ``interactions``, ``level_embed``, ``up``, ``norm1..4``) have our names too; its
 DeiT trunk (``patch_embed``, ``pos_embed``, ``blocks``) moves under ``backbone.trunk`` through
-the trunk's own :meth:`~vitdense.models.ColumnarBackbone.adapt_checkpoint` (timm's block
+the trunk's family's layout (:func:`vitdense.models.adapt_checkpoint`: timm's block
 names, the class token and its position row dropped: the official adapter carries none).
 
 The two releases' backbones differ in one line that no tensor shows: the detection code adds
@@ -31,7 +31,7 @@ from vitdense.checkpoint_convert import (Converted, convert_prefixed, converted_
                                          converter_main, converter_parser,
                                          read_checkpoint)
 from vitdense.model_factory import build_model
-from vitdense.models import ColumnarBackbone
+from vitdense.models import ColumnarBackbone, adapt_checkpoint
 
 #: our adapter's ``vit_features`` that computes what each official release's backbone does
 RELEASE_FEATURES = {'detection': 'last', 'segmentation': 'per_interaction'}
@@ -45,7 +45,7 @@ def convert_backbone(state_dict: dict, trunk: ColumnarBackbone) -> OrderedDict:
     trunk_part = {key: value for key, value in state_dict.items() if TRUNK_KEYS.match(key)}
     converted = OrderedDict(
         (f'trunk.{key}', value)
-        for key, value in trunk.adapt_checkpoint(trunk_part, strict=True).items())
+        for key, value in adapt_checkpoint(trunk, trunk_part, strict=True).items())
     converted.update((key, value) for key, value in state_dict.items()
                      if not TRUNK_KEYS.match(key))
     return converted

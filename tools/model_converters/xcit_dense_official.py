@@ -3,7 +3,7 @@
 The XCiT authors released Mask R-CNN (mmdet 2.x) and UperNet / Semantic FPN (mmseg 0.x)
 checkpoints. Their necks and heads already carry mmdet 3.x / mmseg 1.x names; only the
 backbone differs: official block names (``gamma1``, ``norm3``, ``local_mp``, ``pos_embeder``)
-and the pyramid at ``backbone.fpn1..4``. ``XCiT.convert_checkpoint`` knows the block names;
+and the pyramid at ``backbone.fpn1..4``. ``XCiT.checkpoint_layout.convert`` knows the block names;
 the pyramid moves under ``backbone.pyramid``.
 
     python tools/model_converters/xcit_dense_official.py maskrcnn_xcit_small_12_p16.pth \\
@@ -31,8 +31,9 @@ from vitdense.models import XCiT
 def convert(state_dict: dict) -> OrderedDict:
     """Official dense state dict (``backbone.*`` plus neck / heads) -> our key layout."""
     def convert_backbone(backbone: dict) -> OrderedDict:
-        return XCiT.convert_checkpoint({re.sub(r'^(fpn[1-4])\.', r'pyramid.\1.', key): value
-                                        for key, value in backbone.items()})
+        return XCiT.checkpoint_layout.convert({
+            re.sub(r'^(fpn[1-4])\.', r'pyramid.\1.', key): value
+            for key, value in backbone.items()})
     return convert_prefixed(state_dict, convert_backbone)
 
 

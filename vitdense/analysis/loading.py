@@ -18,8 +18,8 @@ import torch
 from mmengine.config import Config
 
 from vitdense.checkpoint_io import safe_load
-from vitdense.models.backbones import ColumnarBackbone, backbone_families
-from vitdense.models.backbones.checkpoint_adaptation import checkpoint_weights
+from vitdense.models.backbones import ColumnarBackbone, adapt_checkpoint, backbone_families
+from vitdense.models.backbones.checkpoint_layout import checkpoint_weights
 from vitdense.registry import MODELS
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
@@ -48,7 +48,7 @@ def load_weights(model: ColumnarBackbone, state_dict: dict) -> ColumnarBackbone:
     """Load a checkpoint of any layout the family reads, adapted explicitly: exactly, or
     refused with what the checkpoint is and the option that loads it (the backbone's
     ``adapt_checkpoint``; only tensors new in fine-tuning, such as the pyramid, may be absent)."""
-    model.load_state_dict(model.adapt_checkpoint(state_dict), strict=False)
+    model.load_state_dict(adapt_checkpoint(model, state_dict), strict=False)
     return model
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from vitdense.models import backbone_families
+from vitdense.models import adapt_checkpoint, backbone_families
 
 from .complexity import count_parameters
 
@@ -96,14 +96,14 @@ def compare_with_timm(family: str, arch, timm_name: Optional[str], num_classes: 
         ours = cls(arch, **readout, **kwargs).eval()
         result['params_ours'] = count_parameters(ours) + ours.embed_dims * num_classes + \
             num_classes
-        ours.load_state_dict(ours.adapt_checkpoint(state_dict))
+        ours.load_state_dict(adapt_checkpoint(ours, state_dict))
         logits = F.linear(ours(images)[0], reference.head.weight, reference.head.bias)
         expected = reference(images)
         result['logit_diff'] = (logits - expected).abs().max().item()
         result['logit_rel_diff'] = _relative(logits, expected)
 
     dense = cls(arch, out_type='featmap', pyramid=False, **kwargs).eval()
-    dense.load_state_dict(dense.adapt_checkpoint(state_dict))
+    dense.load_state_dict(adapt_checkpoint(dense, state_dict))
     expected = reference.forward_intermediates(images, indices=list(dense.out_indices),
                                                norm=False, output_fmt='NCHW',
                                                intermediates_only=True)
@@ -113,7 +113,7 @@ def compare_with_timm(family: str, arch, timm_name: Optional[str], num_classes: 
     patch = dense.patch_size
     if len(dense.out_indices) == 4 and not patch & (patch - 1) and 4 <= patch <= 32:
         pyramid = cls(arch, out_type='featmap', **kwargs).eval()
-        pyramid.load_state_dict(pyramid.adapt_checkpoint(state_dict), strict=False)
+        pyramid.load_state_dict(adapt_checkpoint(pyramid, state_dict), strict=False)
         result['pyramid_rel_diff'] = max(_relative(a, b) for a, b in zip(
             pyramid(images), pyramid.pyramid(list(expected), size)))
     return result

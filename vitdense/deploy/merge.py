@@ -21,7 +21,7 @@ from ..checkpoint_io import load_checkpoint, save_plain
 from ..engine.hooks.peft_checkpoint import META_KEY as PEFT_BASES
 from ..engine.hooks.peft_checkpoint import fill_frozen_base
 from ..model_factory import build_model
-from ..models.backbones.checkpoint_adaptation import checkpoint_weights
+from ..models.backbones.checkpoint_layout import checkpoint_weights
 
 #: largest difference of the merged model's backbone outputs from the adapted model's, over
 #: the outputs' largest magnitude: float32 rounding of the merged sums (measured ~1e-7)

@@ -23,6 +23,7 @@ from mmengine.model import is_model_wrapper
 from torch import nn
 
 from vitdense.models import ColumnarBackbone
+from vitdense.models.backbones.checkpoint_adaptation import CheckpointLoader
 from vitdense.registry import HOOKS
 
 #: the checkpoint ``meta`` entry: backbone prefix -> its base's path, SHA-256 and the number
@@ -138,9 +139,9 @@ def fill_frozen_base(model: nn.Module, checkpoint: dict,
                 f'{found[:16]}...: give the base it was trained on '
                 f'(model.backbone init_cfg checkpoint)')
         base = base or {}
-        weights = backbone.read_pretrained(path, base.get('prefix', recorded['prefix']),
-                                           base.get('map_location', 'cpu'),
-                                           base.get('truncate', False))
+        weights = CheckpointLoader(backbone).read_pretrained(
+            path, base.get('prefix', recorded['prefix']), base.get('map_location', 'cpu'),
+            base.get('truncate', False))
         for key in frozen_keys(backbone):
             state_dict.setdefault(prefix + key, weights[key.replace('.base_layer.', '.')])
         MMLogger.get_current_instance().info(

@@ -5,6 +5,7 @@ import here; :func:`backbone_families` then finds it, in the order of these impo
 """
 from vitdense.registry import MODELS
 from .base import ColumnarBackbone
+from .checkpoint_adaptation import adapt_checkpoint
 # registration order, which backbone_families() keeps: not alphabetical
 from .vit import ViT  # isort: skip
 from .cait import CaiT  # isort: skip
@@ -19,4 +20,5 @@ def backbone_families() -> dict[str, type[ColumnarBackbone]]:
             if isinstance(module, type) and issubclass(module, ColumnarBackbone)}
 
 
-__all__ = ['ColumnarBackbone', 'ViT', 'CaiT', 'XCiT', 'ConViT', 'backbone_families']
+__all__ = ['ColumnarBackbone', 'ViT', 'CaiT', 'XCiT', 'ConViT', 'backbone_families',
+           'adapt_checkpoint']

@@ -19,7 +19,8 @@ from ..layers.blocks import NORM_EPS
 from ..layers.branched import BranchedLinear
 from ..layers.grid import pad_to_multiple, tokens_to_map
 from ..layers.pyramid import MultiLevelPyramid
-from .checkpoint_adaptation import CheckpointAdaptation
+from .checkpoint_adaptation import init_with_pretrained
+from .checkpoint_layout import CheckpointLayout
 from .options import (AttentionLayout, apply_peft, arch_settings, attention_layouts,
                       batch_norm_type, check_options, check_output_cls_token,
                       check_token_layouts, checked_overrides, constructor_parameters,
@@ -27,7 +28,7 @@ from .options import (AttentionLayout, apply_peft, arch_settings, attention_layo
 from .training import freeze, layer_depth, no_weight_decay_pattern
 
 
-class ColumnarBackbone(CheckpointAdaptation, BaseModule):
+class ColumnarBackbone(BaseModule):
     """Base of the columnar backbones (see ``docs/backbone_contract.md``).
 
     Args:
@@ -91,13 +92,14 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         pos_antialias: resample learned position tables to other grids with antialiasing
             (timm's kernel); False: plain bicubic, as detectron2's ``get_abs_pos``, mmpretrain
             and mmseg. None (default): the kernel of the library whose layout a
-            ``Pretrained`` checkpoint has (the family's ``position_kernels``), at load and in
-            forward; antialiased where no checkpoint says otherwise.
+            ``Pretrained`` checkpoint has (``checkpoint_layout.position_kernels``), at load and
+            in forward; antialiased where no checkpoint says otherwise.
         init_cfg: mmengine initialisation; a ``Pretrained`` entry loads its checkpoint
-            through :meth:`adapt_checkpoint` (official, timm or our layout).
-        pretrained: a checkpoint path or URL, as mmseg's ``EncoderDecoder`` passes its
-            model-level ``pretrained``: read as ``init_cfg=dict(type='Pretrained',
-            checkpoint=pretrained)``, with a warning; giving both is an error.
+            through :func:`.checkpoint_adaptation.adapt_checkpoint` (official, timm or ours).
+        pretrained: a checkpoint path or URL, as mmseg's own backbones take it (mmseg's
+            ``EncoderDecoder`` passes its model-level ``pretrained`` here): becomes
+            ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``, with a warning that
+            ``init_cfg`` is the way to say it; giving both is an error.
         depth: the number of blocks (timm's name), replacing ``arch``'s ``num_layers``.
         layer_scale: LayerScale's initial value (None: no LayerScale), replacing ``arch``'s:
             an arch key of every family, set by this keyword or in ``arch``.
@@ -138,12 +140,9 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
     #: the family's named variants as (arch, constructor options, the timm model it
     #: reproduces or None where timm has none): how a timm checkpoint finds its arch
     timm_models: tuple[tuple[str, dict, Optional[str]], ...] = ()
-    #: checkpoint tensors of the classification stage (final norm, class attention): a
-    #: dense model builds none of them and leaves them unused
-    classification_keys = r'^(norm|fc_norm|cls_blocks)\.'
-    #: checkpoint tensors of the tokens prepended to the patches: unused by a model that
-    #: builds no class token (a dense trunk without it, ViTDet)
-    prefix_token_keys = r'^(cls_token|reg_token)$'
+    #: what the family's checkpoints look like (keys, layouts, its timm model's keywords):
+    #: an object beside the model, read by the loader, the diagnosis and the export
+    checkpoint_layout = CheckpointLayout('ColumnarBackbone')
 
     def __new__(cls, *args, **kwargs) -> 'ColumnarBackbone':
         """A backbone that keeps the options it is built with (``constructor_options``), so
@@ -212,6 +211,11 @@ class ColumnarBackbone(CheckpointAdaptation, BaseModule):
         self._freeze_stages()
 
     constructor_signature = __init__
+
+    def init_weights(self) -> None:
+        """mmengine's initialisation, its ``Pretrained`` entries loaded exactly or refused
+        (:func:`.checkpoint_adaptation.init_with_pretrained`)."""
+        init_with_pretrained(self, super().init_weights)
 
     def __init_subclass__(cls, **kwargs) -> None:
         """A family's signature (``inspect.signature``, ``help()``) names its own options and

@@ -14,6 +14,7 @@ from ..layers.blocks import ClassAttentionBlock, TransformerBlock
 from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
 from .base import ColumnarBackbone
 from .checkpoint_keys import KeyTable, Rename
+from .checkpoint_layout import CheckpointLayout
 
 
 def _cait(embed_dims: int, num_layers: int, layer_scale: float) -> dict:
@@ -38,14 +39,16 @@ class CaiT(ColumnarBackbone):
     uniform_drop_path = True
     #: timm's CaiT, as the official release: class attention in ``blocks_token_only``,
     #: talking heads' maps ``proj_l`` / ``proj_w``, LayerScale ``gamma_1`` / ``gamma_2``
-    checkpoint_keys = KeyTable(keys=(
-        Rename('^blocks_token_only.', '^cls_blocks.'),
-        Rename('.attn.proj_l.', '.attn.mix_logits.'),
-        Rename('.attn.proj_w.', '.attn.mix_weights.'),
-        Rename('.gamma_{n:1|2}$', '.ls{n}.gamma$'),
-    ))
-    timm_arguments = dict(layer_scale='init_values', num_cls_layers='depth_token_only')
-    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.mix_logits\.')
+    checkpoint_layout = CheckpointLayout(
+        'CaiT',
+        keys=KeyTable(keys=(
+            Rename('^blocks_token_only.', '^cls_blocks.'),
+            Rename('.attn.proj_l.', '.attn.mix_logits.'),
+            Rename('.attn.proj_w.', '.attn.mix_weights.'),
+            Rename('.gamma_{n:1|2}$', '.ls{n}.gamma$'),
+        )),
+        markers=(r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.mix_logits\.'),
+        timm_arguments=dict(layer_scale='init_values', num_cls_layers='depth_token_only'))
     timm_models = (
         ('xxs24', {}, 'cait_xxs24_224'), ('xxs36', {}, 'cait_xxs36_224'),
         ('xs24', dict(img_size=384), 'cait_xs24_384'), ('xs36', {}, None),

@@ -1,20 +1,27 @@
 """Checkpoint diagnosis: what a checkpoint is, what the model is, and the options that
 would load the one into the other, written when a load is refused
-(``CheckpointAdaptation.adapt_checkpoint`` of :mod:`.checkpoint_adaptation`).
+(``CheckpointLoader.adapt`` of :mod:`.checkpoint_adaptation`), each advice checked before
+it is printed. The families are found through the registry, which this module reads, so it
+imports none of them.
 """
 import ast
 import inspect
 import math
 import re
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
+import torch.nn as nn
 
+from vitdense.registry import MODELS
 from ..layers.rotary import eva02_reference_grid
+from .checkpoint_layout import CheckpointLayout
 
 BLOCK_INDEX = re.compile(r'^blocks\.(\d+)\.')
 #: the prefix of the backbone's tensors in a whole OpenMMLab model's checkpoint
 BACKBONE_PREFIX = 'backbone.'
+#: our dense pyramid's tensors, new in fine-tuning
+PYRAMID_PREFIX = 'pyramid.'
 #: attention biases of a trunk block (ViT's and CaiT's qkv, ConViT's qk and v)
 QKV_BIAS = re.compile(r'^blocks\.\d+\.attn\.(qkv|qk|v)\.bias$')
 #: a block's gated positional self-attention (ConViT's local blocks)
@@ -27,17 +34,18 @@ def _table_prefix_rows(rows: int) -> int:
 
 
 def describe_checkpoint(state_dict: dict) -> dict:
-    """What a checkpoint in our layout is: family (the registered family whose
-    ``checkpoint_markers`` match most), depth, width, LayerScale, registers, rows of the
+    """What a checkpoint in our layout is: family (the registered family whose layout's
+    ``markers`` match most), depth, width, LayerScale, registers, rows of the
     position table before its grid (the class token's), normalisation after pooling
     (``fc_norm``), class-attention blocks, patch size (of a linear patch projection),
     attention biases, class token, gated positional (GPSA) blocks, the FFN's hidden width
     and whether it is gated (SwiGLU: a first map of twice the hidden width), the reference
     grid of EVA-02's rotary tables where it keeps them."""
-    from . import backbone_families  # the families import this module
-    scores = {cls.__name__: len(cls.checkpoint_markers) for cls in backbone_families().values()
-              if cls.checkpoint_markers and all(
-                  any(re.search(m, k) for k in state_dict) for m in cls.checkpoint_markers)}
+    layouts = [layout for layout in (getattr(cls, 'checkpoint_layout', None)
+                                     for cls in MODELS.module_dict.values())
+               if isinstance(layout, CheckpointLayout) and layout.markers]
+    scores = {layout.family: len(layout.markers) for layout in layouts if all(
+        any(re.search(m, k) for k in state_dict) for m in layout.markers)}
     blocks = {int(m.group(1)) for m in map(BLOCK_INDEX.match, state_dict) if m}
     table = state_dict.get('pos_embed.weight')
     norm = state_dict.get('blocks.0.norm1.weight')
@@ -127,22 +135,75 @@ def format_facts(facts: dict) -> str:
             f"{f', {n} GPSA blocks' if (n := facts['gpsa_blocks']) else ''}")
 
 
-class CheckpointDiagnosis:
-    """The message of a refused load, for a ``ColumnarBackbone``: the checkpoint's facts
-    beside the model's and the options (constructor, ``Pretrained`` keys) that would load it.
-    A family names what marks its checkpoints and the layouts whose options no shape shows.
-    """
+def _listed(keys: Sequence[str], shown: int = 6) -> str:
+    return ', '.join(keys[:shown]) + (', ...' if len(keys) > shown else '')
 
-    #: the constructor whose positional parameters ``constructor_options`` are read by
-    #: (``ColumnarBackbone.__init__``: a family passes its positional arguments on to it)
-    constructor_signature = None
-    #: key patterns only this family's checkpoints have all of (what an error names)
-    checkpoint_markers: tuple[str, ...] = ()
-    #: the layouts of sources whose options the tensors' shapes do not show: (a key pattern
-    #: of the layout as saved, a key pattern it lacks or None, the options that build it, a
-    #: note): the options of every layout a checkpoint has are named where the model's
-    #: settings differ
-    checkpoint_layouts: tuple[tuple[str, Optional[str], dict, str], ...] = ()
+
+#: the patch grid (a side at most) of the image the advice's check runs: every tensor of a
+#: trunk acts on a few tokens, and the check costs a small forward and backward
+CHECK_GRID = 4
+
+
+def forward_refusal(model: torch.nn.Module, adapted: dict) -> Optional[str]:
+    """Whether ``model`` (built on the meta device) computes with the tensors ``adapted`` to
+    it: they are assigned (float32; what the checkpoint lacks, new in fine-tuning, zero),
+    one image of at most ``CHECK_GRID`` patches a side goes forward and a random projection
+    of the outputs backward (each gradient read as it is accumulated, then dropped). None where the outputs are finite and every checkpoint
+    parameter gets a gradient that is not all zero; else what fails: the forward, or the
+    tensors that have no effect on it (a load that is exact but computes without them)."""
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v
+                           for k, v in adapted.items()}, strict=False, assign=True)
+    for module in model.modules():
+        for slots in (module._parameters, module._buffers):
+            for slot, tensor in slots.items():
+                if tensor is not None and tensor.is_meta:
+                    zeros = torch.zeros(tensor.shape, dtype=tensor.dtype)
+                    slots[slot] = torch.nn.Parameter(zeros) if isinstance(
+                        tensor, torch.nn.Parameter) else zeros
+    tensors = model.state_dict(keep_vars=True)
+    if model.peft is not None:  # the plain layout the checkpoint was adapted to
+        tensors = {**model.peft.split_checkpoint(tensors)[0]}
+    parameters = {k: v for k, v in tensors.items()
+                  if k in adapted and isinstance(v, torch.nn.Parameter)}
+    effective: set[str] = set()
+    model.eval().requires_grad_(False)
+    for key, parameter in parameters.items():
+        parameter.requires_grad_(True)
+        parameter.register_post_accumulate_grad_hook(_effect_recorder(key, effective))
+    generator = torch.Generator().manual_seed(0)
+    side = [min(cells, CHECK_GRID) * model.patch_size for cells in model.pretrain_grid]
+    image = torch.randn(1, model.in_channels, *side, generator=generator)
+    with torch.enable_grad():
+        outputs = [o for out in model(image) for o in (out if isinstance(out, tuple) else (out,))]
+        if not all(bool(o.isfinite().all()) for o in outputs):
+            return 'its forward is not finite'
+        sum((o * torch.randn(o.shape, generator=generator)).sum() for o in outputs).backward()
+    inert = sorted(parameters.keys() - effective)
+    if not inert:
+        return None
+    return f'{len(inert)} of its tensors have no effect on the forward: {_listed(inert)}'
+
+
+def _effect_recorder(key: str, effective: set[str]) -> Callable[[nn.Parameter], None]:
+    """A hook that adds ``key`` to ``effective`` where its parameter's gradient is not all
+    zero, then drops the gradient: a check of a large model holds one gradient at a time."""
+    def record(parameter: nn.Parameter) -> None:
+        if parameter.grad.any():
+            effective.add(key)
+        parameter.grad = None
+    return record
+
+
+class CheckpointDiagnosis:
+    """The message of a refused load into ``model`` (a ``ColumnarBackbone``): the
+    checkpoint's facts beside the model's and the options (constructor, ``Pretrained`` keys)
+    that would load it, from the family's layout (``model.checkpoint_layout``: what marks
+    its checkpoints, the layouts whose options no shape shows). ``loader``: the loader class
+    that checks an advice by loading it into the model it names (None: not checked)."""
+
+    def __init__(self, model: nn.Module, loader: Optional[type] = None) -> None:
+        self.model, self.layout, self.loader = model, model.checkpoint_layout, loader
+        self.name = type(model).__name__
 
     def mismatch_message(self, converted: dict, mismatched: list[str], missing: list[str],
                          unexpected: list[str], saved: dict,
@@ -153,13 +214,13 @@ class CheckpointDiagnosis:
         ``unbuilt``: what the checkpoint computes that no option builds, named instead of
         any option (none would compute what the checkpoint does)."""
         checkpoint = saved
-        whole_model = not any(k in self.state_dict() for k in converted) and any(
+        whole_model = not any(k in self.model.state_dict() for k in converted) and any(
             k.startswith(BACKBONE_PREFIX) for k in converted)
         if whole_model:
-            converted = self.convert_checkpoint({
+            converted = self.layout.convert({
                 k[len(BACKBONE_PREFIX):]: v for k, v in converted.items()
                 if k.startswith(BACKBONE_PREFIX)})
-            saved = {k[len(BACKBONE_PREFIX):] for k in saved if k.startswith(BACKBONE_PREFIX)}
+            saved = [k[len(BACKBONE_PREFIX):] for k in saved if k.startswith(BACKBONE_PREFIX)]
         found = describe_checkpoint(converted)
         model = self.describe_model()
         details = mismatched[:10] + [
@@ -169,77 +230,92 @@ class CheckpointDiagnosis:
                     f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
-            options += self.layout_options(saved)
+            options += self.layout_options(saved) + self.layout.order_options(self.model,
+                                                                              list(saved))
         if unbuilt:
-            options = [f'no option of {type(self).__name__} loads it: the checkpoint has '
-                       f'{", and ".join(unbuilt)}, which {type(self).__name__} does not build']
+            options = [f'no option of {self.name} loads it: the checkpoint has '
+                       f'{", and ".join(unbuilt)}, which {self.name} does not build']
         elif options:
             refusal = self.advice_refusal(options, checkpoint)
             options = [refusal] if refusal else options
         if not options:
-            options.append(f'no option of {type(self).__name__} loads it; build the model the '
+            options.append(f'no option of {self.name} loads it; build the model the '
                            f'checkpoint was trained as')
-        return (f'checkpoint does not match {type(self).__name__}(arch={self.arch_name}, '
-                f'embed_dims={self.embed_dims}, num_layers={self.num_layers}, patch_size='
-                f'{self.patch_size}): {len(mismatched)} tensors with other shapes, '
+        shape = self.model
+        return (f'checkpoint does not match {self.name}(arch={shape.arch_name}, '
+                f'embed_dims={shape.embed_dims}, num_layers={shape.num_layers}, patch_size='
+                f'{shape.patch_size}): {len(mismatched)} tensors with other shapes, '
                 f'{len(missing)} missing, {len(unexpected)} unexpected\n'
                 f'  checkpoint: {format_facts(found)}\n  model:      {format_facts(model)}\n'
                 f'  to load it: {"; ".join(options)}' + ''.join(f'\n  {d}' for d in details))
 
     def advice_refusal(self, options: list[str], saved: dict) -> Optional[str]:
         """None where the model the advice ``options`` builds (this model's constructor
-        options with the advised ones, on the meta device) loads ``saved`` exactly, its
-        ``Pretrained`` keys applied; else what to say instead: no option loads it, and the
-        tensors the advised model has no place for. Advice that names another family or
-        writes no option is not checked, nor is the advised model's own refusal."""
-        if getattr(self, 'checking_advice', False) or not hasattr(self, 'constructor_options'):
-            return None
+        options with the advised ones) loads ``saved`` exactly, its ``Pretrained`` keys
+        applied, and, for a checkpoint of real tensors, computes with all of them
+        (:func:`forward_refusal`); else what to say instead: no option loads it, and the
+        tensors the advised model has no place or no use for. Advice that names another
+        family or writes no option is not checked, nor is the advised model's own refusal."""
         advised = parse_advice(options)
-        if advised is None:
+        if self.loader is None or advised is None:
             return None
         kwargs, pretrained = advised
-        args, given = self.constructor_options
-        names = list(inspect.signature(type(self).constructor_signature).parameters)[1:]
-        given = {**dict(zip(names, args)), **given}
-        overrides = {**(given.get('arch_overrides') or {}), **kwargs.pop('arch_overrides', {})}
-        kwargs = {**given, **kwargs, 'arch_overrides': overrides, 'init_cfg': None,
-                  'pretrained': None}
-        prefix = pretrained.get('prefix')
-        if prefix:
-            saved = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
+        prefix = pretrained.get('prefix') or ''
+        # the checking model builds no pyramid (new in fine-tuning): its tensors are left out
+        saved = {k[len(prefix):]: v for k, v in saved.items()
+                 if k.startswith(prefix) and not k[len(prefix):].startswith(PYRAMID_PREFIX)}
+        refused = f"no option of {self.name} loads it: the options its tensors imply " \
+                  f"({'; '.join(options)})"
         failures = (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError)
         try:
             with torch.device('meta'):
-                model = type(self)(**kwargs)
+                model = type(self.model)(**self._advised_options(kwargs))
         except failures as error:
-            return f'no option of {type(self).__name__} loads it: the advised model cannot be ' \
-                   f'built ({error})'
-        model.checking_advice = True
+            return f'no option of {self.name} loads it: the advised model cannot be built ' \
+                   f'({error})'
         try:
-            model.adapt_checkpoint(saved, truncate=pretrained.get('truncate', False))
-            return None
+            adapted = self.loader(model, check_advice=False).adapt(
+                saved, truncate=pretrained.get('truncate', False))
         except failures:
-            pass
+            unknown = self._unknown_tensors(model, saved)
+            return f'{refused} leave it refused' + (
+                f'; tensors no option builds: {_listed(unknown)}' if unknown else '')
+        if any(getattr(v, 'is_meta', False) for v in saved.values()):
+            return None  # a meta checkpoint (a dry run) has no forward to check
+        unused = forward_refusal(model, adapted)
+        return None if unused is None else f'{refused} load it, but {unused}'
+
+    @staticmethod
+    def _unknown_tensors(model: nn.Module, saved: dict) -> list[str]:
+        """The tensors of ``saved`` that ``model`` (the advised one) has no place for."""
+        layout = model.checkpoint_layout
         try:
-            converted = model.fit_checkpoint_tensors(model.convert_checkpoint(saved))
-            expected = model.state_dict()
-            unknown = sorted(k for k in converted
-                             if k not in expected and not model.built_by_other_modes(k))
-        except failures:
-            unknown = []
-        advice = '; '.join(options)
-        return (f'no option of {type(self).__name__} loads it: the options its tensors imply '
-                f'({advice}) leave it refused' + (
-                    f'; tensors no option builds: {", ".join(unknown[:6])}'
-                    f'{", ..." if len(unknown) > 6 else ""}' if unknown else ''))
+            converted = layout.fit_tensors(model, layout.convert(saved))
+        except (ValueError, TypeError, KeyError, RuntimeError):
+            return []
+        expected = model.state_dict()
+        return sorted(k for k in converted
+                      if k not in expected and not layout.built_by_other_modes(model, k))
+
+    def _advised_options(self, advised: dict) -> dict:
+        """This model's constructor options with the ``advised`` ones, for a model that
+        checks the advice: without the pyramid (new in fine-tuning) and dense outputs but
+        the last block's, so that every checkpoint tensor can reach its forward."""
+        args, given = self.model.constructor_options
+        names = list(inspect.signature(type(self.model).constructor_signature).parameters)[1:]
+        given = {**dict(zip(names, args)), **given}
+        overrides = {**(given.get('arch_overrides') or {}), **advised.pop('arch_overrides', {})}
+        return {**given, **advised, 'arch_overrides': overrides, 'init_cfg': None,
+                'pretrained': None, 'pyramid': False, 'pyramid_levels': None,
+                'out_indices': (-1,), 'output_cls_token': False}
 
     def describe_model(self) -> dict:
         """:func:`describe_checkpoint`'s facts for the checkpoint this model would load."""
-        facts = describe_checkpoint(self.state_dict())
-        table = getattr(self.pos_embed, 'checkpoint_prefix_tokens', None)
-        return {**facts, 'family': type(self).__name__, 'depth': self.num_layers,
-                'width': self.embed_dims, 'table_prefix_rows': table,
-                'patch_size': facts['patch_size'] and self.patch_size}
+        facts = describe_checkpoint(self.model.state_dict())
+        table = getattr(self.model.pos_embed, 'checkpoint_prefix_tokens', None)
+        return {**facts, 'family': self.name, 'depth': self.model.num_layers,
+                'width': self.model.embed_dims, 'table_prefix_rows': table,
+                'patch_size': facts['patch_size'] and self.model.patch_size}
 
     def options_to_load(self, found: dict, model: dict) -> list[str]:
         """The constructor options (and ``Pretrained`` keys) that would load a checkpoint of
@@ -262,14 +338,14 @@ class CheckpointDiagnosis:
             options.append(f"patch_size={found['patch_size']}")
         if found['qkv_bias'] != model['qkv_bias']:
             arch['qkv_bias'] = found['qkv_bias']
-        if found['gated_mlp'] != model['gated_mlp'] and 'swiglu_mlp' in self.arch_defaults:
+        if found['gated_mlp'] != model['gated_mlp'] and 'swiglu_mlp' in self.model.arch_defaults:
             arch['swiglu_mlp'] = found['gated_mlp']
         if found['mlp_hidden'] and found['width'] == model['width'] and \
                 found['mlp_hidden'] != model['mlp_hidden']:
             arch['mlp_ratio'] = _ratio_of(found['mlp_hidden'], found['width'])
         if found['gpsa_blocks'] != model['gpsa_blocks']:
             arch['num_local_layers'] = found['gpsa_blocks']
-        if not self.dense and found['class_attention_blocks'] != model[
+        if not self.model.dense and found['class_attention_blocks'] != model[
                 'class_attention_blocks']:
             arch['num_cls_layers'] = found['class_attention_blocks']
         if found['registers'] != model['registers']:
@@ -281,26 +357,27 @@ class CheckpointDiagnosis:
             options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
                            f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
                            f" {rows})")
-        if found['fc_norm'] != model['fc_norm'] and not self.dense:
+        if found['fc_norm'] != model['fc_norm'] and not self.model.dense:
             options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
                            "normalised: MAE's fine-tuned layout)" if found['fc_norm']
                            else 'fc_norm=False')
         if arch:
             options.append(f"arch_overrides=dict("
                            f"{', '.join(f'{k}={v!r}' for k, v in arch.items())})")
-        return options
+        return options + self.layout.family_options(self.model, found)
 
     def layout_options(self, saved_keys) -> list[str]:
-        """The options of the family's ``checkpoint_layouts`` that a checkpoint with
+        """The options of the family's ``source_layouts`` that a checkpoint with
         ``saved_keys`` (as saved) has, where this model's settings differ, with the notes."""
         options, notes = {}, []
-        for present, absent, layout, note in self.checkpoint_layouts:
+        for present, absent, layout, note in self.layout.source_layouts:
             if any(re.search(present, k) for k in saved_keys) and not (
                     absent and any(re.search(absent, k) for k in saved_keys)):
                 options.update(layout)
                 notes.append(note)
         differing = {name: value for name, value in options.items() if (
-            self.arch[name] if name in self.arch else getattr(self, name)) != value}
+            self.model.arch[name] if name in self.model.arch else getattr(self.model, name))
+            != value}
         if not differing:
             return []
         return [f"{', '.join(f'{k}={v!r}' for k, v in differing.items())} "
@@ -310,22 +387,22 @@ class CheckpointDiagnosis:
         """The option that loads a checkpoint without class token: a dense trunk without
         one (``dense_class_token=False``) where it has no registers, else the family's
         ``class_token=False`` (its registers kept), where the family has it."""
-        if self.dense and not registers:
+        if self.model.dense and not registers:
             return 'dense_class_token=False (the checkpoint has no class token)'
-        if 'class_token' in self.arch_defaults:
-            pooled = ", out_type='avg_featmap'" if self.out_type == 'cls_token' else ''
+        if 'class_token' in self.model.arch_defaults:
+            pooled = ", out_type='avg_featmap'" if self.model.out_type == 'cls_token' else ''
             return f'class_token=False{pooled} (the checkpoint has no class token)'
-        return (f'no option of {type(self).__name__} builds a model without class token '
+        return (f'no option of {self.name} builds a model without class token '
                 f'{"and with registers" if registers else "for classification"}')
 
     def arch_option(self, depth: int, width: Optional[int]) -> str:
         """The ``arch`` (names of ``arch_zoo``) of a trunk of ``depth`` blocks of ``width``,
         else ``depth=`` where the width is this model's."""
-        names = [name for name, arch in self.arch_zoo.items()
+        names = [name for name, arch in self.model.arch_zoo.items()
                  if (arch['num_layers'], arch['embed_dims']) == (depth, width)]
         if names:
             return ' or '.join(f'arch={name!r}' for name in names)
-        if width == self.embed_dims:
+        if width == self.model.embed_dims:
             return f'depth={depth}'
         return f'arch=dict(embed_dims={width}, num_layers={depth}, num_heads=...)'
 
@@ -333,7 +410,7 @@ class CheckpointDiagnosis:
         """Whether a position table with ``rows`` prefix rows is another layout than the
         model's (which reads tables with ``checkpoint_prefix_tokens`` rows, or as many as
         it keeps)."""
-        embed = self.pos_embed
+        embed = self.model.pos_embed
         if rows is None or not hasattr(embed, 'checkpoint_prefix_tokens'):
             return False
         return rows not in (embed.num_prefix_tokens, embed.checkpoint_prefix_tokens)

@@ -1,7 +1,8 @@
 """Checkpoint key tables: how the checkpoints of other layouts map onto a family's own keys,
 as data that is read in both directions.
 
-A family states one :class:`KeyTable` (``checkpoint_keys``), after :data:`SHARED_KEYS`:
+A family's :class:`~.checkpoint_layout.CheckpointLayout` holds one :class:`KeyTable`
+(its ``keys``), read after :data:`SHARED_KEYS`:
 
 - ``keys``, in order: a :class:`Rename` is a key of timm's layout and ours, read forward on
   load and backward on the export to timm; an :class:`Alias` is another layout's key

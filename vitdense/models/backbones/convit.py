@@ -14,6 +14,7 @@ from ..layers.blocks import TransformerBlock
 from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
 from .base import ColumnarBackbone
 from .checkpoint_keys import KeyTable, Rename
+from .checkpoint_layout import CheckpointLayout
 
 
 def _convit(num_heads: int, head_dims: int = 48) -> dict:
@@ -36,12 +37,15 @@ class ConViT(ColumnarBackbone):
     num_local_layers: int
     locality_strength: float
     no_weight_decay_names = ('gating',)  # GPSA's gates
-    #: timm's ConViT, as the official release: GPSA's gate ``gating_param``
-    checkpoint_keys = KeyTable(keys=(Rename('.attn.gating_param$', '.attn.gating$'),))
-    timm_arguments = dict(num_local_layers='local_up_to_layer',
-                          locality_strength='locality_strength')
-    timm_embed_dim_per_head = True
-    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.gating$')
+    #: timm's ConViT, as the official release: GPSA's gate ``gating_param``; timm's
+    #: ``embed_dim`` is per head
+    checkpoint_layout = CheckpointLayout(
+        'ConViT',
+        keys=KeyTable(keys=(Rename('.attn.gating_param$', '.attn.gating$'),)),
+        markers=(r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.gating$'),
+        timm_arguments=dict(num_local_layers='local_up_to_layer',
+                            locality_strength='locality_strength'),
+        timm_embed_dim_per_head=True)
     timm_models = (
         ('tiny', {}, 'convit_tiny'), ('small', {}, 'convit_small'), ('base', {}, 'convit_base'),
         ('tiny_plus', {}, None), ('small_plus', {}, None), ('base_plus', {}, None),

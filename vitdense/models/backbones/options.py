@@ -236,7 +236,7 @@ def apply_peft(model: nn.Module, peft: Optional[dict]) -> Optional['PeftTuning']
                                   f'bash tools/install.sh, or pip install peft==0.21.0 '
                                   f'"transformers<5"') from error
     tuning = PeftTuning(**peft)
-    tuning.apply(model, model.new_in_fine_tuning)
+    tuning.apply(model, model.checkpoint_layout.new_in_fine_tuning)
     return tuning
 
 

@@ -5,7 +5,7 @@
 layers (``peft.inject_adapter_in_model``: LoRA, Hu et al. 2021; DoRA, Liu et al. 2024; LoHa;
 LoKr) and freezes every tensor of the backbone that a pretrained checkpoint supplies; the
 adapters and what is new in fine-tuning (the multi-layer pyramid, zero-initialised relative
-position tables: the family's ``new_in_fine_tuning``) train, and with ``train`` the trunk's
+position tables: its checkpoint layout's ``new_in_fine_tuning``) train, and with ``train`` the trunk's
 norms or biases too. Necks, heads and ViT-Adapter's own modules are outside the backbone and
 train as ever.
 

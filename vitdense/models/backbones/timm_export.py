@@ -1,9 +1,10 @@
 """Backbones trained here handed to timm: a vitdense checkpoint as the state dict of the
 family's timm model, loaded by timm strictly and checked by its forward.
 
-The key mapping is the family's key table read backward (``checkpoint_keys``, which loading
-reads forward; see :meth:`CheckpointAdaptation.export_to_timm`). The keywords of the timm
-model's constructor are data too (``timm_arguments``): :func:`timm_arguments` writes the full
+The key mapping is the family's key table read backward (its ``checkpoint_layout``'s
+``keys``, which loading reads forward; see :meth:`CheckpointLayout.export_to_timm`). The
+keywords of the timm model's constructor are data too (the layout's ``timm_arguments``):
+:func:`timm_arguments` writes the full
 ``timm.create_model(...)`` call from the backbone's options (the checkpoint's own config, which
 mmengine saves in ``meta['cfg']``, or options given). The backbone and timm's model then run on
 one input, and the export is refused when their features differ (:func:`check_same_features`):
@@ -31,7 +32,7 @@ from mmengine.config import Config
 
 from ..layers.blocks import NORM_EPS
 from .base import ColumnarBackbone
-from .checkpoint_adaptation import NOT_IN_TIMM
+from .checkpoint_layout import NOT_IN_TIMM
 
 #: mmpretrain's linear classifier head (``LinearClsHead``) -> timm's ``head``
 HEAD_PREFIX = 'head.fc.'
@@ -76,11 +77,11 @@ def timm_arguments(model: ColumnarBackbone) -> dict:
     """The keywords of ``timm.create_model`` for the family's timm model computing what
     ``model`` computes: shapes, the family's ``timm_arguments``, the pooling of its
     classification output, the LayerNorm eps where it is not timm's 1e-6."""
-    names = {**SHARED_TIMM_ARGUMENTS, **model.timm_arguments}
+    names = {**SHARED_TIMM_ARGUMENTS, **model.checkpoint_layout.timm_arguments}
     arguments = {timm_name: model.arch[ours] if ours in model.arch else getattr(model, ours)
                  for ours, timm_name in names.items()
                  if ours in model.arch or hasattr(model, ours)}
-    if model.timm_embed_dim_per_head:
+    if model.checkpoint_layout.timm_embed_dim_per_head:
         arguments['embed_dim'] //= model.num_heads
     arguments['img_size'] = tuple(side * model.patch_size for side in model.pretrain_grid)
     if model.out_type in TIMM_GLOBAL_POOL:
@@ -156,11 +157,12 @@ def _setting(model: ColumnarBackbone, name: str) -> Any:
 def check_expressible(model: ColumnarBackbone) -> None:
     """Raises ValueError naming the options of ``model`` that the family's timm model has
     no counterpart for (``timm_inexpressible``), before any export is written."""
-    differing = {name: _setting(model, name) for name, value in
-                 model.timm_inexpressible.items() if _setting(model, name) != value}
+    inexpressible = model.checkpoint_layout.timm_inexpressible
+    differing = {name: _setting(model, name) for name, value in inexpressible.items()
+                 if _setting(model, name) != value}
     if differing:
         written = ', '.join(f'{name}={value!r}' for name, value in differing.items())
-        computed = ', '.join(f'{name}={model.timm_inexpressible[name]!r}' for name in differing)
+        computed = ', '.join(f'{name}={inexpressible[name]!r}' for name in differing)
         raise ValueError(f'{type(model).__name__} with {written} has no export to timm: the '
                          f'timm model of its export has no such option (it computes '
                          f'{computed})')
@@ -232,8 +234,8 @@ def missing_from_export(exported: dict, expected: dict, family: type[ColumnarBac
             f'({", ".join(unexpected[:6])}): the backbone uses an option timm lacks (window '
             f'attention, relative positions, the hMLP stem) or is of another timm model '
             f'(name it)')
-    classification_stage = f'{CLASS_TOKEN}|{family.classification_keys}'
-    table = family.checkpoint_table()
+    classification_stage = f'{CLASS_TOKEN}|{family.checkpoint_layout.classification_keys}'
+    table = family.checkpoint_layout.table()
     trunk = [key for key in missing
              if not re.match(classification_stage, table.key_to_ours(key))]
     if trunk:
@@ -287,7 +289,7 @@ def to_timm(family: type[ColumnarBackbone], checkpoint: dict,
     model = built_backbone(family, options, backbone)
     timm_model = timm_model or timm_model_of(model)
     arguments = {**timm_arguments(model), **(timm_kwargs or {})}
-    exported = {**family.export_to_timm(backbone), **head}
+    exported = {**family.checkpoint_layout.export_to_timm(backbone), **head}
     num_classes = head['head.weight'].shape[0] if 'head.weight' in head else 0
     call = create_model_call(timm_model, num_classes, arguments)
     theirs = timm.create_model(timm_model, pretrained=False, num_classes=num_classes,

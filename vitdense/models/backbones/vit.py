@@ -5,25 +5,20 @@ about Vision Transformers" (Touvron et al., 2022): parallel blocks (§3), the hM
 Class token and learned absolute positions as in the ViT paper; widths are DeiT's for
 tiny/small and ViT's for base/large/huge.
 """
-import math
 from typing import Optional, Union
 
 import torch.nn as nn
-from mmengine.logging import MMLogger
-from timm.layers import resample_patch_embed
 
 from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import FeedForward, TransformerBlock
-from ..layers.embed import (HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed,
-                             PositionKernel)
+from ..layers.embed import HMLPPatchEmbed, LearnedPositionEmbedding, PatchEmbed
 from ..layers.relative_bias import RelativePositionBias
 from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import SwiGLU
 from .base import ColumnarBackbone
+from .checkpoint_vit import VIT_CHECKPOINT_LAYOUT
 from .options import AttentionLayout
-from .vit_layouts import (BLOCK_MODULE_AS_SAVED, EVA_ROTARY_TABLE, LEARNED_ROTARY,
-                          ROTARY_TABLE_TOLERANCE, UNTIED_CLASS_NORM, VIT_KEYS)
 
 STEMS = ('linear', 'hmlp')
 POS_EMBEDS = ('learn', 'none')
@@ -87,6 +82,8 @@ class ViT(ColumnarBackbone):
             data2vec; with ``pos_embed='none'``), its tables sized for ``img_size`` and
             resampled as BEiT does to other grids (at load and in forward); a pretraining
             checkpoint's shared table is copied to each block.
+        res_post_norm: normalise the output of each block's attention and FFN, not their
+            input (timm's res-post-norm blocks, ``ResPostBlock``: ``vit_*_rpn_*``).
         class_token: False: a model without class token (SigLIP, timm's ``*_gap`` ViTs; its
             registers, if any, kept), read by ``out_type='avg_featmap'`` or densely; SigLIP's
             attention-pooling head (``attn_pool``) is unused by dense models.
@@ -106,7 +103,8 @@ class ViT(ColumnarBackbone):
                          pos_embed='learn', rope=None, rope_temperature=None,
                          ref_feat_shape=None, qk_norm=False, swiglu_mlp=False,
                          scale_mlp=False, act_layer='gelu', pre_norm=False, class_token=True,
-                         use_rel_pos_bias=False, resample_patch_embed=False)
+                         use_rel_pos_bias=False, resample_patch_embed=False,
+                         res_post_norm=False)
     arch_attributes = dict(pos_embed='pos_embed_type')
     # the family's settings as the builders read them (the constructor's options)
     mlp_ratio: float
@@ -126,45 +124,9 @@ class ViT(ColumnarBackbone):
     pre_norm: bool
     use_rel_pos_bias: bool
     resample_patch_embed: bool
-    checkpoint_keys = VIT_KEYS
+    res_post_norm: bool
+    checkpoint_layout = VIT_CHECKPOINT_LAYOUT
     no_weight_decay_names = ('table',)  # BEiT's relative position tables
-    #: SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
-    classification_keys = r'^(norm|fc_norm|cls_blocks|attn_pool)\.'
-    #: mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
-    #: forward): ``F.interpolate`` bicubic without antialiasing; DINOv2's hub models
-    #: (``interpolate_pos_encoding``): without registers (a ``mask_token``, LayerScale, the
-    #: class row in the table), plain bicubic with the scale factor offset by 0.1; with
-    #: registers, antialiased without offset, as timm
-    position_kernels = (
-        ((r'^layers\.\d+\.',), None, PositionKernel(antialias=False)),
-        ((r'^mask_token$', r'^blocks\.\d+\.ls1\.gamma$', r'^pos_embed$'), r'^register_tokens$',
-         PositionKernel(antialias=False, offset=.1)),
-    )
-    timm_arguments = dict(layer_scale='init_values', no_embed_class='no_embed_class',
-                          reg_tokens='reg_tokens', class_token='class_token',
-                          qk_norm='qk_norm', act_layer='act_layer', pre_norm='pre_norm',
-                          fc_norm_after_pooling='fc_norm')
-    #: timm's VisionTransformer has no rotary positions, SwiGLU or relative position bias
-    #: (its Eva and Beit classes do, in layouts of their own)
-    timm_inexpressible = dict(rope=None, swiglu_mlp=False, use_rel_pos_bias=False)
-    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.',)
-    #: the sources' layouts as saved, named by a refused load's advice: their rotary
-    #: positions, relative bias and norms (the shapes show SwiGLU and the registers)
-    checkpoint_layouts = (
-        (r'relative_position_bias_table$', None, dict(use_rel_pos_bias=True, pos_embed='none'),
-         "BEiT's relative position bias"),
-        (r'\.attn\.(q_bias|q_proj\.weight)$', r'relative_position_bias_table$',
-         dict(rope='eva02'), "EVA-02's rotary positions, which no tensor shows"),
-        (r'^patch_embed\.', r'^(image_encoder\.)?pos_embed|relative_position_bias_table$',
-         dict(pos_embed='none', rope='dinov3', norm_eps=1e-5),
-         "DINOv3's rotary positions, its only ones"),
-        (r'^(norm_pre|visual\.ln_pre)\.', None, dict(pre_norm=True, norm_eps=1e-5),
-         "CLIP's norm before the blocks: OpenAI's weights take act_layer='quick_gelu' too, "
-         "which no tensor shows"),
-        (r'\.attn\.q_norm\.', None, dict(qk_norm=True), 'norms of the queries and keys'),
-        (r'\.mlp\.(norm|ffn_ln)\.', None, dict(scale_mlp=True),
-         "EVA-02's norm of the SwiGLU hidden units"),
-    )
     timm_models = (
         ('tiny', {}, 'vit_tiny_patch16_224'),
         ('small', {}, 'vit_small_patch16_224'),
@@ -199,6 +161,8 @@ class ViT(ColumnarBackbone):
         ('base', dict(class_token=False), 'vit_base_patch16_siglip_224'),
         ('base', dict(class_token=False, reg_tokens=4, no_embed_class=True, img_size=256),
          'vit_base_patch16_reg4_gap_256'),
+        ('base', dict(class_token=False, qkv_bias=False, res_post_norm=True),
+         'vit_base_patch16_rpn_224'),
     )
 
     def __init__(self, arch: Union[str, dict] = 'base', *,
@@ -221,6 +185,7 @@ class ViT(ColumnarBackbone):
                  class_token: Optional[bool] = None,
                  use_rel_pos_bias: Optional[bool] = None,
                  resample_patch_embed: Optional[bool] = None,
+                 res_post_norm: Optional[bool] = None,
                  arch_overrides: Optional[dict] = None,
                  **kwargs) -> None:
         options = {key: value for key, value in locals().items() if key in self.arch_defaults}
@@ -261,12 +226,6 @@ class ViT(ColumnarBackbone):
                              "out_type='avg_featmap' or densely (out_type='featmap')")
         return self.num_layers
 
-    def built_by_other_modes(self, key: str) -> bool:
-        """As the base's, except that a model without class token keeps its registers."""
-        if key == 'reg_token' and self.reg_token is not None:
-            return False
-        return super().built_by_other_modes(key)
-
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         layout = self.block_layouts[index]
         if self.num_parallel < 1:
@@ -285,7 +244,7 @@ class ViT(ColumnarBackbone):
         return TransformerBlock(self.embed_dims, mixer, self.mlp_ratio, self.layer_scale,
                                 drop_path, self.drop_rate, num_branches=self.num_parallel,
                                 window_size=layout.window_size, norm_eps=self.norm_eps,
-                                mlp=self._feed_forward())
+                                mlp=self._feed_forward(), res_post_norm=self.res_post_norm)
 
     def build_norm_pre(self) -> Optional[nn.Module]:
         return nn.LayerNorm(self.embed_dims, eps=self.norm_eps) if self.pre_norm \
@@ -312,103 +271,3 @@ class ViT(ColumnarBackbone):
             raise ValueError('swiglu_mlp does not support parallel blocks (num_parallel > 1)')
         return SwiGLU(self.embed_dims, int(self.embed_dims * self.mlp_ratio),
                       self.drop_rate, self.scale_mlp, self.norm_eps)
-
-    def fit_checkpoint_tensors(self, converted: dict) -> dict:
-        """BEiT's relative position tables of another grid resampled to the model's, as BEiT
-        does (their modules' load hook does the same for our own layout); with
-        ``resample_patch_embed`` the patch projection resampled to ``patch_size``."""
-        kernel = converted.get('patch_embed.proj.weight')
-        if self.resample_patch_embed and kernel is not None and \
-                kernel.shape[-2:] != (self.patch_size, self.patch_size):
-            MMLogger.get_current_instance().info(
-                f'{type(self).__name__}: patch projection of {tuple(kernel.shape[-2:])} kernels '
-                f'resampled to {self.patch_size} (resample_patch_embed=True)')
-            converted['patch_embed.proj.weight'] = resample_patch_embed(
-                kernel, [self.patch_size, self.patch_size])
-        for name, module in self.named_modules():
-            if isinstance(module, RelativePositionBias) and f'{name}.table' in converted:
-                converted[f'{name}.table'] = module.checkpoint_table(converted[f'{name}.table'])
-        return self._take_class_token_norm(self._drop_computed_rotary_tables(converted))
-
-    def _take_class_token_norm(self, converted: dict) -> dict:
-        """DINOv3 L SAT-493M and 7B normalise the class and storage tokens by a norm of
-        their own (``cls_norm``) and the patches by ``norm``: a model reading the class token
-        takes ``cls_norm`` as its final norm; one reading the patches keeps ``norm`` and
-        leaves ``cls_norm`` unused, logged."""
-        untied = {key: converted.pop(key) for key in list(converted)
-                  if key.startswith(UNTIED_CLASS_NORM)}
-        if not untied:
-            return converted
-        reads_class_token = self.out_type == 'cls_token' and not self.fc_norm_after_pooling
-        if reads_class_token:
-            converted.update({'norm.' + key[len(UNTIED_CLASS_NORM):]: value
-                              for key, value in untied.items()})
-        read = ('the class token is read, normalised by cls_norm' if reads_class_token
-                else 'the patches are read: cls_norm is unused')
-        MMLogger.get_current_instance().info(
-            f'{type(self).__name__}: the checkpoint normalises its class token by cls_norm and '
-            f'its patches by norm (untied norms); {read}')
-        return converted
-
-    def _drop_computed_rotary_tables(self, converted: dict) -> dict:
-        """EVA-02's rotary tables (``EVA_ROTARY_TABLE``) dropped, with a log line, where
-        this model's rotary embedding computes each of them (within float rounding); else
-        kept, so that the load is refused and the advice names the reference grid they are
-        built for (``ref_feat_shape``)."""
-        tables = {key: value for key, value in converted.items() if EVA_ROTARY_TABLE.match(key)}
-        rope = self._rotary_embedding()
-        if not tables or rope is None or rope.style != 'eva02':
-            return converted
-        for key, table in tables.items():
-            rows, dims = table.shape[-2:]
-            side = math.isqrt(rows)
-            if table.dim() != 2 or side * side != rows or dims != rope.head_dim:
-                return converted
-            angles = rope.angles((side, side), table.device)
-            computed = angles.cos() if key.endswith('cos') else angles.sin()
-            if (table.float() - computed).abs().max() > ROTARY_TABLE_TOLERANCE:
-                return converted
-        for key in tables:
-            del converted[key]
-        MMLogger.get_current_instance().info(
-            f'{type(self).__name__}: the checkpoint\'s {len(tables)} rotary tables (EVA-02\'s '
-            f'buffers: {", ".join(sorted(tables)[:3])}, ...) are what this model computes '
-            f'(reference grid {rope.ref_grid}): dropped')
-        return converted
-
-    def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
-        """Learned rotary frequencies (``rope.freqs``, ``freqs``: timm's and Naver's
-        rope-mixed ViTs, Heo et al. 2024), and norms after attention and FFN (timm's
-        res-post-norm blocks, ``ResPostBlock``, whose keys are saved ``attn`` before
-        ``norm1``: a file whose keys are sorted shows no such order)."""
-        found = []
-        if any(LEARNED_ROTARY.match(key) for key in saved_keys):
-            found.append("learned rotary frequencies (rope.freqs: the rope-mixed ViTs)")
-        first = {}
-        for index, key in enumerate(saved_keys):
-            match = BLOCK_MODULE_AS_SAVED.match(key)
-            if match:
-                first.setdefault(match.group(1), index)
-        if saved_keys != sorted(saved_keys) and first.get('attn', -1) >= 0 and \
-                first['attn'] < first.get('norm1', -1):
-            found.append('norms after attention and FFN (res-post-norm blocks: its keys '
-                         'put attn before norm1)')
-        return found
-
-    def options_to_load(self, found: dict, model: dict) -> list[str]:
-        """As the base's, and EVA-02's rotary reference grid where the checkpoint's rotary
-        tables show another than the model's (or, with ``rope`` advised, would have)."""
-        options = super().options_to_load(found, model)
-        grid = found['rotary_grid']
-        if grid and found['family'] == model['family'] and \
-                grid != tuple(self.ref_feat_shape or self.pretrain_grid):
-            options.append(f"ref_feat_shape={grid} (the reference grid of the checkpoint's "
-                           f"EVA-02 rotary tables)")
-        return options
-
-    @classmethod
-    def convert_checkpoint(cls, state_dict: dict) -> dict:
-        """As the base's, for a file wrapped in ``module`` too (EVA-02's releases)."""
-        if isinstance(state_dict.get('module'), dict):
-            state_dict = state_dict['module']
-        return super().convert_checkpoint(state_dict)

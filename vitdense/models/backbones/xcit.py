@@ -14,6 +14,7 @@ from ..layers.blocks import TransformerBlock, XCiTClassAttentionBlock
 from ..layers.embed import ConvPatchEmbed, FourierPositionEncoding
 from .base import ColumnarBackbone
 from .checkpoint_keys import Alias, KeyTable, Rename
+from .checkpoint_layout import CheckpointLayout
 
 
 #: mmpretrain's XCiT keys -> ours (after timm's renames): ConvModules (``conv`` / ``bn``) in
@@ -59,17 +60,19 @@ class XCiT(ColumnarBackbone):
     #: timm's XCiT, as the official release (which names the position encoding
     #: ``pos_embeder``): class attention in ``cls_attn_blocks``, LayerScale ``gamma1`` /
     #: ``gamma2``, the LPI ``local_mp`` with its norm ``norm3`` and LayerScale ``gamma3``
-    checkpoint_keys = KeyTable(keys=(
-        Alias('^pos_embeder.', '^pos_embed.'),
-        Rename('^cls_attn_blocks.', '^cls_blocks.'),
-        Rename('.gamma3$', '.ls_lpi.gamma$'),
-        Rename('.gamma{n:1|2}$', '.ls{n}.gamma$'),
-        Rename('.norm3.', '.norm_lpi.'),
-        Rename('.local_mp.', '.lpi.'),
-    ) + OPENMMLAB_XCIT_KEYS)
-    timm_arguments = dict(layer_scale='eta', tokens_norm='tokens_norm',
-                          num_cls_layers='cls_attn_layers')
-    checkpoint_markers = (r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.temperature$')
+    checkpoint_layout = CheckpointLayout(
+        'XCiT',
+        keys=KeyTable(keys=(
+            Alias('^pos_embeder.', '^pos_embed.'),
+            Rename('^cls_attn_blocks.', '^cls_blocks.'),
+            Rename('.gamma3$', '.ls_lpi.gamma$'),
+            Rename('.gamma{n:1|2}$', '.ls{n}.gamma$'),
+            Rename('.norm3.', '.norm_lpi.'),
+            Rename('.local_mp.', '.lpi.'),
+        ) + OPENMMLAB_XCIT_KEYS),
+        markers=(r'^blocks\.\d+\.attn\.qkv\.', r'\.attn\.temperature$'),
+        timm_arguments=dict(layer_scale='eta', tokens_norm='tokens_norm',
+                            num_cls_layers='cls_attn_layers'))
     timm_models = tuple((arch, dict(patch_size=p), f'xcit_{arch}_p{p}_224')
                         for arch in arch_zoo for p in (16, 8))
 

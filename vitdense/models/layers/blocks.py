@@ -135,20 +135,33 @@ class TransformerBlock(nn.Module):
             (ViTDet), the grid zero-padded to a multiple of it.
         norm_eps: epsilon of the LayerNorms (1e-6 as timm; mmseg's ViTs train with 1e-5).
         mlp: the FFN (default: :class:`FeedForward` of ``mlp_ratio``), e.g. a SwiGLU.
+        res_post_norm: normalise each branch's output instead of its input,
+            ``x + drop_path(ls(norm(branch(x))))`` (Swin V2's res-post-norm, §3.1; timm's
+            ``ResPostBlock``); each branch is then registered before its norm, so the keys
+            are saved in timm's order, which shows it.
     """
 
     def __init__(self, dim: int, token_mixer: nn.Module, mlp_ratio: float = 4.,
                  layer_scale: Optional[float] = None, drop_path: float = 0., drop: float = 0.,
                  local_patch_interaction: bool = False, num_branches: int = 1,
                  window_size: int = 0, norm_eps: float = NORM_EPS,
-                 mlp: Optional[nn.Module] = None) -> None:
+                 mlp: Optional[nn.Module] = None, res_post_norm: bool = False) -> None:
         super().__init__()
         if window_size < 0:
             raise ValueError(f'window_size must be >= 0, got {window_size}')
         if window_size and num_branches > 1:
             raise ValueError('window attention does not support parallel branches')
+        if res_post_norm and (num_branches > 1 or local_patch_interaction):
+            raise ValueError('res_post_norm normalises the output of a single attention and '
+                             'FFN branch: it does not combine with parallel branches or the '
+                             'local patch interaction')
         self.num_branches = num_branches
         self.window_size = window_size
+        self.res_post_norm = res_post_norm
+        mlp = mlp if mlp is not None else FeedForward(dim, int(dim * mlp_ratio), drop,
+                                                      num_branches)
+        if res_post_norm:  # each branch before its norm: saved in that order, as timm's
+            self.attn = token_mixer
         self.norm1 = make_layer_norm(dim, norm_eps, num_branches)
         self.attn = token_mixer
         self.ls1 = _layer_scale(dim, layer_scale, num_branches)
@@ -158,14 +171,23 @@ class TransformerBlock(nn.Module):
             self.ls_lpi = _layer_scale(dim, layer_scale)
         else:
             self.lpi = None
+        if res_post_norm:
+            self.mlp = mlp
         self.norm2 = make_layer_norm(dim, norm_eps, num_branches)
-        self.mlp = mlp if mlp is not None else FeedForward(dim, int(dim * mlp_ratio), drop,
-                                                           num_branches)
+        self.mlp = mlp
         self.ls2 = _layer_scale(dim, layer_scale, num_branches)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _merge_branches(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.num_branches == 1 else x.sum(0)
+
+    def _branch_input(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A branch's input: normalised in a pre-norm block."""
+        return x if self.res_post_norm else norm(x)
+
+    def _branch_output(self, norm: nn.Module, y: torch.Tensor) -> torch.Tensor:
+        """A branch's output: normalised in a res-post-norm block."""
+        return norm(y) if self.res_post_norm else y
 
     def forward(self, x: torch.Tensor, hw: Grid, num_queries: Optional[int] = None,
                 attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -174,26 +196,28 @@ class TransformerBlock(nn.Module):
         returned, which spares the FFN and most of the attention for them. ``attn_mask``:
         which tokens each token attends to, (B, N, N) boolean, for token mixers that take
         one (EoMT's masked attention)."""
+        normed = self._branch_input(self.norm1, x)
         if attn_mask is not None:
             if self.window_size or num_queries is not None:
                 raise ValueError('an attention mask is over the whole token sequence: it '
                                  'does not combine with window attention or num_queries')
-            mixed = self.attn(self.norm1(x), hw, attn_mask=attn_mask)
+            mixed = self.attn(normed, hw, attn_mask=attn_mask)
         elif num_queries is None and self.window_size:
-            mixed = window_attention(self.attn, self.norm1(x), hw, self.window_size)
+            mixed = window_attention(self.attn, normed, hw, self.window_size)
         elif num_queries is None:
-            mixed = self.attn(self.norm1(x), hw)
+            mixed = self.attn(normed, hw)
         elif self.lpi is not None:
             raise ValueError('the local patch interaction needs every token: '
                              'num_queries is not supported with it')
         else:
-            mixed = self.attn(self.norm1(x), hw, num_queries=num_queries)
+            mixed = self.attn(normed, hw, num_queries=num_queries)
             x = x[..., :num_queries, :]
+        mixed = self._branch_output(self.norm1, mixed)
         x = residual_add(x, self.drop_path(self._merge_branches(self.ls1(mixed))))
         if self.lpi is not None:
             x = residual_add(x, self.drop_path(self.ls_lpi(self.lpi(self.norm_lpi(x), hw))))
-        return residual_add(
-            x, self.drop_path(self._merge_branches(self.ls2(self.mlp(self.norm2(x))))))
+        ffn = self._branch_output(self.norm2, self.mlp(self._branch_input(self.norm2, x)))
+        return residual_add(x, self.drop_path(self._merge_branches(self.ls2(ffn))))
 
 
 class ClassAttentionBlock(nn.Module):

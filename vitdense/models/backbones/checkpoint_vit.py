@@ -1,14 +1,25 @@
-"""ViT's checkpoint layouts: the keys and tensors of the sources ViT loads (timm's ViT, EVA-02,
-DINOv2 / v3, SAM, BEiT, OpenAI's CLIP, DeiT III, OpenMMLab's and detectron2's ViTDet) as
-key tables and tensor rules, read by :class:`.vit.ViT` (``checkpoint_keys``) and its
-checkpoint methods.
+"""ViT's checkpoint layout (:class:`ViTCheckpointLayout`, the ``checkpoint_layout`` of
+``vit.ViT``): the keys and tensors of the sources ViT reads (timm, OpenMMLab, DINOv2 / v3,
+EVA-02, CLIP, BEiT, SAM, DeiT III, detectron2's ViTDet), the layouts whose options no shape
+shows, and the rules beyond tables: BEiT's tables and EVA-02's rotary tables fitted to the
+model, DINOv3's untied class-token norm, learned rotary frequencies refused, res-post-norm
+blocks told by the order of a file's keys.
 """
+import math
 import re
+from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
+from mmengine.logging import MMLogger
+from timm.layers import resample_patch_embed
 
+from ..layers.embed import PositionKernel
+from ..layers.relative_bias import RelativePositionBias
+from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import merge_swiglu_tensors
 from .checkpoint_keys import Alias, KeyTable, TensorRule
+from .checkpoint_layout import CheckpointLayout, checkpoint_weights
 
 #: timm's EVA attention keeps q and v biases beside a bias-free fused qkv (``q_bias``,
 #: ``v_bias``) or three maps (``q_proj``, ``k_proj`` without bias, ``v_proj``)
@@ -85,7 +96,7 @@ OPENAI_CLIP_ONLY_KEYS = (r'^(visual\.proj|transformer\.|token_embedding\.|positi
 #: (storage tokens), DeiT-distilled's distillation token (a register with a position row:
 #: ``reg_tokens=1``), SAM's image encoder (``image_encoder.``, ``mlp.lin1``, relative position
 #: tables), DINOv2-g's fused SwiGLU (``w12``, ``w3``), EVA-02's releases (SwiGLU ``w1``,
-#: ``w2``, ``w3``, its ``ffn_ln``); DINOv2's registers are merged (``ViT.checkpoint_keys``)
+#: ``w2``, ``w3``, its ``ffn_ln``); DINOv2's registers are merged (``VIT_KEYS``)
 SOURCE_KEYS: tuple[Alias, ...] = (
     Alias('^storage_tokens$', '^reg_token$'),
     Alias('^dist_token$', '^reg_token$'),
@@ -262,6 +273,7 @@ def split_parallel_branches(state_dict: dict) -> dict:
     return state_dict
 
 
+
 def convert_detectron2_vitdet(state_dict: dict) -> dict:
     """The ViT backbone and simple feature pyramid of a detectron2 ViTDet state dict in our
     layout (``backbone.*``, ``neck.*``); other tensors (its RPN and RoI heads) are left out."""
@@ -269,6 +281,7 @@ def convert_detectron2_vitdet(state_dict: dict) -> dict:
                  for key, value in state_dict.items()}
     return {key: value for key, value in converted.items()
             if key.startswith(('backbone.', 'neck.'))}
+
 
 
 #: timm's ViT keys are ours (its bare position table: the shared table's); the sources'
@@ -288,3 +301,166 @@ VIT_KEYS = KeyTable(
              TensorRule(name_official_parallel_branches, to_timm=None),
              TensorRule(stack_parallel_branches, split_parallel_branches)),
     left_out=f'{SOURCE_ONLY_KEYS}|{OPENAI_CLIP_ONLY_KEYS}')
+
+
+
+@dataclass(frozen=True)
+class ViTCheckpointLayout(CheckpointLayout):
+    """ViT's checkpoints: the tables above, and the rules beyond them."""
+
+    def weights(self, checkpoint: dict) -> dict:
+        """As the base's, for a file wrapped in ``module`` too (EVA-02's releases)."""
+        if isinstance(checkpoint.get('module'), dict):
+            checkpoint = checkpoint['module']
+        return checkpoint_weights(checkpoint)
+
+    def fit_tensors(self, model: nn.Module, converted: dict) -> dict:
+        """BEiT's relative position tables of another grid resampled to the model's, as BEiT
+        does (their modules' load hook does the same for our own layout); with
+        ``resample_patch_embed`` the patch projection resampled to ``patch_size``."""
+        kernel, size = converted.get('patch_embed.proj.weight'), model.patch_size
+        if model.arch['resample_patch_embed'] and kernel is not None and \
+                kernel.shape[-2:] != (size, size):
+            MMLogger.get_current_instance().info(
+                f'{self.family}: patch projection of {tuple(kernel.shape[-2:])} kernels '
+                f'resampled to {size} (resample_patch_embed=True)')
+            converted['patch_embed.proj.weight'] = resample_patch_embed(kernel, [size, size])
+        for name, module in model.named_modules():
+            if isinstance(module, RelativePositionBias) and f'{name}.table' in converted:
+                converted[f'{name}.table'] = module.checkpoint_table(converted[f'{name}.table'])
+        return self._take_class_token_norm(
+            model, self._drop_computed_rotary_tables(model, converted))
+
+    def _take_class_token_norm(self, model: nn.Module, converted: dict) -> dict:
+        """DINOv3 L SAT-493M and 7B normalise the class and storage tokens by a norm of
+        their own (``cls_norm``) and the patches by ``norm``: a model reading the class token
+        takes ``cls_norm`` as its final norm; one reading the patches keeps ``norm`` and
+        leaves ``cls_norm`` unused, logged."""
+        untied = {key: converted.pop(key) for key in list(converted)
+                  if key.startswith(UNTIED_CLASS_NORM)}
+        if not untied:
+            return converted
+        reads_class_token = model.out_type == 'cls_token' and not model.fc_norm_after_pooling
+        if reads_class_token:
+            converted.update({'norm.' + key[len(UNTIED_CLASS_NORM):]: value
+                              for key, value in untied.items()})
+        read = ('the class token is read, normalised by cls_norm' if reads_class_token
+                else 'the patches are read: cls_norm is unused')
+        MMLogger.get_current_instance().info(
+            f'{self.family}: the checkpoint normalises its class token by cls_norm and its '
+            f'patches by norm (untied norms); {read}')
+        return converted
+
+    def _drop_computed_rotary_tables(self, model: nn.Module, converted: dict) -> dict:
+        """EVA-02's rotary tables (``EVA_ROTARY_TABLE``) dropped, with a log line, where
+        the model's rotary embedding computes each of them (within float rounding); else
+        kept, so that the load is refused and the advice names the reference grid they are
+        built for (``ref_feat_shape``)."""
+        tables = {key: value for key, value in converted.items() if EVA_ROTARY_TABLE.match(key)}
+        rope = next((m for m in model.modules() if isinstance(m, RotaryPositionEmbedding)),
+                    None)
+        if not tables or rope is None or rope.style != 'eva02':
+            return converted
+        for key, table in tables.items():
+            rows, dims = table.shape[-2:]
+            side = math.isqrt(rows)
+            if table.dim() != 2 or side * side != rows or dims != rope.head_dim:
+                return converted
+            angles = rope.angles((side, side), table.device)
+            computed = angles.cos() if key.endswith('cos') else angles.sin()
+            if (table.float() - computed).abs().max() > ROTARY_TABLE_TOLERANCE:
+                return converted
+        for key in tables:
+            del converted[key]
+        MMLogger.get_current_instance().info(
+            f'{self.family}: the checkpoint\'s {len(tables)} rotary tables (EVA-02\'s buffers: '
+            f'{", ".join(sorted(tables)[:3])}, ...) are what this model computes (reference '
+            f'grid {rope.ref_grid}): dropped')
+        return converted
+
+    def mechanisms_not_built(self, saved_keys: list[str]) -> list[str]:
+        """Learned rotary frequencies (``rope.freqs``, ``freqs``: timm's and Naver's
+        rope-mixed ViTs, Heo et al. 2024)."""
+        if any(LEARNED_ROTARY.match(key) for key in saved_keys):
+            return ['learned rotary frequencies (rope.freqs: the rope-mixed ViTs)']
+        return []
+
+    def order_options(self, model: nn.Module, saved_keys: list[str]) -> list[str]:
+        """``res_post_norm`` as the order of the first block's keys as saved shows it
+        (timm's ``ResPostBlock`` and ours save ``attn`` before ``norm1``, pre-norm blocks
+        ``norm1`` first), where the model's differs; a file whose keys are sorted (as
+        safetensors writes them) shows no order."""
+        first: dict[str, int] = {}
+        for index, key in enumerate(saved_keys):
+            match = BLOCK_MODULE_AS_SAVED.match(key)
+            if match:
+                first.setdefault(match.group(1), index)
+        if saved_keys == sorted(saved_keys) or len(first) < 2:
+            return []
+        post_norm = first['attn'] < first['norm1']
+        if post_norm == model.arch['res_post_norm']:
+            return []
+        return [f'res_post_norm={post_norm} (the file\'s blocks normalise the '
+                f'{"outputs" if post_norm else "inputs"} of attention and FFN: its keys put '
+                f'{"attn before norm1" if post_norm else "norm1 before attn"})']
+
+    def family_options(self, model: nn.Module, found: dict) -> list[str]:
+        """EVA-02's rotary reference grid where the checkpoint's rotary tables show another
+        than the model's (or, with ``rope`` advised, would have)."""
+        grid = found['rotary_grid']
+        if grid and grid != tuple(model.arch['ref_feat_shape'] or model.pretrain_grid):
+            return [f"ref_feat_shape={grid} (the reference grid of the checkpoint's EVA-02 "
+                    f"rotary tables)"]
+        return []
+
+    def built_by_other_modes(self, model: nn.Module, key: str) -> bool:
+        """As the base's, except that a model without class token keeps its registers."""
+        if key == 'reg_token' and model.reg_token is not None:
+            return False
+        return super().built_by_other_modes(model, key)
+
+
+#: the layout of ViT's checkpoints (``ViT.checkpoint_layout``)
+VIT_CHECKPOINT_LAYOUT = ViTCheckpointLayout(
+    'ViT',
+    keys=VIT_KEYS,
+    markers=(r'^blocks\.\d+\.attn\.qkv\.',),
+    # the sources' layouts as saved, named by a refused load's advice: their rotary
+    # positions, relative bias and norms (the shapes show SwiGLU and the registers)
+    source_layouts=(
+        (r'relative_position_bias_table$', None, dict(use_rel_pos_bias=True, pos_embed='none'),
+         "BEiT's relative position bias"),
+        (r'\.attn\.(q_bias|q_proj\.weight)$', r'relative_position_bias_table$',
+         dict(rope='eva02'), "EVA-02's rotary positions, which no tensor shows"),
+        (r'^patch_embed\.', r'^(image_encoder\.)?pos_embed|relative_position_bias_table$',
+         dict(pos_embed='none', rope='dinov3', norm_eps=1e-5),
+         "DINOv3's rotary positions, its only ones"),
+        (r'^(norm_pre|visual\.ln_pre)\.', None, dict(pre_norm=True, norm_eps=1e-5),
+         "CLIP's norm before the blocks: OpenAI's weights take act_layer='quick_gelu' too, "
+         "which no tensor shows"),
+        (r'\.attn\.q_norm\.', None, dict(qk_norm=True), 'norms of the queries and keys'),
+        (r'\.mlp\.(norm|ffn_ln)\.', None, dict(scale_mlp=True),
+         "EVA-02's norm of the SwiGLU hidden units"),
+    ),
+    # mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
+    # forward): ``F.interpolate`` bicubic without antialiasing; DINOv2's hub models
+    # (``interpolate_pos_encoding``): without registers (a ``mask_token``, LayerScale, the
+    # class row in the table), plain bicubic with the scale factor offset by 0.1; with
+    # registers, antialiased without offset, as timm
+    position_kernels=(
+        ((r'^layers\.\d+\.',), None, PositionKernel(antialias=False)),
+        ((r'^mask_token$', r'^blocks\.\d+\.ls1\.gamma$', r'^pos_embed$'), r'^register_tokens$',
+         PositionKernel(antialias=False, offset=.1)),
+    ),
+    timm_arguments=dict(layer_scale='init_values', no_embed_class='no_embed_class',
+                        reg_tokens='reg_tokens', class_token='class_token', qk_norm='qk_norm',
+                        act_layer='act_layer', pre_norm='pre_norm',
+                        fc_norm_after_pooling='fc_norm'),
+    # timm's VisionTransformer has no rotary positions, SwiGLU or relative position bias
+    # (its Eva and Beit classes do, in layouts of their own), and builds res-post-norm
+    # blocks from a block class (``block_fn``), which no keyword names
+    timm_inexpressible=dict(rope=None, swiglu_mlp=False, use_rel_pos_bias=False,
+                            res_post_norm=False),
+    # SigLIP's attention-pooling head (``attn_pool``) belongs to the classification stage
+    classification_keys=r'^(norm|fc_norm|cls_blocks|attn_pool)\.',
+)
