@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm2d
 from timm.models.vision_transformer import VisionTransformer
 
-from vitdense.engine.hooks import EoMTMaskAnnealingHook
+from vitdense.engine.hooks import EoMTMaskAnnealingHook, TimeBudgetHook
 from vitdense.models import EoMT, ViT
 from vitdense.models.backbones.vit import DINOV3, EVA02
 from vitdense.models.eomt import annealed_mask_probability
@@ -191,10 +191,10 @@ def test_annealing_schedule_matches_official():
 
 
 class _Runner:
-    """What the hook reads of mmengine's Runner: the iteration and the model."""
+    """What the hook reads of mmengine's Runner: the iteration, the model and the hooks."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model, self.iter = model, 0
+        self.model, self.iter, self.hooks = model, 0, []
 
 
 def test_annealing_hook_sets_the_schedule_before_each_iteration():
@@ -351,3 +351,25 @@ def test_annealed_masks_are_saved_with_the_weights():
         torch.testing.assert_close(classes[-1], trained(images)[0][-1], rtol=0, atol=0)
     with pytest.raises(ValueError, match='masks 3 blocks: give one probability each, got 2'):
         fresh.set_mask_probabilities([1.0, 1.0])
+
+
+def test_annealing_hook_follows_a_time_budget():
+    """With start and end fractions the schedule runs over the share of the runner's time
+    budget spent; without a TimeBudgetHook that schedule is refused, naming it."""
+    _, ours = eomt_pair(SIZES[0], seed=0)
+    budget = TimeBudgetHook(minutes=1.0)
+    hook = EoMTMaskAnnealingHook(start_fractions=(0.2, 0.4, 0.6), end_fractions=(0.4, 0.6, 0.8))
+    runner = _Runner(nn.ModuleDict(dict(backbone=ours)))
+    runner.hooks = [budget, hook]
+    for spent in (0.0, 0.3, 0.5, 0.9):
+        budget.spent = lambda spent=spent: spent
+        hook.before_train_iter(runner, batch_idx=0)
+        expected = [annealed_mask_probability(spent, s, e).item()
+                    for s, e in zip((0.2, 0.4, 0.6), (0.4, 0.6, 0.8))]
+        assert ours.mask_probabilities.tolist() == expected
+    assert ours.mask_probabilities.tolist() == [0.0] * 3
+    runner.hooks = [hook]
+    with pytest.raises(ValueError, match='add a vitdense.TimeBudgetHook'):
+        hook.before_train_iter(runner, batch_idx=0)
+    with pytest.raises(ValueError, match='either in iterations'):
+        EoMTMaskAnnealingHook((1,), (2,), start_fractions=(0.1,), end_fractions=(0.2,))
