@@ -68,7 +68,7 @@ class EoMT(BaseModule):
 
     Args:
         backbone: the backbone or its config. It must keep its final norm, which the mask
-            module reads through: build it with ``out_type='cls_token'`` (CaiT:
+            module reads through: build it with ``out_type='cls_token'`` (CaiT, XCiT:
             ``'avg_featmap'``, which builds no class-attention stage; the pooling is not
             used). Supported in the last ``num_blocks`` blocks: token attention (ViT,
             ConViT's plain blocks after its GPSA ones; CaiT's talking heads, through their
