@@ -6,6 +6,7 @@ a backbone's training step comes to this machine's matrix-product peak.
     python -m benchmarks.benchmark_attention crossover  # talking heads' paths by grid size
     python -m benchmarks.benchmark_attention block-rows  # the CPU operator's block height
     python -m benchmarks.benchmark_attention peak     # achieved FLOP/s / measured matmul FLOP/s
+    python -m benchmarks.benchmark_attention eomt-masks  # EoMT's masks in XCA and token attention
 
 memory: what each backbone of the shipped Mask R-CNN configs saves for backward at a COCO
 batch on a GPU (meta device, SDPA counted as a fused kernel:
@@ -32,6 +33,12 @@ peak: FLOPs of a backbone training step (``benchmark_lib.count_flops``, 2 per mu
 per second, as a fraction of a float32 matrix product's FLOP/s on the same threads, per
 family at 224² batch 8 and at 512² batch 2 (ADE20k's crop); with the share of step time
 of each kind of operator (torch.profiler), to name where the time goes.
+
+eomt-masks: the training step of one attention layer of XCiT-S12's width (384, 8 heads of 48)
+on EoMT's tokens at ADE20k's crop (100 queries and 32 × 32 patches of 16 px, batch 2), each
+query masked to a random half of the patches: XCA without and with the masks (each masked
+query's covariance over its patches, ``masked_cross_covariance``), and token attention of the
+same width without and with them; ratios to the unmasked layer.
 """
 from __future__ import annotations
 
@@ -47,8 +54,8 @@ import torch.nn.functional as F
 import vitdense  # noqa: F401  (registers the backbones)
 from benchmarks import benchmark_lib as bm
 from vitdense.analysis.memory import count_backbone
-from vitdense.models.layers import (GatedPositionalSelfAttention, MultiheadSelfAttention,
-                                    talking_heads, talking_heads_cpu)
+from vitdense.models.layers import (CrossCovarianceAttention, GatedPositionalSelfAttention,
+                                    MultiheadSelfAttention, talking_heads, talking_heads_cpu)
 from vitdense.registry import MODELS
 
 GIB = 1 << 30
@@ -270,10 +277,44 @@ def peak(repeats: int, sizes: tuple[str, ...], families: tuple[str, ...]) -> lis
     return rows
 
 
+#: EoMT-S on XCiT-S12 at ADE20k's crop: width, heads, queries, patch grid, batch
+EOMT_LAYER = dict(width=384, heads=8, queries=100, grid=(32, 32), batch=2)
+
+
+def eomt_masks(repeats: int) -> dict:
+    """Training steps of one XCA and one token-attention layer on EoMT's tokens, without
+    and with the queries' masks (a random half of the patches each)."""
+    torch.manual_seed(0)
+    width, heads, queries = EOMT_LAYER['width'], EOMT_LAYER['heads'], EOMT_LAYER['queries']
+    batch, patches = EOMT_LAYER['batch'], EOMT_LAYER['grid'][0] * EOMT_LAYER['grid'][1]
+    x = torch.randn(batch, queries + patches, width, requires_grad=True)
+    mask = torch.ones(batch, queries, queries + patches, dtype=torch.bool)
+    mask[..., queries:] = torch.rand(batch, queries, patches) > 0.5
+    xca, plain = CrossCovarianceAttention(width, heads), MultiheadSelfAttention(width, heads)
+
+    def step(layer: torch.nn.Module, masked: bool) -> bm.Step:
+        options = dict(attn_mask=mask) if masked else {}
+        return lambda: layer(x, EOMT_LAYER['grid'], **options).square().mean().backward()
+
+    samples = bm.time_interleaved(
+        {'xca': step(xca, False), 'xca masked': step(xca, True),
+         'attention': step(plain, False), 'attention masked': step(plain, True)},
+        warmup=1, repeats=repeats)
+    row = dict(EOMT_LAYER, **{f'{name} s': statistics.median(t) for name, t in samples.items()},
+               **{'xca masked / xca': bm.paired_ratio(samples['xca masked'], samples['xca']),
+                  'attention masked / attention': bm.paired_ratio(samples['attention masked'],
+                                                                  samples['attention']),
+                  'xca masked / attention masked': bm.paired_ratio(
+                      samples['xca masked'], samples['attention masked'])})
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('what', choices=('memory', 'layers', 'crossover', 'block-rows', 'peak'))
+    parser.add_argument('what', choices=('memory', 'layers', 'crossover', 'block-rows', 'peak',
+                                         'eomt-masks'))
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--sizes', nargs='+', choices=('224', '512', 'coco'),
                         help='layers: 224 (batch 8) and / or coco (800 x 1344, batch 2); '
@@ -291,6 +332,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         crossover(args.repeats)
     elif args.what == 'block-rows':
         block_rows(args.repeats)
+    elif args.what == 'eomt-masks':
+        eomt_masks(args.repeats)
     else:
         peak(args.repeats, tuple(args.sizes or ('224', '512')), tuple(args.families))
 

@@ -18,6 +18,8 @@ minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time 
         --cfg-options model.backbone.out_indices=[2,3,4,5] --data-root /tmp/coco_random
     # ViTDet's layout: the simple pyramid, window attention in ViT / CaiT / ConViT
     nice python -m benchmarks.benchmark_dense_demo --tasks seg --layout vitdet
+    # EoMT: the demo EoMT of each family (masks annealed over the same fractions of the budget)
+    nice python -m benchmarks.benchmark_dense_demo --tasks eomt --families vit cait xcit convit
 
 Runs go one at a time, each in its own process; results are appended to
 ``benchmarks/results/dense_demo.jsonl`` and summarised in ``dense_demo.md``.
@@ -36,12 +38,14 @@ from mmengine.config import DictAction
 from vitdense.models import backbone_families
 
 ROOT = Path(__file__).resolve().parents[1]
-#: each registered family's demo models (``configs/<family>/``): Mask R-CNN and UperNet
+#: each registered family's demo models (``configs/<family>/``): Mask R-CNN, UperNet and
+#: EoMT (semantic, on the ADE20k-layout set)
 CONFIGS = {
     task: {family: f'configs/{family}/{prefix}_{family}-d6-p8_{neck}demo-{data}.py'
            for family in backbone_families()}
     for task, prefix, neck, data in (('det', 'mask-rcnn', 'fpn_', 'coco'),
-                                     ('seg', 'upernet', '', 'ade'))}
+                                     ('seg', 'upernet', '', 'ade'),
+                                     ('eomt', 'eomt', '', 'ade'))}
 #: the same demo models in ViTDet's layout: the last block through the simple feature
 #: pyramid, window attention and relative positions for the token-attention families
 VITDET_CONFIGS = {
@@ -55,7 +59,7 @@ RESNET18 = {
     'seg': dict(type='mmseg.ResNetV1c', depth=18, norm_cfg=dict(type='BN'), init_cfg=None),
 }
 RESNET18_CHANNELS = [64, 128, 256, 512]
-METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',)}
+METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',), 'eomt': ('mIoU',)}
 FAMILIES = (*backbone_families(), 'resnet18')
 
 
@@ -67,8 +71,10 @@ def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None
     from mmengine.config import Config
 
     from vitdense.engine.tool_config import point_at_data_root
-    if family == 'resnet18' and layout != 'multilayer':
-        raise ValueError('ResNet-18 runs in the multi-layer layout only')
+    if family == 'resnet18' and (layout != 'multilayer' or task == 'eomt'):
+        raise ValueError('ResNet-18 runs in the multi-layer layout of det and seg only')
+    if task == 'eomt' and layout != 'multilayer':
+        raise ValueError('EoMT has no ViTDet layout: it reads the last block itself')
     cfg = Config.fromfile(
         str(ROOT / LAYOUTS[layout][task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
@@ -93,9 +99,15 @@ def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None
 def build_config(task: str, family: str, train_minutes: float, clock: str, work_dir: Path,
                  cfg_options: dict | None = None, data_root: str | None = None,
                  layout: str = 'multilayer'):
-    """:func:`demo_config` on a time budget of ``train_minutes`` by ``clock``."""
+    """:func:`demo_config` on a time budget of ``train_minutes`` by ``clock``; EoMT's mask
+    annealing keeps its place in the schedule, as fractions of the budget."""
     from vitdense.engine import train_on_time_budget
     cfg = demo_config(task, family, work_dir, cfg_options, data_root, layout)
+    recipe_iters = cfg.train_cfg.max_iters
+    for hook in cfg.get('custom_hooks') or []:
+        if hook['type'] == 'vitdense.EoMTMaskAnnealingHook':
+            hook['start_fractions'] = [i / recipe_iters for i in hook.pop('start_iters')]
+            hook['end_fractions'] = [i / recipe_iters for i in hook.pop('end_iters')]
     train_on_time_budget(cfg, train_minutes, clock)
     return cfg
 

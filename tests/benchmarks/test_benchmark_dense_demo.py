@@ -26,3 +26,15 @@ def test_ablation_options_data_root_and_budget(tmp_path):
     budget = [hook for hook in cfg.custom_hooks if hook['type'] == 'vitdense.TimeBudgetHook']
     assert budget == [dict(type='vitdense.TimeBudgetHook', minutes=3.0, clock='wall')]
     assert cfg.param_scheduler == [] and cfg.work_dir == str(tmp_path / 'work')
+
+
+def test_eomt_rows_anneal_the_masks_over_the_budget(tmp_path):
+    """EoMT's masks are annealed at the recipe's fractions of its schedule, now of the
+    budget (200-400 and 400-600 of 700 iterations)."""
+    cfg = tool.build_config('eomt', 'xcit', 2.0, 'process', tmp_path)
+    assert cfg.model.backbone.backbone.type == 'vitdense.XCiT'
+    annealing = [hook for hook in cfg.custom_hooks
+                 if hook['type'] == 'vitdense.EoMTMaskAnnealingHook']
+    assert annealing == [dict(type='vitdense.EoMTMaskAnnealingHook', power=0.9,
+                              start_fractions=[200 / 700, 400 / 700],
+                              end_fractions=[400 / 700, 600 / 700])]

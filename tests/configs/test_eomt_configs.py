@@ -1,4 +1,4 @@
-"""EoMT's demo recipes as shipped: semantic (mmseg; ViT and CaiT) and instance (mmdet, ViT)
+"""EoMT's demo recipes as shipped: semantic (mmseg; every family) and instance (mmdet, ViT)
 segmentation train through tools/train.py and are scored by the hosts' metrics (IoUMetric,
 CocoMetric); the semantic loss (the hosts' Mask2Former losses on every prediction) goes down over a few
 iterations, and the annealing hook leaves the masks off once the schedule ends."""
@@ -22,6 +22,8 @@ from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config
 SEMANTIC = 'configs/vit/eomt_vit-d6-p8_demo-ade.py'
 INSTANCE = 'configs/vit/eomt_vit-d6-p8_demo-coco.py'
 CAIT_SEMANTIC = 'configs/cait/eomt_cait-d6-p8_demo-ade.py'
+XCIT_SEMANTIC = 'configs/xcit/eomt_xcit-d6-p8_demo-ade.py'
+CONVIT_SEMANTIC = 'configs/convit/eomt_convit-d6-p8_demo-ade.py'
 SIZE = 64
 #: the losses of a prediction: the final one's, then (``d<i>.``) before each masked block
 LOSSES = ('loss_cls', 'loss_mask', 'loss_dice')
@@ -36,7 +38,9 @@ def data_root(tmp_path_factory) -> Path:
     (SEMANTIC, make_demo_ade, 'decode.', 'mIoU'),
     (INSTANCE, make_demo_coco, '', 'coco/segm_mAP'),
     (CAIT_SEMANTIC, make_demo_ade, 'decode.', 'mIoU'),
-], ids=['semantic', 'instance', 'semantic-cait'])
+    (XCIT_SEMANTIC, make_demo_ade, 'decode.', 'mIoU'),
+    (CONVIT_SEMANTIC, make_demo_ade, 'decode.', 'mIoU'),
+], ids=['semantic', 'instance', 'semantic-cait', 'semantic-xcit', 'semantic-convit'])
 def test_demo_config_trains_through_the_tool_and_is_scored(config, make, prefix, metric,
                                                            tmp_path):
     """Two iterations of the shipped config through tools/train.py: finite losses for the
@@ -81,11 +85,13 @@ def test_head_refuses_another_number_of_queries():
         model(torch.zeros(1, 3, SIZE, SIZE), mode='tensor')
 
 
-def test_demo_recipe_learns_and_anneals_its_masks(data_root, tmp_path):
+@pytest.mark.parametrize('config', [SEMANTIC, XCIT_SEMANTIC, CONVIT_SEMANTIC],
+                         ids=['vit', 'xcit', 'convit'])
+def test_demo_recipe_learns_and_anneals_its_masks(config, data_root, tmp_path):
     """The shipped recipe, 12 iterations at batch 2 with the schedule shortened to fit: the
     loss of the last iterations is below the first ones', and the masks are annealed away
     (probability zero) when the schedule ends."""
-    cfg = load_tool_config(str(REPO_ROOT / SEMANTIC), None, 'none', str(tmp_path / 'work'))
+    cfg = load_tool_config(str(REPO_ROOT / config), None, 'none', str(tmp_path / 'work'))
     point_at_data_root(cfg, data_root)
     cfg.model.data_preprocessor.size = (SIZE, SIZE)
     cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)

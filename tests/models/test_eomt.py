@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm2d
 from timm.models.vision_transformer import VisionTransformer
 
-from vitdense.engine.hooks import EoMTMaskAnnealingHook
+from vitdense.engine.hooks import EoMTMaskAnnealingHook, TimeBudgetHook
 from vitdense.models import EoMT, ViT
 from vitdense.models.backbones.vit import DINOV3, EVA02
 from vitdense.models.eomt import annealed_mask_probability
@@ -191,10 +191,10 @@ def test_annealing_schedule_matches_official():
 
 
 class _Runner:
-    """What the hook reads of mmengine's Runner: the iteration and the model."""
+    """What the hook reads of mmengine's Runner: the iteration, the model and the hooks."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model, self.iter = model, 0
+        self.model, self.iter, self.hooks = model, 0, []
 
 
 def test_annealing_hook_sets_the_schedule_before_each_iteration():
@@ -266,18 +266,24 @@ def test_refuses_backbones_it_cannot_drive(options, message):
         EoMT(backbone, NUM_CLASSES, NUM_QUERIES, NUM_BLOCKS)
 
 
-def test_cait_takes_the_masks_through_its_talking_heads():
-    """On CaiT (talking heads in every block) the masks change what the queries see, and
-    once annealed away the model is the unmasked one."""
+@pytest.mark.parametrize('family, out_type, patch, size', [
+    ('cait', 'cls_token', PATCH, SIZES[1]), ('xcit', 'avg_featmap', 8, (48, 64)),
+    ('convit', 'cls_token', PATCH, SIZES[1])])
+def test_every_family_takes_the_masks(family, out_type, patch, size):
+    """On CaiT (talking heads), XCiT (cross-covariance attention, each query's over the
+    patches it sees) and ConViT (plain attention after the GPSA blocks, its class token in
+    place) the masks change what the queries see, and once annealed away the model is the
+    unmasked one."""
     torch.manual_seed(0)
-    backbone = MODELS.build(dict(TINY_BACKBONES['cait'], patch_size=PATCH,
-                                 out_type='cls_token', init_cfg=None))
+    # XCiT's convolutional stem takes 8- or 16-px patches
+    backbone = MODELS.build(dict(TINY_BACKBONES[family], patch_size=patch,
+                                 out_type=out_type, init_cfg=None))
     masked = perturb_(EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2))
     masked.set_mask_probabilities([1.0, 1.0])
     unmasked = EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2, masked_attn=False)
     unmasked.load_state_dict(masked.state_dict())
     unmasked.eval()
-    images = torch.randn(2, 3, *SIZES[1])
+    images = torch.randn(2, 3, *size)
     with torch.no_grad():
         plain = unmasked(images)[0][-1]
         assert max_relative_diff(masked(images)[0][-1], plain) > 1e-3
@@ -285,16 +291,23 @@ def test_cait_takes_the_masks_through_its_talking_heads():
         torch.testing.assert_close(masked(images)[0][-1], plain)
 
 
-@pytest.mark.parametrize('family, message', [
-    ('xcit', 'has CrossCovarianceAttention'),
-    ('convit', 'class token of ConViT joins before block 1'),
-])
-def test_refuses_the_families_without_maskable_token_attention(family, message):
-    """docs/eomt.md: XCiT's channel attention and ConViT's late class token are refused by
-    name."""
-    backbone = MODELS.build(dict(TINY_BACKBONES[family], out_type='cls_token', init_cfg=None))
+def test_convit_queries_join_after_its_gated_blocks():
+    """docs/eomt.md: ConViT's queries join with its class token, in the plain blocks after
+    the GPSA ones, in front of it; asking for a GPSA block is refused, naming the fix."""
+    backbone = MODELS.build(dict(TINY_BACKBONES['convit'], patch_size=PATCH,
+                                 out_type='cls_token', init_cfg=None))
+    message = (r'block 0 of ConViT has gated positional self-attention.*3 plain .*'
+               r'num_blocks <= 3 or fewer GPSA blocks \(num_local_layers\)')
     with pytest.raises(ValueError, match=message):
-        EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=2)
+        EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=4)
+    eomt = EoMT(backbone, NUM_CLASSES, NUM_QUERIES, num_blocks=3).eval()
+    seen = []
+    backbone.blocks[1].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        eomt(torch.randn(1, 3, *SIZES[0]))
+    grid = (SIZES[0][0] // PATCH) * (SIZES[0][1] // PATCH)
+    assert seen[0].shape[1] == NUM_QUERIES + 1 + grid
+    torch.testing.assert_close(seen[0][0, :NUM_QUERIES], eomt.queries.weight)
 
 
 @pytest.mark.parametrize('options', [DINOV3, dict(EVA02, patch_size=PATCH)],
@@ -338,3 +351,25 @@ def test_annealed_masks_are_saved_with_the_weights():
         torch.testing.assert_close(classes[-1], trained(images)[0][-1], rtol=0, atol=0)
     with pytest.raises(ValueError, match='masks 3 blocks: give one probability each, got 2'):
         fresh.set_mask_probabilities([1.0, 1.0])
+
+
+def test_annealing_hook_follows_a_time_budget():
+    """With start and end fractions the schedule runs over the share of the runner's time
+    budget spent; without a TimeBudgetHook that schedule is refused, naming it."""
+    _, ours = eomt_pair(SIZES[0], seed=0)
+    budget = TimeBudgetHook(minutes=1.0)
+    hook = EoMTMaskAnnealingHook(start_fractions=(0.2, 0.4, 0.6), end_fractions=(0.4, 0.6, 0.8))
+    runner = _Runner(nn.ModuleDict(dict(backbone=ours)))
+    runner.hooks = [budget, hook]
+    for spent in (0.0, 0.3, 0.5, 0.9):
+        budget.spent = lambda spent=spent: spent
+        hook.before_train_iter(runner, batch_idx=0)
+        expected = [annealed_mask_probability(spent, s, e).item()
+                    for s, e in zip((0.2, 0.4, 0.6), (0.4, 0.6, 0.8))]
+        assert ours.mask_probabilities.tolist() == expected
+    assert ours.mask_probabilities.tolist() == [0.0] * 3
+    runner.hooks = [hook]
+    with pytest.raises(ValueError, match='add a vitdense.TimeBudgetHook'):
+        hook.before_train_iter(runner, batch_idx=0)
+    with pytest.raises(ValueError, match='either in iterations'):
+        EoMTMaskAnnealingHook((1,), (2,), start_fractions=(0.1,), end_fractions=(0.2,))

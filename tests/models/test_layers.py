@@ -152,10 +152,62 @@ def test_talking_heads_take_an_attention_mask_on_their_maps():
         forced(x, attn_mask=mask)
 
 
+def test_attention_mask_of_the_first_tokens_leaves_the_others_free():
+    """A (B, M, N) mask restricts the first M tokens: the same as the (B, N, N) mask whose
+    other rows allow every key."""
+    torch.manual_seed(0)
+    attn = MultiheadSelfAttention(dim=8, num_heads=2).eval()
+    x, mask = torch.randn(2, 5, 8), torch.rand(2, 2, 5) > 0.5
+    mask[:, :, 0] = True
+    full = torch.cat([mask, torch.ones(2, 3, 5, dtype=torch.bool)], dim=1)
+    torch.testing.assert_close(attn(x, attn_mask=mask), attn(x, attn_mask=full))
+
+
+def test_cross_covariance_attention_takes_a_mask_as_attention_on_the_tokens_seen():
+    """XCA masked for the first M tokens: each such token's output is what XCA gives it on
+    the tokens its row marks alone (its covariance over those tokens); the other tokens
+    take the covariance over all of them; a mask allowing everything changes nothing."""
+    torch.manual_seed(0)
+    attn = CrossCovarianceAttention(dim=16, num_heads=2).eval()
+    with torch.no_grad():
+        attn.temperature.uniform_(0.5, 2.0)
+    x, mask = torch.randn(2, 9, 16), torch.rand(2, 3, 9) > 0.4
+    mask[:, :, :3] = True  # the masked tokens see each other, as EoMT's queries do
+    out = attn(x, attn_mask=mask)
+    for b in range(2):
+        for row in range(3):
+            alone = attn(x[b:b + 1, mask[b, row]])[0, row]
+            torch.testing.assert_close(out[b, row], alone)
+    torch.testing.assert_close(out[:, 3:], attn(x)[:, 3:])
+    torch.testing.assert_close(attn(x, attn_mask=torch.ones_like(mask)), attn(x))
+    assert not torch.allclose(out[:, :3], attn(x)[:, :3])
+
+
+class _NoMixing(torch.nn.Module):
+    def forward(self, x, hw, attn_mask=None):
+        return torch.zeros_like(x)
+
+
+def test_local_patch_interaction_leaves_the_tokens_before_the_patches_out():
+    """XCiT's LPI runs on the patch grid (the last rows·cols tokens); the tokens before them
+    (EoMT's queries) take only the FFN, and the patches are as without them."""
+    torch.manual_seed(0)
+    block = TransformerBlock(8, _NoMixing(), layer_scale=0.5,
+                             local_patch_interaction=True).eval()
+    prefix, patches = torch.randn(2, 3, 8), torch.randn(2, 6, 8)
+    with torch.no_grad():
+        out = block(torch.cat([prefix, patches], dim=1), (2, 3))
+        torch.testing.assert_close(out[:, 3:], block(patches, (2, 3)))
+        torch.testing.assert_close(out[:, :3],
+                                   prefix + block.ls2(block.mlp(block.norm2(prefix))))
+
+
 def test_attention_mask_refusals():
     x, mask = torch.randn(2, 5, 8), torch.ones(2, 5, 5, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r'shape \(B, N, N\) = \(2, 5, 5\), got torch.float32'):
+    with pytest.raises(ValueError, match=r'shape \(B, M, N\) = \(2, M <= 5, 5\).*float32'):
         MultiheadSelfAttention(8, 2)(x, attn_mask=mask.float())
+    with pytest.raises(ValueError, match=r'shape \(B, M, N\) = \(2, M <= 5, 5\)'):
+        CrossCovarianceAttention(8, 2)(x, attn_mask=mask[:, :, :4])
     block = TransformerBlock(8, MultiheadSelfAttention(8, 2), window_size=2)
     with pytest.raises(ValueError, match='does not combine with window attention'):
         block(x[:, 1:], (2, 2), attn_mask=mask[:, 1:, 1:])

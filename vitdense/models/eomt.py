@@ -12,7 +12,11 @@ backbone. :func:`annealed_mask_probability` is that schedule; a hook of the runn
 
 The model drives a columnar backbone's blocks itself (:meth:`ColumnarBackbone.embed`,
 :meth:`ColumnarBackbone.run_block`): the backbone's own weights, checkpoints and options are
-used unchanged.
+used unchanged. Where attention is not token to token, a masked query gets what the block's
+mixer gives it on the tokens it sees alone: XCiT's cross-covariance attention takes each
+query's covariance over its patches (its local patch interaction leaves the queries out);
+ConViT's queries join with its class token, after the gated positional blocks
+(``docs/eomt.md``).
 """
 import math
 from typing import Optional, Sequence, Union
@@ -24,7 +28,8 @@ from mmengine.model import BaseModule
 
 from vitdense.registry import MODELS
 from .backbones.base import ColumnarBackbone
-from .layers.attention import MultiheadSelfAttention
+from .layers.attention import (CrossCovarianceAttention, GatedPositionalSelfAttention,
+                               MultiheadSelfAttention)
 from .layers.norm import LayerNorm2d
 
 #: per-layer predictions: class logits (B, queries, classes + 1) per prediction point and
@@ -32,12 +37,13 @@ from .layers.norm import LayerNorm2d
 Predictions = tuple[list[torch.Tensor], list[torch.Tensor]]
 
 
-def annealed_mask_probability(iteration: int, start: int, end: int, power: float = 0.9,
+def annealed_mask_probability(iteration: float, start: float, end: float, power: float = 0.9,
                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The probability that a block keeps its attention mask at ``iteration``: one before
-    ``start``, zero from ``end`` on, a polynomial decay of ``power`` in between (EoMT §3.4;
-    the official code uses its learning rate's poly power, 0.9). Computed in ``dtype`` as
-    the official code computes it in its buffer's."""
+    """The probability that a block keeps its attention mask at ``iteration`` (or a
+    fraction of a time budget): one before ``start``, zero from ``end`` on, a polynomial
+    decay of ``power`` in between (EoMT §3.4; the official code uses its learning rate's
+    poly power, 0.9). Computed in ``dtype`` as the official code computes it in its
+    buffer's."""
     if iteration < start:
         return torch.ones((), dtype=dtype)
     if iteration >= end:
@@ -62,12 +68,12 @@ class EoMT(BaseModule):
 
     Args:
         backbone: the backbone or its config. It must keep its final norm, which the mask
-            module reads through: build it with ``out_type='cls_token'`` (CaiT:
+            module reads through: build it with ``out_type='cls_token'`` (CaiT, XCiT:
             ``'avg_featmap'``, which builds no class-attention stage; the pooling is not
-            used). Supported: token attention (ViT; CaiT's talking heads, through their
-            written-out maps) without window attention or relative position biases in the
-            last ``num_blocks`` blocks; other families are refused (``docs/eomt.md`` says
-            why).
+            used). Supported in the last ``num_blocks`` blocks: token attention (ViT,
+            ConViT's plain blocks after its GPSA ones; CaiT's talking heads, through their
+            written-out maps) without window attention or relative position biases, and
+            XCiT's cross-covariance attention (``docs/eomt.md`` says how).
         num_classes: classes, without the "no object" class the class head adds.
         num_queries: learned queries (EoMT: 100 for ADE20k semantic, 200 for COCO).
         num_blocks: the last blocks the queries take part in (EoMT: 4 of ViT-L's 24).
@@ -127,29 +133,46 @@ class EoMT(BaseModule):
         if not isinstance(getattr(backbone, 'norm', None), nn.LayerNorm):
             raise ValueError(f"EoMT reads its predictions through the backbone's final norm, "
                              f"which {name} builds only for classification: build it with "
-                             f"out_type='cls_token' (CaiT: 'avg_featmap', which builds no "
+                             f"out_type='cls_token' (CaiT, XCiT: 'avg_featmap', which builds no "
                              f"class-attention stage) and fc_norm=False")
         if not 1 <= num_blocks <= backbone.num_layers:
             raise ValueError(f'num_blocks must be between 1 and the {backbone.num_layers} '
                              f'blocks of {name}, got {num_blocks}')
-        if 0 < backbone.class_token_layer < backbone.num_layers:
+        first = backbone.num_layers - num_blocks
+        for index in range(first, backbone.num_layers):
+            EoMT._check_block(backbone, index, num_blocks)
+        if first < backbone.class_token_layer < backbone.num_layers:
             raise ValueError(f'the class token of {name} joins before block '
-                             f'{backbone.class_token_layer}: EoMT needs the prefix tokens '
-                             f'in place from the first block')
-        for index in range(backbone.num_layers - num_blocks, backbone.num_layers):
-            block = backbone.blocks[index]
-            if isinstance(block.attn, MultiheadSelfAttention) and (
-                    block.attn.relative_position_bias is not None or
-                    block.attn.rel_pos is not None):
-                raise ValueError(f'block {index} of {name} adds relative position biases, '
-                                 f'whose tables have rows for the patches (and a class token) '
-                                 f'only: EoMT\'s queries have no position; use a backbone '
-                                 f'without use_rel_pos_bias / use_rel_pos')
-            if not isinstance(block.attn, MultiheadSelfAttention) or block.window_size:
-                raise ValueError(f'EoMT needs global token attention in the last {num_blocks} '
-                                 f'blocks of {name}; block {index} has '
-                                 f'{type(block.attn).__name__}'
-                                 f'{" in windows" if block.window_size else ""}')
+                             f'{backbone.class_token_layer}, after the queries (before block '
+                             f'{first}): EoMT needs the prefix tokens in place before them; '
+                             f'use num_blocks <= '
+                             f'{backbone.num_layers - backbone.class_token_layer}')
+
+    @staticmethod
+    def _check_block(backbone: ColumnarBackbone, index: int, num_blocks: int) -> None:
+        """Refuse block ``index`` if queries cannot take part in it, naming the fix."""
+        name, block = type(backbone).__name__, backbone.blocks[index]
+        if isinstance(block.attn, GatedPositionalSelfAttention):
+            plain = backbone.num_layers - backbone.class_token_layer
+            raise ValueError(f'block {index} of {name} has gated positional self-attention, '
+                             f'whose positional term exists between patches only: EoMT\'s '
+                             f'queries join where the class token does, in the {plain} plain '
+                             f'self-attention blocks after the first num_local_layers='
+                             f'{backbone.class_token_layer}; use num_blocks <= {plain} or '
+                             f'fewer GPSA blocks (num_local_layers)')
+        if isinstance(block.attn, MultiheadSelfAttention) and (
+                block.attn.relative_position_bias is not None or
+                block.attn.rel_pos is not None):
+            raise ValueError(f'block {index} of {name} adds relative position biases, '
+                             f'whose tables have rows for the patches (and a class token) '
+                             f'only: EoMT\'s queries have no position; use a backbone '
+                             f'without use_rel_pos_bias / use_rel_pos')
+        mixers = (MultiheadSelfAttention, CrossCovarianceAttention)
+        if not isinstance(block.attn, mixers) or block.window_size:
+            raise ValueError(f'EoMT needs global token attention or XCA in the last '
+                             f'{num_blocks} blocks of {name}; block {index} has '
+                             f'{type(block.attn).__name__}'
+                             f'{" in windows" if block.window_size else ""}')
 
     def _predict(self, tokens: torch.Tensor, num_prefix: int,
                  hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,14 +188,15 @@ class EoMT(BaseModule):
 
     def _attention_mask(self, mask_logits: torch.Tensor, num_prefix: int, hw: tuple[int, int],
                         probability: float) -> torch.Tensor:
-        """(B, N, N): every token attends to every token, except each query to the patches
-        outside its predicted mask (logits at the patch grid > 0); a query keeps that mask
-        with ``probability`` (EoMT §3.3-3.4)."""
+        """(B, queries, N), the rows of the queries (the first tokens; the others attend
+        to every token): each query attends to every token but the patches outside its
+        predicted mask (logits at the patch grid > 0); a query keeps that mask with
+        ``probability`` (EoMT §3.3-3.4)."""
         batch, num_tokens = mask_logits.shape[0], self.num_queries + num_prefix + hw[0] * hw[1]
-        mask = torch.ones(batch, num_tokens, num_tokens, dtype=torch.bool,
+        mask = torch.ones(batch, self.num_queries, num_tokens, dtype=torch.bool,
                           device=mask_logits.device)
         covered = F.interpolate(mask_logits, hw, mode='bilinear').flatten(2) > 0
-        to_patches = mask[:, :self.num_queries, self.num_queries + num_prefix:]
+        to_patches = mask[:, :, self.num_queries + num_prefix:]
         to_patches.copy_(covered)
         if probability < 1:
             dropped = torch.rand(batch, self.num_queries, device=mask.device) > probability
@@ -187,12 +211,13 @@ class EoMT(BaseModule):
                              f'crop them to such a size (mmseg: the data preprocessor\'s '
                              f'size or size_divisor)')
         tokens, hw = backbone.embed(images)
-        num_prefix = tokens.shape[1] - hw[0] * hw[1]
         first = backbone.num_layers - self.num_blocks
         class_logits, mask_logits = [], []
         for index, block in enumerate(backbone.blocks):
             attn_mask = None
+            tokens = backbone.join_class_token(index, tokens)
             if index == first:
+                num_prefix = tokens.shape[1] - hw[0] * hw[1]
                 queries = self.queries.weight.expand(tokens.shape[0], -1, -1)
                 tokens = torch.cat([queries, tokens], dim=1)
             if index >= first and self.masked_attn:

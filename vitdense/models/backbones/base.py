@@ -406,6 +406,13 @@ class ColumnarBackbone(BaseModule):
         prefix = [token for token in (self.cls_token, self.reg_token) if token is not None]
         return torch.cat([t.expand(tokens.shape[0], -1, -1) for t in prefix] + [tokens], dim=1)
 
+    def join_class_token(self, index: int, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens`` entering block ``index``, the class token prepended if it joins
+        there after block 0 (ConViT: after its GPSA blocks)."""
+        if index and index == self.class_token_layer:
+            return self._prepend_cls_token(tokens)
+        return tokens
+
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """The tokens entering the first block and their patch grid: images padded (with
         ``padding='image'``), patches embedded, the prefix tokens that join before block 0,
@@ -434,8 +441,7 @@ class ColumnarBackbone(BaseModule):
         # block (the same output; the patch tokens' FFN and queries are skipped)
         reads_trunk_class_token = self.out_type == 'cls_token' and self.trunk_has_class_token
         for index, block in enumerate(self.blocks[:last + 1]):
-            if index and index == self.class_token_layer:
-                tokens = self._prepend_cls_token(tokens)
+            tokens = self.join_class_token(index, tokens)
             extra = dict(num_queries=1) if reads_trunk_class_token and index == last else {}
             tokens = self.run_block(index, block, tokens, hw, **extra)
             if self.dense and index in self.out_indices:

@@ -8,6 +8,10 @@ into the operands of one such call on GPUs (:mod:`.talking_heads`). GPSA's posit
 attention is separable along the grid's axes and never becomes an N × N map. XCA's
 attention map is only d×d per head, so it is written out in a layout that needs no copies
 besides one of qkv.
+
+A mask (EoMT's masked attention) restricts each of the first M tokens to the tokens it may
+see: its output is the one the mixer gives it on that part of the sequence alone. For token
+attention this is the usual masked softmax; for XCA a covariance over those tokens only.
 """
 import math
 from typing import Optional
@@ -72,6 +76,18 @@ def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     out = F.scaled_dot_product_attention(q, k, F.pad(v, (0, q.shape[-1] - width)),
                                          attn_mask=bias, dropout_p=dropout_p, scale=1.)
     return out[..., :width]
+
+
+def check_attention_mask(attn_mask: torch.Tensor, batch: int, num_tokens: int) -> torch.Tensor:
+    """``attn_mask`` if it is a boolean (B, M, N) mask of the first M <= N tokens, else a
+    ``ValueError`` naming the shape expected."""
+    if (attn_mask.dtype != torch.bool or attn_mask.dim() != 3 or
+            attn_mask.shape[0] != batch or attn_mask.shape[2] != num_tokens or
+            attn_mask.shape[1] > num_tokens):
+        raise ValueError(f'attn_mask must be a boolean tensor of shape (B, M, N) = ({batch}, '
+                         f'M <= {num_tokens}, {num_tokens}), rows for the first M tokens; '
+                         f'got {attn_mask.dtype} {tuple(attn_mask.shape)}')
+    return attn_mask
 
 
 class MultiheadSelfAttention(nn.Module):
@@ -152,8 +168,9 @@ class MultiheadSelfAttention(nn.Module):
                 attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Attention of every token, or of the first ``num_queries`` tokens only (all
         tokens still serve as keys and values); output (..., queries, C). ``attn_mask``:
-        boolean (B, N, N), True where a token may attend to another, the same for every
-        head (EoMT's masked attention); every row needs a True."""
+        boolean (B, M, N), M <= N, True where each of the first M tokens may attend to
+        another (the others attend to all), the same for every head (EoMT's masked
+        attention); every row needs a True."""
         q, k, v = self._queries_keys_values(x, hw)
         terms = _logit_terms(self.rel_pos, q, hw)
         bias = self._bias(hw, k.shape[-2])
@@ -175,14 +192,15 @@ class MultiheadSelfAttention(nn.Module):
 
     def _masked(self, bias: Optional[torch.Tensor], attn_mask: torch.Tensor,
                 q: torch.Tensor) -> torch.Tensor:
-        """The additive ``bias`` with -inf where ``attn_mask`` is False, or the boolean mask
-        itself, one per image for all heads (SDPA and talking heads' maps take it as is)."""
-        expected = (q.shape[0] // self.num_branches, q.shape[-2], q.shape[-2])
-        if attn_mask.dtype != torch.bool or tuple(attn_mask.shape) != expected:
-            raise ValueError(f'attn_mask must be a boolean tensor of shape (B, N, N) = '
-                             f'{expected}, got {attn_mask.dtype} {tuple(attn_mask.shape)}')
+        """The additive ``bias`` with -inf where ``attn_mask`` is False, or the boolean
+        (B, 1, N, N) mask itself, one per image for all heads (SDPA and talking heads' maps
+        take it as is)."""
+        num_tokens = q.shape[-2]
+        attn_mask = check_attention_mask(attn_mask, q.shape[0] // self.num_branches, num_tokens)
+        free = attn_mask.new_ones(attn_mask.shape[0], num_tokens - attn_mask.shape[1],
+                                  num_tokens)
         # parallel branches are folded into the batch branch-major
-        mask = attn_mask.repeat(self.num_branches, 1, 1)[:, None]
+        mask = torch.cat([attn_mask, free], dim=1).repeat(self.num_branches, 1, 1)[:, None]
         if bias is None:
             return mask
         return bias.to(q.dtype).masked_fill(~mask, float('-inf'))
@@ -253,11 +271,29 @@ class CrossCovarianceAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Optional[Grid] = None,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """XCA of tokens x (B, N, C). ``attn_mask`` (B, M, N) boolean: each of the first M
+        tokens takes its covariance over the tokens its row marks
+        (:func:`masked_cross_covariance`), the others over all."""
         batch, num_tokens, dim = x.shape
         # channels play the role of tokens: (3, B, heads, d, N)
         qkv = self.qkv(x).view(batch, num_tokens, 3, self.num_heads, -1)
         q, k, v = qkv.permute(2, 0, 3, 4, 1).contiguous()
+        out = self._attend(q, k, v)
+        if attn_mask is not None:
+            rows = check_attention_mask(attn_mask, batch, num_tokens).shape[1]
+            maps = masked_cross_covariance(q, k, attn_mask, self.temperature).to(v.dtype)
+            maps = F.dropout(maps, self.attn_drop, self.training)
+            # (B, heads, M, d, d) @ (B, heads, M, d, 1): each row's map on its own values
+            restricted = (maps @ v[..., :rows].transpose(-2, -1)[..., None]).squeeze(-1)
+            out = torch.cat([restricted.transpose(-2, -1), out[..., rows:]], dim=-1)
+        out = out.reshape(batch, dim, num_tokens).transpose(1, 2).contiguous()
+        return self.proj_drop(self.proj(out))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(B, heads, d, N): every token's values mixed by the heads' d×d maps from the
+        covariance over all tokens."""
         # F.normalize(q) · F.normalize(k): the same norms (clamped alike), applied to q kᵀ
         q_norm = q.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
         k_norm = k.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
@@ -268,9 +304,7 @@ class CrossCovarianceAttention(nn.Module):
         else:
             attn = (q @ k.transpose(-2, -1)) / (q_norm * k_norm.transpose(-2, -1))
         attn = attn * self.temperature
-        attn = F.dropout(attn.softmax(dim=-1), self.attn_drop, self.training)
-        out = (attn @ v).reshape(batch, dim, num_tokens).transpose(1, 2).contiguous()
-        return self.proj_drop(self.proj(out))
+        return F.dropout(attn.softmax(dim=-1), self.attn_drop, self.training) @ v
 
     def attention_weights(self, x: torch.Tensor, hw: Optional[Grid] = None) -> torch.Tensor:
         """(B, heads, d, d) attention between the d channels of each head (XCiT Eq. 2):
@@ -280,6 +314,25 @@ class CrossCovarianceAttention(nn.Module):
         q, k, _ = self.qkv(x).view(batch, num_tokens, 3, self.num_heads, -1).permute(2, 0, 3, 4, 1)
         cosine = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
         return (cosine * self.temperature).softmax(dim=-1)
+
+
+def masked_cross_covariance(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor,
+                            temperature: torch.Tensor) -> torch.Tensor:
+    """(B, heads, M, d, d) float32: XCA's maps for the first M tokens, each from the
+    cross-covariance of the l2-normalised query and key channels over the tokens its row of
+    ``attn_mask`` (B, M, N) marks: what XCA computes on those tokens alone. q, k:
+    (B, heads, d, N). Every token's covariance is the outer product of its channels, summed
+    by one matmul with the mask: M·N·C·d multiply-adds (a ViT block's attention: 2·N²·C).
+    In float32, as the sums run over many tokens."""
+    q, k, mask = q.float(), k.float(), attn_mask.float().transpose(1, 2)  # mask (B, N, M)
+    batch, heads, width, num_tokens = q.shape
+    outer = (q.unsqueeze(-2) * k.unsqueeze(-3)).view(batch, -1, num_tokens)
+    covariance = (outer @ mask).view(batch, heads, width, width, -1).permute(0, 1, 4, 2, 3)
+    # (B, heads, M, d): the norms of each channel over each row's tokens
+    q_norm = (q.square() @ mask[:, None]).sqrt().clamp_min(NORMALIZE_EPS).transpose(-2, -1)
+    k_norm = (k.square() @ mask[:, None]).sqrt().clamp_min(NORMALIZE_EPS).transpose(-2, -1)
+    cosine = covariance / (q_norm[..., :, None] * k_norm[..., None, :])
+    return (cosine * temperature.float()[:, None]).softmax(dim=-1)
 
 
 def patch_offsets(hw: Grid, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

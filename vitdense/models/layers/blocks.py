@@ -189,13 +189,23 @@ class TransformerBlock(nn.Module):
         """A branch's output: normalised in a res-post-norm block."""
         return norm(y) if self.res_post_norm else y
 
+    def _local_patch_interaction(self, x: torch.Tensor, hw: Grid) -> torch.Tensor:
+        """The LPI's residual on the patch tokens (the last rows·cols); the tokens before
+        them (EoMT's queries) have no place on the grid and pass unchanged, as XCiT keeps
+        its class token out of the LPI."""
+        num_prefix = x.shape[-2] - hw[0] * hw[1]
+        patches = x[..., num_prefix:, :]
+        patches = residual_add(patches, self.drop_path(self.ls_lpi(
+            self.lpi(self.norm_lpi(patches), hw))))
+        return torch.cat([x[..., :num_prefix, :], patches], dim=-2) if num_prefix else patches
+
     def forward(self, x: torch.Tensor, hw: Grid, num_queries: Optional[int] = None,
                 attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Update all tokens or, with ``num_queries``, only the first ones (a classifier's
         class token in its last block): the others are keys and values and are not
         returned, which spares the FFN and most of the attention for them. ``attn_mask``:
-        which tokens each token attends to, (B, N, N) boolean, for token mixers that take
-        one (EoMT's masked attention)."""
+        which tokens each of the first M tokens attends to, (B, M, N) boolean, for token
+        mixers that take one (EoMT's masked attention)."""
         normed = self._branch_input(self.norm1, x)
         if attn_mask is not None:
             if self.window_size or num_queries is not None:
@@ -215,7 +225,7 @@ class TransformerBlock(nn.Module):
         mixed = self._branch_output(self.norm1, mixed)
         x = residual_add(x, self.drop_path(self._merge_branches(self.ls1(mixed))))
         if self.lpi is not None:
-            x = residual_add(x, self.drop_path(self.ls_lpi(self.lpi(self.norm_lpi(x), hw))))
+            x = self._local_patch_interaction(x, hw)
         ffn = self._branch_output(self.norm2, self.mlp(self._branch_input(self.norm2, x)))
         return residual_add(x, self.drop_path(self._merge_branches(self.ls2(ffn))))
 
