@@ -12,10 +12,10 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from ..layers.blocks import NORM_EPS
+from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
 from ..layers.branched import BranchedLinear
 from ..layers.grid import pad_to_multiple, tokens_to_map
 from ..layers.pyramid import MultiLevelPyramid
@@ -25,10 +25,10 @@ from .options import (AttentionLayout, apply_peft, arch_settings, attention_layo
                       batch_norm_type, check_options, check_output_cls_token,
                       check_token_layouts, checked_overrides, constructor_parameters,
                       out_indices_read, pretrained_init_cfg, pyramid_levels_read, to_pair)
-from .training import freeze, layer_depth, no_weight_decay_pattern
+from .training import TrainingModes
 
 
-class ColumnarBackbone(BaseModule):
+class ColumnarBackbone(TrainingModes, BaseModule):
     """Base of the columnar backbones (see ``docs/backbone_contract.md``).
 
     Args:
@@ -232,12 +232,15 @@ class ColumnarBackbone(BaseModule):
 
     # ------------------------------------------------------------------ family hooks
     def build_patch_embed(self) -> nn.Module:
-        """Module mapping an image (B, C, H, W) to (tokens (B, N, D), (rows, cols))."""
-        raise NotImplementedError
+        """Module mapping an image (B, C, H, W) to (tokens (B, N, D), (rows, cols)): by
+        default the ViT paper's linear patch projection."""
+        return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
 
     def build_pos_embed(self) -> Optional[nn.Module]:
-        """Module mapping (tokens, grid) to tokens with position information, or None."""
-        raise NotImplementedError
+        """Module mapping (tokens, grid) to tokens with position information, or None: by
+        default a learned table of the pretraining grid, resampled to other grids."""
+        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
+                                        antialias=self.pos_antialias)
 
     def build_norm_pre(self) -> Optional[nn.Module]:
         """A norm of the tokens before the first block (timm's ``norm_pre``: CLIP), or
@@ -472,37 +475,3 @@ class ColumnarBackbone(BaseModule):
         for block in self.cls_blocks:
             cls_token, tokens = block(cls_token, tokens)
         return self.norm(cls_token[:, 0])
-
-    # ------------------------------------------------------------------ training modes
-    def _freeze_stages(self) -> None:
-        """The embeddings and the first ``frozen_stages`` blocks frozen, and the class token
-        once they reach ``class_token_layer``."""
-        if self.frozen_stages >= 0:
-            class_token = self.cls_token if self.frozen_stages >= self.class_token_layer else None
-            freeze([self.patch_embed, self.pos_embed, self.norm_pre,
-                    *self.blocks[:self.frozen_stages]], [self.reg_token, class_token])
-
-    def train(self, mode: bool = True) -> 'ColumnarBackbone':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.peft is not None:
-            self.peft.keep_frozen_statistics(self)
-        if mode and self.norm_eval:
-            for module in self.modules():
-                if isinstance(module, _BatchNorm):
-                    module.eval()
-        return self
-
-    # ------------------------------------------------------------------ optimisation
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> tuple[int, int]:
-        """Layer id for layer-wise lr decay: embeddings 0, block i -> i + 1, the rest last
-        (:func:`.training.layer_depth`)."""
-        if not param_name.startswith(prefix):
-            return self.num_layers + 1, self.num_layers + 2
-        return layer_depth(param_name[len(prefix):], self.num_layers, self.class_token_layer)
-
-    def no_weight_decay(self) -> set[str]:
-        """Parameters trained without weight decay (:func:`.training.no_weight_decay_pattern`,
-        with the family's ``no_weight_decay_names``)."""
-        keep = no_weight_decay_pattern(self.no_weight_decay_names)
-        return {name for name, _ in self.named_parameters() if keep.match(name)}

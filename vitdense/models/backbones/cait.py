@@ -11,7 +11,6 @@ import torch.nn as nn
 from vitdense.registry import MODELS
 from ..layers.attention import MultiheadSelfAttention
 from ..layers.blocks import ClassAttentionBlock, TransformerBlock
-from ..layers.embed import LearnedPositionEmbedding, PatchEmbed
 from .base import ColumnarBackbone
 from .checkpoint_keys import KeyTable, Rename
 from .checkpoint_layout import CheckpointLayout
@@ -70,13 +69,6 @@ class CaiT(ColumnarBackbone):
         options = {key: value for key, value in locals().items() if key in self.arch_defaults}
         super().__init__(arch, arch_overrides=self.with_options(arch_overrides, options),
                          **kwargs)
-
-    def build_patch_embed(self) -> nn.Module:
-        return PatchEmbed(self.in_channels, self.embed_dims, self.patch_size)
-
-    def build_pos_embed(self) -> nn.Module:
-        return LearnedPositionEmbedding(self.embed_dims, self.pretrain_grid,
-                                        antialias=self.pos_antialias)
 
     def build_block(self, index: int, drop_path: float) -> nn.Module:
         layout = self.block_layouts[index]

@@ -5,6 +5,7 @@ import re
 from typing import Optional, Sequence
 
 import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 #: parameters before the first block, layer id 0 (the class token where it joins there)
 EMBEDDING_PARAMETERS = ('patch_embed', 'pos_embed', 'reg_token', 'norm_pre')
@@ -41,3 +42,41 @@ def freeze(modules: Sequence[Optional[nn.Module]],
     for token in tokens:
         if token is not None:
             token.requires_grad = False
+
+
+class TrainingModes:
+    """A columnar backbone's training-side methods (a base of ``ColumnarBackbone``): frozen
+    stages and ``norm_eval`` kept through ``train()``, and the layer ids and weight-decay
+    exclusions the optimizer constructors read."""
+
+    def _freeze_stages(self) -> None:
+        """The embeddings and the first ``frozen_stages`` blocks frozen, and the class token
+        once they reach ``class_token_layer``."""
+        if self.frozen_stages >= 0:
+            class_token = self.cls_token if self.frozen_stages >= self.class_token_layer else None
+            freeze([self.patch_embed, self.pos_embed, self.norm_pre,
+                    *self.blocks[:self.frozen_stages]], [self.reg_token, class_token])
+
+    def train(self, mode: bool = True) -> 'TrainingModes':
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.peft is not None:
+            self.peft.keep_frozen_statistics(self)
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, _BatchNorm):
+                    module.eval()
+        return self
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> tuple[int, int]:
+        """Layer id for layer-wise lr decay: embeddings 0, block i -> i + 1, the rest last
+        (:func:`layer_depth`)."""
+        if not param_name.startswith(prefix):
+            return self.num_layers + 1, self.num_layers + 2
+        return layer_depth(param_name[len(prefix):], self.num_layers, self.class_token_layer)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters trained without weight decay (:func:`no_weight_decay_pattern`,
+        with the family's ``no_weight_decay_names``)."""
+        keep = no_weight_decay_pattern(self.no_weight_decay_names)
+        return {name for name, _ in self.named_parameters() if keep.match(name)}
