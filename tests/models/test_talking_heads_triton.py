@@ -21,13 +21,13 @@ from vitdense.models.layers.talking_heads import (forced_path, talking_heads_att
 INTERPRETING = os.environ.get('TRITON_INTERPRET') == '1'
 interpreted = pytest.mark.skipif(
     not INTERPRETING, reason='run by test_the_kernel_checks_pass_in_the_interpreter')
-#: (heads, grid, relative positions, class token, batch, head width): 18, 7 and 5 tokens
+#: (heads, grid, relative positions, class token, batch, head width): 18 and 7 tokens
 #: divide no block (16, 32 or 64 rows or keys), so every block is short; the first case,
 #: two images, spans two blocks of 16 (the float32 key blocks and the keys' gradients'
 #: query blocks), the others one; 64 wide with the 3 + 6 relative-position columns is 73
 #: (5 slices of 16, the last one short)
 CASES = [(4, (3, 6), True, False, 2, 64), (8, (2, 3), False, True, 1, 48),
-         (16, (2, 2), False, True, 1, 48)]
+         (16, (2, 3), False, True, 1, 48)]
 #: a small case for half precision
 HALF_CASE = (4, (3, 5), False, False, 1, 48)
 
