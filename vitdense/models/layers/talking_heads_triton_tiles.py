@@ -23,9 +23,9 @@ LOG2E = tl.constexpr(math.log2(math.e))
 #: cores; ``'ieee'``: float32 operands, full-precision products), the (query rows, key
 #: columns, pipeline stages, warps) of a program; candidates past the first are kept for up
 #: to :data:`WIDE_HEADS` heads only. Half precision: one warpgroup, so that every dot of a
-#: kernel shares one MMA layout. Float32 (multiply-adds, no MMA layout to share): 8 warps,
-#: half the registers per tile. None spills on sm_90a at 4 and 8 heads of 48
-#: (``benchmarks/triton_registers.py``, docs/memory.md).
+#: kernel shares one MMA layout, but two for dK/dV (they spill on one); float32
+#: (multiply-adds, no MMA layout to share): 8 warps, half the registers per tile. On sm_90a at 4 and 8 heads of 48 none spills but
+#: half-precision dQ at 8 heads (``benchmarks/triton_registers.py``, docs/memory.md).
 BLOCKS = {'lse': {'tf32': ((64, 16, 1, 4),), 'ieee': ((64, 16, 1, 8),)},
           'forward': {'tf32': ((64, 16, 1, 4),), 'ieee': ((64, 16, 1, 8),)},
           'delta': {'tf32': ((64, 16, 1, 4),), 'ieee': ((32, 16, 1, 8),)},
