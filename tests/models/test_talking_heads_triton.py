@@ -21,11 +21,12 @@ from vitdense.models.layers.talking_heads import (forced_path, talking_heads_att
 INTERPRETING = os.environ.get('TRITON_INTERPRET') == '1'
 interpreted = pytest.mark.skipif(
     not INTERPRETING, reason='run by test_the_kernel_checks_pass_in_the_interpreter')
-#: (heads, grid, relative positions, class token, batch, head width): 18, 19 and 7 tokens
-#: divide no block (the interpreter's: 64 query rows by 16 keys, 16 by 64 for the keys'
-#: gradients), so every block is short and the first two cases span several; 64 wide with
-#: the 3 + 6 relative-position columns is 73 (5 slices of 16, the last one short)
-CASES = [(4, (3, 6), True, False, 2, 64), (8, (3, 6), False, True, 1, 48),
+#: (heads, grid, relative positions, class token, batch, head width): 18 and 7 tokens
+#: divide no block (16, 32 or 64 rows or keys), so every block is short; the first case,
+#: two images, spans two blocks of 16 (the float32 key blocks and the keys' gradients'
+#: query blocks), the others one; 64 wide with the 3 + 6 relative-position columns is 73
+#: (5 slices of 16, the last one short)
+CASES = [(4, (3, 6), True, False, 2, 64), (8, (2, 3), False, True, 1, 48),
          (16, (2, 3), False, True, 1, 48)]
 #: a small case for half precision
 HALF_CASE = (4, (3, 5), False, False, 1, 48)
@@ -101,8 +102,8 @@ def test_gradients_are_the_same_bits_from_run_to_run():
 def test_operator_passes_opcheck():
     from vitdense.models.layers.talking_heads_triton import talking_heads_triton
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 4, 6, 8, requires_grad=True) for _ in range(3))
-    mixes = [torch.randn(4, 4, requires_grad=True) for _ in range(2)]
+    q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=True) for _ in range(3))
+    mixes = [torch.randn(2, 2, requires_grad=True) for _ in range(2)]
     torch.library.opcheck(talking_heads_triton, (q, k, v, *mixes))
 
 
@@ -110,26 +111,31 @@ def test_operator_passes_opcheck():
 def test_a_compiled_layer_takes_the_kernel_in_one_graph():
     """``torch.compile`` traces the operator as one call (no graph break), as eager runs."""
     torch.manual_seed(0)
-    layer = MultiheadSelfAttention(32, 4, talking_heads=True, talking_heads_path='triton')
-    x = torch.randn(1, 10, 32, requires_grad=True)
+    layer = MultiheadSelfAttention(16, 2, talking_heads=True, talking_heads_path='triton')
+    x = torch.randn(1, 10, 16, requires_grad=True)
     compiled = torch.compile(layer, backend='aot_eager', fullgraph=True)
     inputs = dict(x=x, **dict(layer.named_parameters()))
     fused.assert_matches(fused.grads(compiled(x), inputs), fused.grads(layer(x), inputs))
 
 
-def test_autotuning_is_keyed_on_the_token_count_and_prunes_by_heads():
+def test_autotuning_is_keyed_on_the_token_count_and_prunes_by_heads_and_precision():
     from vitdense.models.layers import talking_heads_triton as kernel
-    for name, launch in kernel.launches(4, 48, 48, torch.bfloat16, 2, 300, 300).items():
-        assert 'TOKENS_P2' in launch.kernel.keys, name
-        assert launch.sizes['TOKENS_P2'] == 512
-        wide = kernel.launches(16, 48, 48, torch.bfloat16, 2, 300, 300)[name]
-        assert launch.configs == launch.kernel.configs
-        assert wide.configs == launch.kernel.configs[:1]
+    from vitdense.models.layers.talking_heads_triton_tiles import BLOCKS
+    for dtype, product_precision in ((torch.bfloat16, 'tf32'), (torch.float32, 'ieee')):
+        for name, launch in kernel.launches(4, 48, 48, dtype, 2, 300, 300).items():
+            assert {'TOKENS_P2', 'PRECISION'} <= set(launch.kernel.keys), name
+            assert launch.sizes['TOKENS_P2'] == 512
+            blocks = BLOCKS[launch.name][product_precision]
+            shapes = [(c.kwargs['BLOCK_M'], c.kwargs['BLOCK_N'], c.num_stages, c.num_warps)
+                      for c in launch.configs]
+            assert sorted(shapes) == sorted(blocks), name
+            wide = kernel.launches(16, 48, 48, dtype, 2, 300, 300)[name]
+            assert len(wide.configs) == 1 and wide.configs[0] in launch.configs
 
 
 def test_heads_split_across_programs_divide_the_heads():
-    from vitdense.models.layers.talking_heads_triton import (FLOAT32_GROUP_PAIRS, GROUP_PAIRS,
-                                                             group_size)
+    from vitdense.models.layers.talking_heads_triton_tiles import (FLOAT32_GROUP_PAIRS,
+                                                                   GROUP_PAIRS, group_size)
     for dtype, table in ((torch.bfloat16, GROUP_PAIRS), (torch.float32, FLOAT32_GROUP_PAIRS)):
         for heads in range(1, 17):
             for kernel, pairs in table.items():
