@@ -220,10 +220,21 @@ def seed_batches(loader: DataLoader, seed: int, rank: int) -> _SeededBatches | N
         return None
     unseed_dataset = load_batches_with(loader.dataset, _SeededFetch(loader.dataset))
     seeded = _SeededBatches(loader.batch_sampler, seed, rank, unseed_dataset)
-    replace_batch_sampler(loader, seeded)  # past torch's guard, as below
     loader.generator = torch.Generator().manual_seed(batch_seed((seed, rank)))
-    drop_loader_workers(loader)  # persistent workers started before hold the dataset as it was
+    _set_batch_sampler(loader, seeded)  # persistent workers also hold the dataset as it was
     return seeded
+
+
+def _set_batch_sampler(loader: DataLoader, batch_sampler: Any) -> None:
+    """Have ``loader``'s next iterator take its batches from ``batch_sampler``.
+
+    torch refuses to reassign ``batch_sampler`` on a built loader, and mmengine builds the
+    loader before the checkpoint that says how to sample is loaded: the attribute is set past
+    that guard. The iterator a persistent loader keeps reads the batch sampler it was built
+    with at every pass, so it is let go with its workers.
+    """
+    replace_batch_sampler(loader, batch_sampler)
+    drop_loader_workers(loader)
 
 
 def _is_infinite(loader: DataLoader) -> bool:
@@ -232,16 +243,12 @@ def _is_infinite(loader: DataLoader) -> bool:
 
 
 def resume_loader(loader: DataLoader, skip: int, before_first_batch: Callable[[], None]) -> None:
-    """Make ``loader``'s next pass start ``skip`` batches in, loading none of those.
-
-    torch refuses to reassign ``batch_sampler`` on a built loader, and mmengine builds the
-    loader before the checkpoint that says how far to skip is loaded: the attribute is set
-    past that guard. Only the index lists are computed for the skipped batches.
-    """
+    """Make ``loader``'s next pass start ``skip`` batches in, loading none of those (only
+    their index lists are computed)."""
     if loader.batch_sampler is None:
         raise ValueError('resuming mid-epoch needs a loader that batches its samples '
                          '(batch_size or batch_sampler); this one has batch_size=None')
-    replace_batch_sampler(loader, _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
+    _set_batch_sampler(loader, _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
 
 
 class _IndicesFrom:
@@ -396,6 +403,7 @@ class ExactResumeHook(Hook):
         is then answered by :class:`_AlreadyAdvanced`."""
         if loop.iter == 0:
             if self.seeded is not None:  # the loop's first iterator predates the seeding
+                self.seeded.passes = 0  # as on resume, whatever restarts (PreemptionHook's) counted
                 restart_loop_iterator(loop)
             return
         if not loop.stop_training:  # a run that trains no further needs no batches
