@@ -35,7 +35,8 @@ from vitdense.engine import (PREEMPTED_EXIT_CODE, ExactResumeHook, Preempted, Pr
 from vitdense.engine.hooks.preemption import shield_loader_workers
 from vitdense.engine.tool_config import point_at_data_root
 
-from common import CHECKOUT_ENV, REPO_ROOT, Watched, free_port, load_tool_config
+from common import (CHECKOUT_ENV, REPO_ROOT, Watched, free_port, largest_difference,
+                    load_tool_config, shipped_leaf, train_to_end, train_tool)
 from launcher_signals import ForkSignalledAtStart
 from test_resume import AugmentedData, Record, assert_same_run, noisy_net
 
@@ -368,25 +369,11 @@ def _demo_leaf(path: Path, data_root: Path, moment: str | None = None,
     return path
 
 
-def _trainer(config: Path, work_dir: Path, *extra: str) -> Watched:
-    """``tools/train.py`` on ``config``, watched."""
-    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1',
-           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{Path(__file__).parent}'}
-    return Watched([sys.executable, 'tools/train.py', str(config), '--work-dir', str(work_dir),
-                    '--skip-data-check', *extra], env)
-
-
-def _train(config: Path, work_dir: Path, *extra: str) -> tuple[int, str]:
-    """``tools/train.py`` in a process group of its own (as a launcher starts it); its exit
-    status and output, once every process of the group (loader workers too) is gone."""
-    return _trainer(config, work_dir, *extra).end(600)
-
-
 def _train_until_killed(config: Path, work_dir: Path, grace: float = 2.0) -> tuple[int, str]:
     """``tools/train.py`` in a process group of its own, which gets SIGKILL ``grace`` seconds
     after the trainer reports its stop signal, as SLURM (``KillWait``) and torchrun's agent
     (``--shutdown-timeout``) escalate; its exit status and output."""
-    trainer = _trainer(config, work_dir)
+    trainer = train_tool(config, work_dir)
     trainer.until('SIGTERM received', 600)
     time.sleep(grace)
     trainer.signal_group(signal.SIGKILL)
@@ -398,7 +385,7 @@ def demo_reference(tmp_path_factory) -> tuple[Path, dict]:
     """The demo set and the uninterrupted run's final weights."""
     root = tmp_path_factory.mktemp('demo_reference')
     data_root = make_demo_imagenet(root / 'in10', num_train=1, num_val=1, size=72)
-    status, log = _train(_demo_leaf(root / 'leaf.py', data_root), root / 'work')
+    status, log = train_to_end(_demo_leaf(root / 'leaf.py', data_root), root / 'work')
     assert status == 0, log[-3000:]
     return data_root, safe_load(str(root / 'work' / 'epoch_2.pth'))['state_dict']
 
@@ -413,44 +400,25 @@ def test_launcher_signal_to_the_process_group_stops_and_resume_is_exact(tmp_path
     # bit for bit where the uninterrupted run ended.
     data_root, reference = demo_reference
     work = tmp_path / 'work'
-    status, log = _train(_demo_leaf(tmp_path / 'signalled.py', data_root, moment), work)
+    status, log = train_to_end(_demo_leaf(tmp_path / 'signalled.py', data_root, moment), work)
     assert status == PREEMPTED_EXIT_CODE, log[-3000:]
     assert 'killed by signal' not in log
     stop = work / f'iter_{STOPPED_AFTER[moment]}.pth'
     assert (work / 'last_checkpoint').read_text() == str(stop)
     assert safe_load(str(stop))['meta']['iter'] == STOPPED_AFTER[moment]
 
-    status, log = _train(_demo_leaf(tmp_path / 'leaf.py', data_root), work, '--resume')
+    status, log = train_to_end(_demo_leaf(tmp_path / 'leaf.py', data_root), work, '--resume')
     assert status == 0, log[-3000:]
     resumed = safe_load(str(work / 'epoch_2.pth'))['state_dict']
     assert max(float((resumed[key] - value).abs().max()) for key, value in reference.items()) == 0
 
 
 SHIPPED_PER_EPOCH = 2  # 70 demo images in the recipe's batches of 64
-
-
-def _shipped_leaf(path: Path, data_root: Path, moment: str | None = None) -> Path:
-    """The demo classifier as shipped (its runtime's ``seed=None, diff_rank_seed=True``, its
-    persistent loader worker, LAMB, validation every 2 epochs) on the 70-image demo set for
-    2 epochs, both epochs' checkpoints kept; with ``moment``, its group gets SIGTERM then."""
-    signal_hook = ('' if moment is None else
-                   "custom_imports = dict(imports=['vitdense', 'vitdense.cls', "
-                   "'launcher_signals'], allow_failed_imports=False)\n"
-                   f"custom_hooks = [dict(type='LauncherSignalHook', moment='{moment}', "
-                   f"iterations_per_epoch={SHIPPED_PER_EPOCH})]\n")
-    path.write_text(f"_base_ = ['{DEMO_CLASSIFIER}']\n"
-                    f"train_dataloader = dict(dataset=dict(data_root='{data_root}'))\n"
-                    f"val_dataloader = dict(dataset=dict(data_root='{data_root}'))\n"
-                    "test_dataloader = val_dataloader\n"
-                    "train_cfg = dict(max_epochs=2)\n"
-                    "default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=2))\n"
-                    + signal_hook)
-    return path
-
-
-def _largest_difference(checkpoint: Path, reference: dict) -> float:
-    weights = safe_load(str(checkpoint))['state_dict']
-    return max(float((weights[key] - value).abs().max()) for key, value in reference.items())
+#: the demo classifier as shipped (its runtime's ``seed=None, diff_rank_seed=True``, its
+#: persistent loader worker, LAMB, validation every 2 epochs) for 2 epochs, both epochs'
+#: checkpoints kept
+SHIPPED_RUN = ('train_cfg = dict(max_epochs=2)\n'
+               'default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=2))\n')
 
 
 def test_the_shipped_demo_classifier_stops_and_resumes_exactly_with_its_drawn_seed(tmp_path):
@@ -460,25 +428,26 @@ def test_the_shipped_demo_classifier_stops_and_resumes_exactly_with_its_drawn_se
     # checkpoint. Both resumed runs are built with the checkpoint's seed (its data order),
     # not one they draw.
     data_root = make_demo_imagenet(tmp_path / 'in10', num_train=7, num_val=1, size=72)
-    leaf = _shipped_leaf(tmp_path / 'leaf.py', data_root)
+    leaf = shipped_leaf(tmp_path / 'leaf.py', DEMO_CLASSIFIER, data_root, SHIPPED_RUN)
     work = tmp_path / 'stopped'
-    status, log = _train(_shipped_leaf(tmp_path / 'signalled.py', data_root, 'training'), work)
+    status, log = train_to_end(shipped_leaf(tmp_path / 'signalled.py', DEMO_CLASSIFIER, data_root,
+                                            SHIPPED_RUN, 'training', SHIPPED_PER_EPOCH), work)
     assert status == PREEMPTED_EXIT_CODE, log[-3000:]
     assert (work / 'last_checkpoint').read_text() == str(work / 'iter_3.pth')
-    status, log = _train(leaf, work, '--resume')
+    status, log = train_to_end(leaf, work, '--resume')
     assert status == 0, log[-3000:]
 
     seed = safe_load(str(work / 'iter_3.pth'))['meta']['seed']
-    status, log = _train(leaf, tmp_path / 'full', '--cfg-options', f'randomness.seed={seed}')
+    status, log = train_to_end(leaf, tmp_path / 'full', '--cfg-options', f'randomness.seed={seed}')
     assert status == 0, log[-3000:]
     reference = safe_load(str(tmp_path / 'full' / 'epoch_2.pth'))['state_dict']
-    assert _largest_difference(work / 'epoch_2.pth', reference) == 0
+    assert largest_difference(work / 'epoch_2.pth', reference) == 0
 
     work = tmp_path / 'from_epoch_1'
-    status, log = _train(leaf, work, '--resume', str(tmp_path / 'full' / 'epoch_1.pth'))
+    status, log = train_to_end(leaf, work, '--resume', str(tmp_path / 'full' / 'epoch_1.pth'))
     assert status == 0, log[-3000:]
     assert 'resumes a checkpoint of seed' not in log
-    assert _largest_difference(work / 'epoch_2.pth', reference) == 0
+    assert largest_difference(work / 'epoch_2.pth', reference) == 0
 
 
 @pytest.mark.parametrize('held', ['iteration', 'save'])
@@ -499,7 +468,7 @@ def test_sigkill_after_the_grace_period_leaves_the_last_checkpoint_to_resume(tmp
                   and not path.is_dir()) == ['epoch_1.pth', 'last_checkpoint']
     assert all(Path(path).is_file() for path in re.findall(r'/[^\s\'"]+\.pth\b', log))
 
-    status, log = _train(_demo_leaf(tmp_path / 'leaf.py', data_root), work, '--resume')
+    status, log = train_to_end(_demo_leaf(tmp_path / 'leaf.py', data_root), work, '--resume')
     assert status == 0, log[-3000:]
     assert f'--resume: resuming from {work / "epoch_1.pth"}' in log
     assert 'does not exist' not in log and 'cannot resume' not in log
@@ -515,10 +484,10 @@ def test_forkserver_loader_workers_stop_and_let_a_finished_run_exit(tmp_path, de
     # ended by the trainer's SIGTERM at its exit.
     data_root, reference = demo_reference
     work = tmp_path / 'work'
-    status, log = _train(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
+    status, log = train_to_end(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
                                     start_method='forkserver'), work)
     assert status == PREEMPTED_EXIT_CODE, log[-3000:]
-    resumed = _trainer(_demo_leaf(tmp_path / 'leaf.py', data_root, start_method='forkserver'),
+    resumed = train_tool(_demo_leaf(tmp_path / 'leaf.py', data_root, start_method='forkserver'),
                        work, '--resume')
     resumed.until(f'Epoch(train) [2][{PER_EPOCH}/{PER_EPOCH}]', 600)  # the last iteration
     status, log = resumed.end(120)  # then a validation, a save and the exit
@@ -534,7 +503,7 @@ def test_a_second_sigterm_after_the_stop_save_still_exits_75(tmp_path, demo_refe
     # exit): exit 75 with that checkpoint, not killed by the second signal (-15).
     data_root, _ = demo_reference
     work = tmp_path / 'work'
-    trainer = _trainer(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
+    trainer = train_tool(_demo_leaf(tmp_path / 'signalled.py', data_root, 'training',
                                   hold='exit', start_method='forkserver'), work)
     trainer.until('stopping after iteration', 600)
     time.sleep(gap)
