@@ -4,14 +4,17 @@ already trained, in one process and in two (the signal reaching one of them only
 with loader workers (the demo classifier); the saves count for ``max_keep_ckpts``. A stop
 signal sent to the process group as loader workers start, before their shield is set, stops
 the run as any other; SIGKILL 2 s after SIGTERM leaves the last complete checkpoint to resume
-from; loader workers started by a fork server stop and let a finished run exit; a second
+from; loader workers started by a fork server stop and let a finished run exit; a finished
+run ends its loader workers itself (the garbage collector would wait 5 s for each); a second
 SIGTERM after the stop save still exits 75. The demo classifier with its shipped runtime (a
 seed drawn per run) stops and resumes exactly too. Started through tools/torchrun.sh, a
 stopped run exits 75 (signalled twice too, with no process left behind), a failed one does
 not, and a finished run signalled in its tail exits 0."""
 from __future__ import annotations
 
+import gc
 import itertools
+import multiprocessing
 import os
 import re
 import signal
@@ -27,6 +30,7 @@ import torch.multiprocessing as mp
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 from torch.utils.data import DataLoader
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 
 from vitdense.checkpoint_io import safe_load
 from vitdense.demo_data import make_demo_imagenet
@@ -248,11 +252,12 @@ def test_demo_classifier_resumed_with_other_num_workers_repeats_the_run(tmp_path
     # training stream are those of the uninterrupted run.
     data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
     full = demo_classifier_run(tmp_path / 'full', data_root, persistent=True, epochs=2)
+    before = set(multiprocessing.active_children())
     stopped = demo_classifier_run(tmp_path / 'work', data_root, signal_after=4,
                                   persistent=True, epochs=2)
     assert stopped.preempted is not None and stopped.preempted.iteration == 4
-    workers = stopped.train_loop.dataloader._iterator._workers
-    assert workers and not any(worker.is_alive() for worker in workers)  # the stop ended them
+    assert set(multiprocessing.active_children()) <= before  # the stop ended the workers
+    assert stopped.train_loop.dataloader._iterator is None
     resumed = demo_classifier_run(tmp_path / 'work', data_root, resume=True, workers=0,
                                   epochs=2)
     assert _max_difference(resumed, full) == 0
@@ -278,6 +283,41 @@ def test_shielded_loader_workers_take_stop_signals_from_their_trainer_only():
     worker.join(timeout=10)
     assert worker.exitcode == 0
     batches._shutdown_workers()
+
+
+class _Cycle:
+    """An object that refers to itself, as mmengine's runner does, holding ``loader``."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader, self.itself = loader, self
+
+
+def test_a_loader_left_to_the_garbage_collector_waits_out_its_worker():
+    # Why a run ends its loaders' workers itself: a persistent loader held in a reference
+    # cycle (the runner's) is ended by the garbage collector, which closes the loader's
+    # index queue before torch's shutdown can send the worker its end-of-work message, so
+    # the shutdown waits MP_STATUS_CHECK_INTERVAL (5 s) for the worker, then terminates it.
+    loader = DataLoader(range(4), batch_size=2, num_workers=1, persistent_workers=True)
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3]]
+    worker = loader._iterator._workers[0]
+    _Cycle(loader)
+    del loader
+    start = time.monotonic()
+    gc.collect()
+    assert time.monotonic() - start >= MP_STATUS_CHECK_INTERVAL
+    assert not worker.is_alive()
+
+
+def test_a_finished_run_ends_its_loader_workers(tmp_path):
+    # The demo classifier with 2 persistent loader workers trains to its end: when the
+    # runner returns, the workers are gone (not left to the collector or the exit) and the
+    # loader starts new ones for a later pass.
+    data_root = make_demo_imagenet(tmp_path / 'in10', num_train=1, num_val=1, size=72)
+    before = set(multiprocessing.active_children())
+    runner = demo_classifier_run(tmp_path / 'work', data_root, persistent=True)
+    assert runner.preempted is None and runner.iter == 3
+    assert set(multiprocessing.active_children()) <= before
+    assert runner.train_loop.dataloader._iterator is None
 
 
 def test_loader_workers_signalled_as_they_start_keep_loading():
