@@ -25,7 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine import (ExactResumeHook, PreemptionHook, TimeBudgetHook,
                              find_resumable_checkpoint)
-from vitdense.engine.hooks.resume import remove_interrupted_saves, seed_batches
+from vitdense.engine.hooks.resume import seed_batches
+from vitdense.engine.resume_choice import remove_interrupted_saves
 
 from common import IterationClock, RegressToOne, free_port
 

@@ -1,4 +1,5 @@
-"""Resuming a run exactly where it stopped, from the newest checkpoint that loads.
+"""Resuming a run exactly where it stopped (which checkpoint it resumes:
+:mod:`vitdense.engine.resume_choice`).
 
 mmengine's resume restores the weights, optimizer, schedulers, message hub and iteration
 count, but not the random streams: a resumed run draws other dropout masks, augmentations
@@ -28,13 +29,9 @@ exactness comes from the per-batch seeds, which need no loader state.
 """
 from __future__ import annotations
 
-import logging
-import os
-import os.path as osp
-import random
 import itertools
-import re
-from pathlib import Path
+import logging
+import random
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -46,8 +43,7 @@ from mmengine.dataset import InfiniteSampler
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 from torch.utils.data import DataLoader, get_worker_info
 
-from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
-                                    safe_load, to_plain)
+from vitdense.checkpoint_io import from_plain, to_plain
 from vitdense.internals import (before_every_save, drop_loader_workers, indices_of_rank,
                                 load_batches_with, new_loop_iterator, replace_batch_sampler,
                                 set_loop_pass)
@@ -460,60 +456,3 @@ class ExactResumeHook(Hook):
 
     def after_test(self, runner) -> None:
         self._return_to_training_stream()
-
-
-_STEP = re.compile(r'(\d+)\.pth$')
-
-
-def _candidates(work_dir: str) -> list[str]:
-    """Checkpoints of ``work_dir``: the one ``last_checkpoint`` names, then the others from
-    the highest iteration / epoch number down."""
-    pointer = osp.join(work_dir, 'last_checkpoint')
-    named = Path(pointer).read_text().strip() if osp.isfile(pointer) else None
-    found = sorted((str(p) for p in Path(work_dir).glob('*.pth')),
-                   key=lambda p: (int(_STEP.search(p).group(1)) if _STEP.search(p) else -1,
-                                  osp.getmtime(p)), reverse=True)
-    ordered = [named] if named else []
-    return ordered + [p for p in found if not named or osp.abspath(p) != osp.abspath(named)]
-
-
-def remove_interrupted_saves(work_dir: str | os.PathLike) -> list[str]:
-    """Delete the temporary files of checkpoint saves that were killed before their rename.
-
-    :func:`~vitdense.checkpoint_io.atomic_write` names them ``.<checkpoint>.<random>.tmp``;
-    such a file never became a checkpoint, so nothing is lost with it.
-    """
-    removed = [str(path) for path in Path(work_dir).glob('.*.pth.*.tmp')]
-    for path in removed:
-        os.remove(path)
-        print_log(f'removed {path}, left by a checkpoint save that was interrupted',
-                  logger='current')
-    return removed
-
-
-def find_resumable_checkpoint(work_dir: str | os.PathLike) -> str | None:
-    """The newest checkpoint in ``work_dir`` that loads, or None when there is none.
-
-    Starts from the file ``last_checkpoint`` names; a missing, empty, truncated or refused
-    one is reported and the next newest ``*.pth`` is tried.
-    """
-    work_dir = os.fspath(work_dir)
-    if not osp.isdir(work_dir):
-        return None
-    for path in _candidates(work_dir):
-        if not osp.isfile(path):
-            print_log(f'last_checkpoint names {path}, which does not exist; looking for an '
-                      'older checkpoint', logger='current', level=logging.WARNING)
-            continue
-        try:
-            checkpoint = safe_load(path, map_location='cpu', mmap=True)
-        except (CorruptCheckpointError, UnsafeCheckpointError) as err:
-            print_log(f'cannot resume from {path} ({err}); trying an older checkpoint',
-                      logger='current', level=logging.WARNING)
-            continue
-        if not isinstance(checkpoint, dict) or 'state_dict' not in checkpoint:
-            print_log(f'{path} holds no state_dict (not a training checkpoint); skipped',
-                      logger='current', level=logging.WARNING)
-            continue
-        return path
-    return None
