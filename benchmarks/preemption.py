@@ -16,6 +16,9 @@ persistent worker each):
    the reference's (0 means bit for bit), and the seconds from its last training iteration's
    line and from its last line until every process has exited (a finished run must exit).
 
+``--finished-only``: the reference run alone, its seconds from the last training iteration's
+line and from its last line until every process has exited (the tail of a finished run).
+
 ``--cfg-options train_dataloader.multiprocessing_context=forkserver`` (and ``val_``) measures
 loader workers started by multiprocessing's fork server.
 
@@ -105,14 +108,21 @@ def _max_difference(a: Path, b: Path) -> float:
     return max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in theirs)
 
 
-def measure(layout: str, out: Path, data_root: Path) -> dict:
+def _exit_seconds(run: dict) -> dict:
+    return {key: run[key] for key in ('seconds_last_iteration_to_exit',
+                                      'seconds_last_line_to_exit')}
+
+
+def measure(layout: str, out: Path, data_root: Path, finished_only: bool = False) -> dict:
     reference = _run(layout, out / f'{layout}_reference', data_root)
+    if finished_only:
+        return dict(layout=layout, reference_statuses=reference['statuses'],
+                    reference_exit=_exit_seconds(reference))
     stopped = _run(layout, out / f'{layout}_preempted', data_root, preempt=True)
     resumed = _run(layout, out / f'{layout}_preempted', data_root, resume=True)
     return dict(layout=layout, reference_statuses=reference['statuses'],
                 preempted=stopped, resumed_statuses=resumed['statuses'],
-                resumed_exit={key: resumed[key] for key in ('seconds_last_iteration_to_exit',
-                                                            'seconds_last_line_to_exit')},
+                resumed_exit=_exit_seconds(resumed),
                 max_abs_difference=_max_difference(out / f'{layout}_reference/epoch_3.pth',
                                                    out / f'{layout}_preempted/epoch_3.pth'))
 
@@ -124,15 +134,17 @@ def main() -> None:
     parser.add_argument('--layouts', nargs='+', default=['1', '2x2'], choices=['1', '2x2'])
     parser.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
                         help='more config overrides for every run')
+    parser.add_argument('--finished-only', action='store_true',
+                        help='only the uninterrupted run: the tail of a finished run')
     args = parser.parse_args()
     EXTRA_OPTIONS.extend(args.cfg_options)
     args.out.mkdir(parents=True, exist_ok=True)
     data_root = make_demo_imagenet(args.out / 'data', num_train=4, num_val=1, size=72)
     torch.set_num_threads(1)
-    results = [dict(measure(layout, args.out, data_root), load_average=os.getloadavg())
-               for layout in args.layouts]
+    results = [dict(measure(layout, args.out, data_root, args.finished_only),
+                    load_average=os.getloadavg()) for layout in args.layouts]
     for result in results:  # the log's end only where something is to be explained
-        if result['max_abs_difference'] == 0:
+        if result.get('max_abs_difference') == 0:
             del result['preempted']['log_tail']
     print(json.dumps(results, indent=1))
     (args.out / 'results.json').write_text(json.dumps(results, indent=1))

@@ -1,8 +1,9 @@
 """What many test files share: where the checkout is, the tiny architectures every family is
 built at, a toy model for the engine and checkpoint tests, the tests' one access to
 mmengine's process-wide tables (named instances, checkpoint loaders), the references
-written from official code that several files check releases against, and a subprocess whose
-output a test waits for with a deadline (:class:`Watched`).
+written from official code that several files check releases against, a subprocess whose
+output a test waits for with a deadline (:class:`Watched`), and ``tools/train.py`` run that
+way on a shipped config pointed at a demo set (:func:`train_tool`, :func:`shipped_leaf`).
 
 Importable as ``common`` from any test folder: pytest puts ``tests/``, the folder of
 ``conftest.py``, on the module path.
@@ -17,6 +18,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -32,8 +34,9 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from mmengine.utils import ManagerMixin
 from torch import nn
 
+from vitdense.checkpoint_io import safe_load
+from vitdense.engine.tool_config import load_config, point_at_data_root
 from vitdense.model_factory import register_host
-from vitdense.engine.tool_config import load_config
 from vitdense.models import ColumnarBackbone, backbone_families
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -316,6 +319,55 @@ class Watched:
 
     def signal_group(self, signum: int) -> None:
         os.killpg(self.process.pid, signum)
+
+
+#: the test hooks a trained config may import by name (``launcher_signals``)
+TEST_HOOKS = REPO_ROOT / 'tests' / 'engine' / 'hooks'
+
+
+def train_tool(config: Path, work_dir: Path, *extra: str) -> Watched:
+    """``tools/train.py`` on ``config`` (which may import the modules of
+    :data:`TEST_HOOKS`) in a process group of its own, one thread, watched."""
+    env = {**CHECKOUT_ENV, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1',
+           'PYTHONPATH': f'{REPO_ROOT}{os.pathsep}{TEST_HOOKS}'}
+    return Watched([sys.executable, 'tools/train.py', str(config), '--work-dir', str(work_dir),
+                    '--skip-data-check', *extra], env)
+
+
+def train_to_end(config: Path, work_dir: Path, *extra: str) -> tuple[int, str]:
+    """:func:`train_tool`'s exit status and output, once every process of its group (loader
+    workers too) is gone."""
+    return train_tool(config, work_dir, *extra).end(600)
+
+
+def largest_difference(checkpoint: Path, reference: dict) -> float:
+    """The largest absolute difference between the weights of ``checkpoint`` and
+    ``reference`` (a state dict)."""
+    weights = safe_load(str(checkpoint))['state_dict']
+    return max(float((weights[key] - value).abs().max()) for key, value in reference.items())
+
+
+def shipped_leaf(path: Path, config: Path, data_root: Path, settings: str = '',
+                 moment: str | None = None, iterations_per_epoch: int = 1) -> Path:
+    """A config at ``path``: ``config`` as shipped reading ``data_root`` (every split, and
+    the evaluators' annotation files), with ``settings`` (config lines: the run's length,
+    its checkpoints); with ``moment``, its process group gets SIGTERM then
+    (``launcher_signals.LauncherSignalHook``, which counts ``iterations_per_epoch``)."""
+    cfg = Config.fromfile(str(config))
+    point_at_data_root(cfg, data_root)
+    lines = [f"_base_ = ['{config}']"]
+    lines += [f"{split}_dataloader = dict(dataset=dict(data_root='{data_root}'))"
+              for split in ('train', 'val', 'test')]
+    lines += [f"{name} = dict(ann_file='{cfg[name].ann_file}')"
+              for name in ('val_evaluator', 'test_evaluator')
+              if isinstance(cfg.get(name), dict) and 'ann_file' in cfg[name]]
+    if moment is not None:
+        imports = [*cfg.custom_imports.imports, 'launcher_signals']
+        lines += [f'custom_imports = dict(imports={imports!r}, allow_failed_imports=False)',
+                  f"custom_hooks = [dict(type='LauncherSignalHook', moment={moment!r}, "
+                  f'iterations_per_epoch={iterations_per_epoch})]']
+    path.write_text('\n'.join(lines) + '\n' + settings)
+    return path
 
 
 #: what a variant of ``arch`` sets and no keyword replaces (``depth`` sets the number of blocks)

@@ -25,6 +25,7 @@ from mmengine.registry import DefaultScope
 from PIL import Image
 
 from vitdense.compat import apply_host_fixes
+from vitdense.demo_data import make_demo_ade, make_demo_coco
 
 apply_host_fixes()
 
@@ -44,6 +45,18 @@ class _YamlParsedOnce(YamlHandler):
         if text not in self.parsed:
             self.parsed[text] = pickle.dumps(super().load_from_fileobj(text))
         return pickle.loads(self.parsed[text])
+
+
+@pytest.fixture(scope='session')
+def demo_coco_root(tmp_path_factory) -> Path:
+    """The demo COCO set at 64 px: 4 training images, 2 validation images."""
+    return make_demo_coco(tmp_path_factory.mktemp('coco'), num_train=4, num_val=2, size=64)
+
+
+@pytest.fixture(scope='session')
+def demo_ade_root(tmp_path_factory) -> Path:
+    """The demo ADE20k-layout set at 64 px: 4 training images, 2 validation images."""
+    return make_demo_ade(tmp_path_factory.mktemp('ade'), num_train=4, num_val=2, size=64)
 
 
 @pytest.fixture

@@ -229,6 +229,10 @@ NOT_RUN = {
     'OMP_NUM_THREADS=1 python -m benchmarks.preemption --out /tmp/preemption':
         'minutes: 3 runs of 3 epochs on 1 process and on 2 nodes x 2 processes '
         '(tests/engine/hooks/test_preemption.py preempts and resumes 1 and 2 processes)',
+    'OMP_NUM_THREADS=1 python -m benchmarks.preemption --layouts 2x2 --finished-only --out '
+    '/tmp/tail': 'a minute and more: 3 epochs on 2 nodes x 2 processes '
+                 '(tests/engine/hooks/test_preemption.py checks that a finished run ends its '
+                 'loader workers, and why)',
     'OMP_NUM_THREADS=1 python -m benchmarks.benchmark_ddp_exactness':
         'minutes: ViT-S iterations at 2 and 4 gloo processes (tests/engine/wrappers/test_distributed.py '
         'checks the exactness and the bucket layout)',

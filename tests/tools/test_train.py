@@ -14,7 +14,6 @@ from mmengine.runner import Runner
 from PIL import Image
 
 from vitdense.checkpoint_io import safe_load
-from vitdense.demo_data import make_demo_ade, make_demo_coco
 from vitdense.model_factory import build_model
 from vitdense.models.layers.embed import PositionKernel
 
@@ -24,21 +23,16 @@ CONFIG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 DET_CONFIG = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
 
 
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory) -> Path:
-    return make_demo_ade(tmp_path_factory.mktemp('ade'), num_train=4, num_val=2, size=64)
-
-
 def _data_roots(root: Path) -> list:
     """--cfg-options pointing every split's data set at ``root``."""
     return [f'{split}_dataloader.dataset.data_root={root}' for split in ('train', 'val', 'test')]
 
 
-def _options(data_root: Path, iters: int, seeded: bool = True) -> list:
-    """--cfg-options for a few 64 px iterations on ``data_root``; ``seeded``: seed 0 for every
+def _options(root: Path, iters: int, seeded: bool = True) -> list:
+    """--cfg-options for a few 64 px iterations on ``root``; ``seeded``: seed 0 for every
     run, else each run draws its seed as the shipped runtime has it."""
     seed = ['randomness.seed=0', 'randomness.deterministic=True'] if seeded else []
-    return ['--cfg-options', *_data_roots(data_root), f'train_cfg.max_iters={iters}',
+    return ['--cfg-options', *_data_roots(root), f'train_cfg.max_iters={iters}',
             f'train_cfg.val_interval={iters}', f'default_hooks.checkpoint.interval={iters}',
             'model.data_preprocessor.size=(64,64)', 'train_dataloader.batch_size=2',
             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
@@ -65,20 +59,20 @@ def _losses(work_dir: Path) -> dict[int, float]:
             for entry in map(json.loads, path.read_text().splitlines()) if 'loss' in entry}
 
 
-def test_train_resume_and_test(data_root, tmp_path):
+def test_train_resume_and_test(demo_ade_root, tmp_path):
     # A run stopped after iteration 2 (its checkpoint of iteration 2 alone in a work dir) and
     # resumed repeats the uninterrupted 4-iteration run exactly: the losses of iterations 3-4
     # and the final weights. Each run draws its seed (the shipped runtime): the resumed one
     # takes the checkpoint's.
     full = tmp_path / 'full'
     _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', full,
-         *_options(data_root, 4, seeded=False), 'default_hooks.checkpoint.interval=2',
+         *_options(demo_ade_root, 4, seeded=False), 'default_hooks.checkpoint.interval=2',
          'default_hooks.checkpoint.max_keep_ckpts=2')
     work = tmp_path / 'work'
     work.mkdir()
     shutil.copy(full / 'iter_2.pth', work)
     log = _run(sys.executable, 'tools/train.py', CONFIG, '--work-dir', work, '--resume',
-               *_options(data_root, 4, seeded=False))
+               *_options(demo_ade_root, 4, seeded=False))
     assert f'resuming from {work / "iter_2.pth"}' in log and (work / 'iter_4.pth').exists()
     assert {i: _losses(full)[i] for i in (3, 4)} == {i: _losses(work)[i] for i in (3, 4)}
     ours = safe_load(work / 'iter_4.pth')['state_dict']
@@ -87,7 +81,7 @@ def test_train_resume_and_test(data_root, tmp_path):
 
     out, show = tmp_path / 'pred', tmp_path / 'show'
     log = _run(sys.executable, 'tools/test.py', CONFIG, work / 'iter_4.pth', '--work-dir', work,
-               '--out', out, '--show-dir', show, *_options(data_root, 4))
+               '--out', out, '--show-dir', show, *_options(demo_ade_root, 4))
     assert 'mIoU' in log
     assert len(list(out.glob('*.png'))) == 2
     assert len(list(show.rglob('*.png'))) == 2
@@ -107,25 +101,20 @@ def test_unknown_scope_is_refused(tmp_path, monkeypatch):
         runpy.run_path(str(REPO_ROOT / 'tools/train.py'), run_name='__main__')
 
 
-def test_dist_train_two_cpu_processes(data_root, tmp_path):
+def test_dist_train_two_cpu_processes(demo_ade_root, tmp_path):
     work = tmp_path / 'dist'
     log = _run('bash', 'tools/dist_train.sh', CONFIG, '2', '--work-dir', work,
-               *_options(data_root, 2), env=dict(PYTHON=sys.executable, PORT=str(free_port())))
+               *_options(demo_ade_root, 2), env=dict(PYTHON=sys.executable, PORT=str(free_port())))
     assert 'Distributed training: True' in log and 'rank 0 of 2 runs on CPU with the gloo' in log
     assert (work / 'iter_2.pth').exists()
 
 
-@pytest.fixture(scope='module')
-def coco_root(tmp_path_factory) -> Path:
-    return make_demo_coco(tmp_path_factory.mktemp('coco'), num_train=4, num_val=2, size=64)
-
-
-def _det_options(coco_root: Path, iters: int, seeded: bool = True) -> list:
-    """--cfg-options for the demo Mask R-CNN on ``coco_root``'s 64 px images; ``seeded`` as
+def _det_options(root: Path, iters: int, seeded: bool = True) -> list:
+    """--cfg-options for the demo Mask R-CNN on ``root``'s 64 px images; ``seeded`` as
     for :func:`_options`."""
-    annotations = coco_root / 'annotations' / 'instances_val.json'
+    annotations = root / 'annotations' / 'instances_val.json'
     seed = ['randomness.seed=0', 'randomness.deterministic=True'] if seeded else []
-    return ['--cfg-options', *_data_roots(coco_root), f'val_evaluator.ann_file={annotations}',
+    return ['--cfg-options', *_data_roots(root), f'val_evaluator.ann_file={annotations}',
             f'test_evaluator.ann_file={annotations}',
             'train_dataloader.dataset.pipeline.2.scale=(64,64)',
             f'train_cfg.max_iters={iters}', 'train_dataloader.batch_size=2',
@@ -133,12 +122,12 @@ def _det_options(coco_root: Path, iters: int, seeded: bool = True) -> list:
             *seed, 'default_hooks.logger.interval=1']
 
 
-def test_demo_mask_rcnn_resumes_exactly_with_its_drawn_seed(coco_root, tmp_path):
+def test_demo_mask_rcnn_resumes_exactly_with_its_drawn_seed(demo_coco_root, tmp_path):
     # The shipped runtime's randomness (each run draws its seed; proposal sampling and
     # flips draw from it): resumed from the checkpoint of iteration 2, the run ends with the
     # uninterrupted run's weights, bit for bit.
     full, work = tmp_path / 'full', tmp_path / 'work'
-    options = [*_det_options(coco_root, 4, seeded=False), 'train_cfg.val_begin=5',
+    options = [*_det_options(demo_coco_root, 4, seeded=False), 'train_cfg.val_begin=5',
                'default_hooks.checkpoint.interval=2', 'default_hooks.checkpoint.max_keep_ckpts=2']
     _run(sys.executable, 'tools/train.py', DET_CONFIG, '--work-dir', full, *options)
     work.mkdir()
@@ -162,14 +151,15 @@ def _another_isa_and_thread_count() -> dict:
 
 
 @pytest.mark.parametrize('config', [DET_CONFIG, CONFIG], ids=['mask-rcnn', 'upernet'])
-def test_compiled_training_has_the_eager_losses(config, coco_root, data_root, tmp_path):
+def test_compiled_training_has_the_eager_losses(config, demo_coco_root, demo_ade_root,
+                                                tmp_path):
     # aot_eager traces backbone, neck and heads as inductor would and runs the graphs with
     # the eager kernels: the graphs are checked without a C++ build on the CPU
     # no evaluation; UperNet's heads without dropout: compiled graphs draw their masks in
     # another order than eager modules, so only the arithmetic is compared
-    options = (_det_options(coco_root, 20) if config == DET_CONFIG else
-               _options(data_root, 20) + ['model.decode_head.dropout_ratio=0',
-                                          'model.auxiliary_head.dropout_ratio=0']
+    options = (_det_options(demo_coco_root, 20) if config == DET_CONFIG else
+               _options(demo_ade_root, 20) + ['model.decode_head.dropout_ratio=0',
+                                              'model.auxiliary_head.dropout_ratio=0']
                ) + ['train_cfg.val_begin=21']
     # one thread each, as the suite runs every process: a second thread waits for a core
     # that the suite's other worker holds
@@ -210,7 +200,7 @@ def _mmseg_vit_checkpoint(path: Path) -> Path:
 
 
 def test_a_model_trained_from_an_mmseg_checkpoint_keeps_its_kernel_in_test_and_export(
-        data_root, tmp_path):
+        demo_ade_root, tmp_path):
     # The position kernel is chosen when the pretrained checkpoint loads (init_weights), which
     # the test, val and deploy paths skip: the saved checkpoint carries it, so each computes
     # what the training-time model did at sizes where the kernels differ (by 2e-3 and more).
@@ -219,7 +209,8 @@ def test_a_model_trained_from_an_mmseg_checkpoint_keeps_its_kernel_in_test_and_e
     config.write_text(f"_base_ = '{REPO_ROOT / VIT_CONFIG}'\nmodel = dict(backbone=dict(init_cfg="
                       f"dict(_delete_=True, type='Pretrained', checkpoint='{pretrained}')))\n")
     work = tmp_path / 'work'
-    _run(sys.executable, 'tools/train.py', config, '--work-dir', work, *_options(data_root, 2))
+    _run(sys.executable, 'tools/train.py', config, '--work-dir', work,
+         *_options(demo_ade_root, 2))
     checkpoint = work / 'iter_2.pth'
     weights = safe_load(checkpoint)['state_dict']
     assert weights['backbone.pos_embed.kernel'].tolist() == [0, 0]  # plain bicubic, saved

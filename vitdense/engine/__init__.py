@@ -9,9 +9,10 @@ from .compile import CompileHook, compile_model
 from .hooks import (PREEMPTED_EXIT_CODE, EoMTMaskAnnealingHook, ExactResumeHook,
                     NonFiniteGuardHook, NonFiniteLossError, PeftCheckpointHook, Preempted,
                     PreemptionHook, SafeCheckpointHook, TimeBudgetHook, TimeBudgetLogProcessor,
-                    find_resumable_checkpoint, train_on_time_budget)
+                    train_on_time_budget)
 from .optim import LayerDecayOptimWrapperConstructor, ShardedLamb
 from .preflight import CheckedDataset, DataError, check_data
+from .resume_choice import find_resumable_checkpoint
 from .wrappers import CPUDistributedDataParallel, FullyShardedModel, ShardedRunner
 
 __all__ = ['CPUDistributedDataParallel', 'CheckedDataset', 'CompileHook', 'DataError',

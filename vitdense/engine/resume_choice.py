@@ -1,10 +1,15 @@
 """Which checkpoint a launched tool resumes from: one decision for the whole job, made by
 process 0 and checked by every process (``tools/train.py --resume``); the resumed run is built
-with that checkpoint's seed."""
+with that checkpoint's seed. Without a named file, the newest checkpoint of the work dir that
+loads (:func:`find_resumable_checkpoint`), passing over damaged ones and the leftovers of
+interrupted saves."""
 from __future__ import annotations
 
 import logging
+import os
 import os.path as osp
+import re
+from pathlib import Path
 
 from mmengine.config import Config
 from mmengine.dist import all_gather_object, broadcast_object_list, get_rank, get_world_size
@@ -12,7 +17,6 @@ from mmengine.logging import print_log
 from mmengine.runner import find_latest_checkpoint
 
 from vitdense.checkpoint_io import CorruptCheckpointError, UnsafeCheckpointError, safe_load
-from vitdense.engine.hooks.resume import find_resumable_checkpoint, remove_interrupted_saves
 from vitdense.engine.launch import torchrun_restarts
 
 
@@ -164,4 +168,61 @@ def _cannot_read(path: str | None, fingerprint: tuple | None) -> str | None:
     if mine != fingerprint:
         return (f'{rank}: its file of that name is another checkpoint (size, iteration '
                 f'{mine}, process 0 has {fingerprint})')
+    return None
+
+
+_STEP = re.compile(r'(\d+)\.pth$')
+
+
+def _candidates(work_dir: str) -> list[str]:
+    """Checkpoints of ``work_dir``: the one ``last_checkpoint`` names, then the others from
+    the highest iteration / epoch number down."""
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    named = Path(pointer).read_text().strip() if osp.isfile(pointer) else None
+    found = sorted((str(p) for p in Path(work_dir).glob('*.pth')),
+                   key=lambda p: (int(_STEP.search(p).group(1)) if _STEP.search(p) else -1,
+                                  osp.getmtime(p)), reverse=True)
+    ordered = [named] if named else []
+    return ordered + [p for p in found if not named or osp.abspath(p) != osp.abspath(named)]
+
+
+def remove_interrupted_saves(work_dir: str | os.PathLike) -> list[str]:
+    """Delete the temporary files of checkpoint saves that were killed before their rename.
+
+    :func:`~vitdense.checkpoint_io.atomic_write` names them ``.<checkpoint>.<random>.tmp``;
+    such a file never became a checkpoint, so nothing is lost with it.
+    """
+    removed = [str(path) for path in Path(work_dir).glob('.*.pth.*.tmp')]
+    for path in removed:
+        os.remove(path)
+        print_log(f'removed {path}, left by a checkpoint save that was interrupted',
+                  logger='current')
+    return removed
+
+
+def find_resumable_checkpoint(work_dir: str | os.PathLike) -> str | None:
+    """The newest checkpoint in ``work_dir`` that loads, or None when there is none.
+
+    Starts from the file ``last_checkpoint`` names; a missing, empty, truncated or refused
+    one is reported and the next newest ``*.pth`` is tried.
+    """
+    work_dir = os.fspath(work_dir)
+    if not osp.isdir(work_dir):
+        return None
+    for path in _candidates(work_dir):
+        if not osp.isfile(path):
+            print_log(f'last_checkpoint names {path}, which does not exist; looking for an '
+                      'older checkpoint', logger='current', level=logging.WARNING)
+            continue
+        try:
+            checkpoint = safe_load(path, map_location='cpu', mmap=True)
+        except (CorruptCheckpointError, UnsafeCheckpointError) as err:
+            print_log(f'cannot resume from {path} ({err}); trying an older checkpoint',
+                      logger='current', level=logging.WARNING)
+            continue
+        if not isinstance(checkpoint, dict) or 'state_dict' not in checkpoint:
+            print_log(f'{path} holds no state_dict (not a training checkpoint); skipped',
+                      logger='current', level=logging.WARNING)
+            continue
+        return path
     return None

@@ -23,8 +23,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from vitdense.checkpoint_io import safe_load
-from vitdense.engine import ExactResumeHook, TimeBudgetHook, find_resumable_checkpoint
-from vitdense.engine.hooks.resume import remove_interrupted_saves, seed_batches
+from vitdense.engine import (ExactResumeHook, PreemptionHook, TimeBudgetHook,
+                             find_resumable_checkpoint)
+from vitdense.engine.hooks.resume import seed_batches
+from vitdense.engine.resume_choice import remove_interrupted_saves
 
 from common import IterationClock, RegressToOne, free_port
 
@@ -111,14 +113,17 @@ def run(work_dir: Path, kill_after: int | None = None, resume: bool = False,
         kill_in_validation: int | None = None, val_interval: int = 4,
         distributed: bool = False, workers: int = 0,
         persistent: bool = False, max_keep_ckpts: int = 1,
-        sampler: str = 'InfiniteSampler', seed: int = 0) -> tuple[Record, Runner]:
-    """9 iterations, checkpoint every 3 (``max_keep_ckpts`` kept); ``distributed``: one of the processes of a gloo
-    group, seeded differently per process (``diff_rank_seed``); ``workers`` training
-    loader workers (``persistent``: kept from pass to pass); ``sampler``: mmengine's
-    endless one, or ``'DefaultSampler'``, a pass of 3 batches that the loop starts again;
-    ``seed``: the runner's."""
+        sampler: str = 'InfiniteSampler', seed: int = 0,
+        preemption: bool = False) -> tuple[Record, Runner]:
+    """9 iterations, checkpoint every 3 (``max_keep_ckpts`` kept); ``distributed``: one of
+    the processes of a gloo group, seeded differently per process (``diff_rank_seed``);
+    ``workers`` training loader workers (``persistent``: kept from pass to pass);
+    ``sampler``: mmengine's endless one, or ``'DefaultSampler'``, a pass of 3 batches that
+    the loop starts again; ``seed``: the runner's; ``preemption``: with the
+    ``PreemptionHook`` tools/train.py adds (which shields the workers and restarts the
+    loop's loader)."""
     record = Record(kill_after, kill_in_validation)
-    hooks = [ExactResumeHook(), record]
+    hooks = [ExactResumeHook(), record] + ([PreemptionHook(requeue=False)] if preemption else [])
     train_cfg = dict(by_epoch=False, max_iters=9, val_interval=val_interval)
     checkpoint = dict(type='vitdense.SafeCheckpointHook', by_epoch=False, interval=3,
                       max_keep_ckpts=max_keep_ckpts)
@@ -182,16 +187,20 @@ def test_resume_repeats_uninterrupted_run(tmp_path, full_run, kill_after):
     assert_same_run(full, resumed, first_resumed=kill_after // 3 * 3 + 1)
 
 
-@pytest.mark.parametrize('persistent', [False, True])
-def test_resume_mid_pass_with_loader_workers_repeats_the_run(tmp_path, persistent):
+@pytest.mark.parametrize('preemption', [False, True], ids=['alone', 'preemption-hook'])
+@pytest.mark.parametrize('persistent', [False, True], ids=['workers', 'persistent-workers'])
+def test_resume_mid_pass_with_loader_workers_repeats_the_run(tmp_path, persistent, preemption):
     # Two workers augment the batches. Resumed after iteration 3 (the sampler's one pass),
     # fresh workers load batches 4, 5, ... in another order of workers than the
     # uninterrupted run's, which had drawn for the batches before: each batch's own seed
-    # makes the draws, hence the losses and weights, the same.
-    full = run(tmp_path / 'full', workers=2, persistent=persistent)
-    run(tmp_path / 'killed', kill_after=5, workers=2, persistent=persistent)
-    assert_same_run(full, run(tmp_path / 'killed', resume=True, workers=2,
-                               persistent=persistent), first_resumed=4)
+    # makes the draws, hence the losses and weights, the same. So too with the
+    # PreemptionHook tools/train.py adds, which restarts the loop's loader before this hook
+    # does (the pass it starts is not the run's first; a persistent loader's kept iterator
+    # is not the one that skips the trained batches).
+    options = dict(workers=2, persistent=persistent, preemption=preemption)
+    full = run(tmp_path / 'full', **options)
+    run(tmp_path / 'killed', kill_after=5, **options)
+    assert_same_run(full, run(tmp_path / 'killed', resume=True, **options), first_resumed=4)
 
 
 def test_resume_after_passes_of_a_finite_sampler_repeats_the_run(tmp_path):

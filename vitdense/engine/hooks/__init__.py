@@ -6,10 +6,10 @@ from .eomt import EoMTMaskAnnealingHook
 from .nonfinite import NonFiniteGuardHook, NonFiniteLossError
 from .peft_checkpoint import PeftCheckpointHook
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionHook
-from .resume import ExactResumeHook, find_resumable_checkpoint
+from .resume import ExactResumeHook
 from .time_budget import TimeBudgetHook, TimeBudgetLogProcessor, train_on_time_budget
 
 __all__ = ['EoMTMaskAnnealingHook', 'ExactResumeHook', 'NonFiniteGuardHook',
            'NonFiniteLossError', 'PREEMPTED_EXIT_CODE', 'PeftCheckpointHook', 'Preempted',
            'PreemptionHook', 'SafeCheckpointHook', 'TimeBudgetHook', 'TimeBudgetLogProcessor',
-           'find_resumable_checkpoint', 'train_on_time_budget']
+           'train_on_time_budget']

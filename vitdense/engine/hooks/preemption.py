@@ -245,14 +245,21 @@ def collect_and_freeze_heap() -> None:
 
 
 def stop_loader_workers(runner: Any) -> None:
-    """End the worker processes of the runner's loaders now.
+    """End the worker processes of the runner's loaders now; a persistent loader lets go of
+    its ended iterator (a later pass starts new workers).
 
     Left to interpreter exit, torch skips its own shutdown of persistent workers (its exit
-    flag is set by then) and leaves them to multiprocessing's exit handler; ended here, they
-    are gone before the trainer's exit status reaches the launcher.
+    flag is set by then) and leaves them to multiprocessing's exit handler. Left to the
+    garbage collector (the runner is in reference cycles), each iterator's end waits 5 s
+    (``MP_STATUS_CHECK_INTERVAL``) for workers that never get torch's end-of-work message:
+    the collector has run the index queues' finalizers first, which close them. Ended here,
+    the workers are gone before the trainer's exit status reaches the launcher.
     """
     for name in ('_train_loop', '_val_loop', '_test_loop'):
-        shut_down_loader_workers(getattr(runner, name, None))
+        loop = getattr(runner, name, None)
+        shut_down_loader_workers(loop)
+        if isinstance(getattr(loop, 'dataloader', None), DataLoader):
+            drop_loader_workers(loop.dataloader)
 
 
 @HOOKS.register_module()
@@ -374,7 +381,10 @@ class PreemptionHook(Hook):
         leave_outcome('finished')  # the last checkpoint hooks ran before (after_train_*)
 
     def after_run(self, runner) -> None:
+        """Put the signal handlers back and end the loaders' workers (a finished run's exit
+        waits for none of them)."""
         self._uninstall()
+        stop_loader_workers(runner)
 
     def _requeue(self) -> bool:
         """Process 0 requeues the SLURM job; whether that was done."""

@@ -1,4 +1,5 @@
-"""Resuming a run exactly where it stopped, from the newest checkpoint that loads.
+"""Resuming a run exactly where it stopped (which checkpoint it resumes:
+:mod:`vitdense.engine.resume_choice`).
 
 mmengine's resume restores the weights, optimizer, schedulers, message hub and iteration
 count, but not the random streams: a resumed run draws other dropout masks, augmentations
@@ -28,13 +29,9 @@ exactness comes from the per-batch seeds, which need no loader state.
 """
 from __future__ import annotations
 
-import logging
-import os
-import os.path as osp
-import random
 import itertools
-import re
-from pathlib import Path
+import logging
+import random
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -46,8 +43,7 @@ from mmengine.dataset import InfiniteSampler
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 from torch.utils.data import DataLoader, get_worker_info
 
-from vitdense.checkpoint_io import (CorruptCheckpointError, UnsafeCheckpointError, from_plain,
-                                    safe_load, to_plain)
+from vitdense.checkpoint_io import from_plain, to_plain
 from vitdense.internals import (before_every_save, drop_loader_workers, indices_of_rank,
                                 load_batches_with, new_loop_iterator, replace_batch_sampler,
                                 set_loop_pass)
@@ -220,10 +216,21 @@ def seed_batches(loader: DataLoader, seed: int, rank: int) -> _SeededBatches | N
         return None
     unseed_dataset = load_batches_with(loader.dataset, _SeededFetch(loader.dataset))
     seeded = _SeededBatches(loader.batch_sampler, seed, rank, unseed_dataset)
-    replace_batch_sampler(loader, seeded)  # past torch's guard, as below
     loader.generator = torch.Generator().manual_seed(batch_seed((seed, rank)))
-    drop_loader_workers(loader)  # persistent workers started before hold the dataset as it was
+    _set_batch_sampler(loader, seeded)  # persistent workers also hold the dataset as it was
     return seeded
+
+
+def _set_batch_sampler(loader: DataLoader, batch_sampler: Any) -> None:
+    """Have ``loader``'s next iterator take its batches from ``batch_sampler``.
+
+    torch refuses to reassign ``batch_sampler`` on a built loader, and mmengine builds the
+    loader before the checkpoint that says how to sample is loaded: the attribute is set past
+    that guard. The iterator a persistent loader keeps reads the batch sampler it was built
+    with at every pass, so it is let go with its workers.
+    """
+    replace_batch_sampler(loader, batch_sampler)
+    drop_loader_workers(loader)
 
 
 def _is_infinite(loader: DataLoader) -> bool:
@@ -232,16 +239,12 @@ def _is_infinite(loader: DataLoader) -> bool:
 
 
 def resume_loader(loader: DataLoader, skip: int, before_first_batch: Callable[[], None]) -> None:
-    """Make ``loader``'s next pass start ``skip`` batches in, loading none of those.
-
-    torch refuses to reassign ``batch_sampler`` on a built loader, and mmengine builds the
-    loader before the checkpoint that says how far to skip is loaded: the attribute is set
-    past that guard. Only the index lists are computed for the skipped batches.
-    """
+    """Make ``loader``'s next pass start ``skip`` batches in, loading none of those (only
+    their index lists are computed)."""
     if loader.batch_sampler is None:
         raise ValueError('resuming mid-epoch needs a loader that batches its samples '
                          '(batch_size or batch_sampler); this one has batch_size=None')
-    replace_batch_sampler(loader, _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
+    _set_batch_sampler(loader, _ResumedBatches(loader.batch_sampler, skip, before_first_batch))
 
 
 class _IndicesFrom:
@@ -396,6 +399,7 @@ class ExactResumeHook(Hook):
         is then answered by :class:`_AlreadyAdvanced`."""
         if loop.iter == 0:
             if self.seeded is not None:  # the loop's first iterator predates the seeding
+                self.seeded.passes = 0  # as on resume, whatever restarts (PreemptionHook's) counted
                 restart_loop_iterator(loop)
             return
         if not loop.stop_training:  # a run that trains no further needs no batches
@@ -452,60 +456,3 @@ class ExactResumeHook(Hook):
 
     def after_test(self, runner) -> None:
         self._return_to_training_stream()
-
-
-_STEP = re.compile(r'(\d+)\.pth$')
-
-
-def _candidates(work_dir: str) -> list[str]:
-    """Checkpoints of ``work_dir``: the one ``last_checkpoint`` names, then the others from
-    the highest iteration / epoch number down."""
-    pointer = osp.join(work_dir, 'last_checkpoint')
-    named = Path(pointer).read_text().strip() if osp.isfile(pointer) else None
-    found = sorted((str(p) for p in Path(work_dir).glob('*.pth')),
-                   key=lambda p: (int(_STEP.search(p).group(1)) if _STEP.search(p) else -1,
-                                  osp.getmtime(p)), reverse=True)
-    ordered = [named] if named else []
-    return ordered + [p for p in found if not named or osp.abspath(p) != osp.abspath(named)]
-
-
-def remove_interrupted_saves(work_dir: str | os.PathLike) -> list[str]:
-    """Delete the temporary files of checkpoint saves that were killed before their rename.
-
-    :func:`~vitdense.checkpoint_io.atomic_write` names them ``.<checkpoint>.<random>.tmp``;
-    such a file never became a checkpoint, so nothing is lost with it.
-    """
-    removed = [str(path) for path in Path(work_dir).glob('.*.pth.*.tmp')]
-    for path in removed:
-        os.remove(path)
-        print_log(f'removed {path}, left by a checkpoint save that was interrupted',
-                  logger='current')
-    return removed
-
-
-def find_resumable_checkpoint(work_dir: str | os.PathLike) -> str | None:
-    """The newest checkpoint in ``work_dir`` that loads, or None when there is none.
-
-    Starts from the file ``last_checkpoint`` names; a missing, empty, truncated or refused
-    one is reported and the next newest ``*.pth`` is tried.
-    """
-    work_dir = os.fspath(work_dir)
-    if not osp.isdir(work_dir):
-        return None
-    for path in _candidates(work_dir):
-        if not osp.isfile(path):
-            print_log(f'last_checkpoint names {path}, which does not exist; looking for an '
-                      'older checkpoint', logger='current', level=logging.WARNING)
-            continue
-        try:
-            checkpoint = safe_load(path, map_location='cpu', mmap=True)
-        except (CorruptCheckpointError, UnsafeCheckpointError) as err:
-            print_log(f'cannot resume from {path} ({err}); trying an older checkpoint',
-                      logger='current', level=logging.WARNING)
-            continue
-        if not isinstance(checkpoint, dict) or 'state_dict' not in checkpoint:
-            print_log(f'{path} holds no state_dict (not a training checkpoint); skipped',
-                      logger='current', level=logging.WARNING)
-            continue
-        return path
-    return None
