@@ -13,6 +13,7 @@ from mmengine.runner import Runner
 from torch import nn
 from torch.utils.data import Dataset
 
+from benchmarks.peft_checkpoint_size import checkpoint_bytes
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine.hooks.peft_checkpoint import META_KEY, file_sha256
 from vitdense.registry import MODELS
@@ -94,6 +95,9 @@ def test_checkpoints_hold_what_trains_and_resume_exactly(tmp_path, base):
         sorted(tuple(p.shape) for p in trainable.values())
     assert sum(tensor.numel() for tensor in _tensors(saved) if tensor.dim()) == \
         3 * sum(p.numel() for p in trainable.values())
+    # what benchmarks/peft_checkpoint_size.py counts from the model is the file's tensors
+    counted = sum(checkpoint_bytes(whole.model).values())
+    assert counted < (tmp_path / 'whole' / 'iter_2.pth').stat().st_size < counted + 2 ** 16
     assert saved['meta'][META_KEY] == {'net.backbone.': dict(
         path=str(base), prefix=None, sha256=file_sha256(str(base)),
         tensors=len(final) - len(trainable))}
