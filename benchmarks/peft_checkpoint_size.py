@@ -21,6 +21,7 @@ from torch import nn
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.hooks.peft_checkpoint import frozen_keys, peft_backbones
 from vitdense.engine.hosts import build_model
+from vitdense.models.backbones.peft_tuning import ADAPTER_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ViTDet's ViT-L setting: 14×14 windows in all blocks but 5, 11, 17, 23
@@ -42,21 +43,19 @@ ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, each the size of its parameter
 
 
 def checkpoint_bytes(model: nn.Module) -> dict[str, int]:
-    """Bytes of a training checkpoint of ``model``, by part: the adapters, the rest of the
-    backbones, the rest of the model (neck, heads), the optimizer state. Tensors that
+    """Bytes of a training checkpoint of ``model``, by part: the adapters, the rest of its
+    ``backbone``, the rest of the model (neck, heads), the optimizer state. Tensors that
     :class:`~vitdense.engine.hooks.peft_checkpoint.PeftCheckpointHook` leaves out of a run
     of a peft backbone (its base's frozen tensors) do not count."""
     left_out = {prefix + key for prefix, backbone, _ in peft_backbones(model)
                 for key in frozen_keys(backbone)}
-    backbones = tuple(f'{name}.' for name, module in model.named_children()
-                      if name == 'backbone')
     parts = dict(adapters=0, backbone=0, rest=0, optimizer=0)
     for key, tensor in model.state_dict(keep_vars=True).items():
         if key in left_out:
             continue
         size = tensor.numel() * tensor.element_size()
-        part = ('adapters' if '.lora_' in key else 'backbone' if key.startswith(backbones)
-                else 'rest')
+        part = ('adapters' if ADAPTER_KEY.search(key) else
+                'backbone' if key.startswith('backbone.') else 'rest')
         parts[part] += size
         if isinstance(tensor, nn.Parameter) and tensor.requires_grad:
             parts['optimizer'] += ADAM_MOMENTS * size
