@@ -18,6 +18,9 @@ Each row gives the metric, the trainable parameters, the CPU milliseconds of a t
 
     python -m benchmarks.benchmark_lora_demo       # 2.5 + 2 × 3 CPU-minutes, and start-up
     python -m benchmarks.benchmark_lora_demo --pretrain-minutes 6 --minutes 8
+    # an ablation: one fine-tuning from the pretrained checkpoint with a recipe change
+    python -m benchmarks.benchmark_lora_demo --stage lora --base CKPT \
+        --cfg-options "model.backbone.peft.train=['norms','biases']"
 
 Rows are appended to ``OUT/lora_demo.jsonl`` and the table written to ``OUT/lora_demo.md``.
 """
@@ -30,6 +33,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from mmengine.config import DictAction
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_CONFIG = 'configs/vit/vit-mini-p16_1xb64-a2-8e_demo-in10-64px.py'
@@ -62,7 +67,8 @@ def stage_config(stage: str, minutes: float, work_dir: Path, base: Path | None):
     return cfg
 
 
-def run_stage(stage: str, minutes: float, work_dir: Path, base: Path | None) -> dict:
+def run_stage(stage: str, minutes: float, work_dir: Path, base: Path | None,
+              cfg_options: dict | None = None) -> dict:
     """Train and test one stage in this process (one thread); its measured row."""
     import torch
     from mmengine.hooks import Hook
@@ -85,6 +91,8 @@ def run_stage(stage: str, minutes: float, work_dir: Path, base: Path | None) -> 
 
     torch.set_num_threads(1)
     cfg = stage_config(stage, minutes, work_dir, base)
+    if stage != 'pretrain' and cfg_options:
+        cfg.merge_from_dict(cfg_options)
     host_of(cfg)
     runner = Runner.from_cfg(cfg)
     steps = StepTimes()
@@ -95,7 +103,8 @@ def run_stage(stage: str, minutes: float, work_dir: Path, base: Path | None) -> 
     metrics = runner.test()
     checkpoint = max(work_dir.glob('iter_*.pth'), key=lambda path: path.stat().st_mtime)
     params = list(runner.model.parameters())
-    return dict(stage=stage, iters=runner.iter, train_cpu_min=train_minutes,
+    return dict(stage=stage, cfg_options=cfg_options or {}, iters=runner.iter,
+                train_cpu_min=train_minutes,
                 metric_name=METRICS[stage], metric=float(metrics[METRICS[stage]]),
                 trainable=sum(p.numel() for p in params if p.requires_grad),
                 params=sum(p.numel() for p in params),
@@ -141,20 +150,26 @@ def main() -> None:
                         help='CPU minutes of each fine-tuning (LoRA, full)')
     parser.add_argument('--out', type=Path, default=Path('benchmarks/results'),
                         help='folder for the work dirs and the results')
-    parser.add_argument('--stage', choices=STAGES, help=argparse.SUPPRESS)
-    parser.add_argument('--base', type=Path, help=argparse.SUPPRESS)
+    parser.add_argument('--stage', choices=STAGES,
+                        help='run this stage alone (a fine-tuning from --base)')
+    parser.add_argument('--base', type=Path, help='the pretrained checkpoint to fine-tune')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
+                        help='recipe changes (key=value) for the fine-tunings, for ablations')
     args = parser.parse_args()
     out = ROOT / args.out
     if args.stage:
         minutes = args.pretrain_minutes if args.stage == 'pretrain' else args.minutes
-        row = run_stage(args.stage, minutes, out / 'lora_demo' / args.stage, args.base)
+        row = run_stage(args.stage, minutes, out / 'lora_demo' / args.stage, args.base,
+                        args.cfg_options)
         with open(out / 'lora_demo.jsonl', 'a') as f:
             f.write(json.dumps(row) + '\n')
         return
     out.mkdir(parents=True, exist_ok=True)
     ensure_data()
     command = [sys.executable, '-m', 'benchmarks.benchmark_lora_demo', '--out', str(args.out),
-               '--pretrain-minutes', str(args.pretrain_minutes), '--minutes', str(args.minutes)]
+               '--pretrain-minutes', str(args.pretrain_minutes), '--minutes', str(args.minutes),
+               *(['--cfg-options', *(f'{key}={json.dumps(value)}' for key, value
+                                     in args.cfg_options.items())] if args.cfg_options else [])]
     subprocess.run([*command, '--stage', 'pretrain'], check=True, cwd=ROOT)
     pretrained = _last_rows(out)['pretrain']
     print(table([pretrained]), flush=True)
