@@ -9,7 +9,13 @@ sharded AdamW run's checkpoint of the middle iteration, in a new work dir, and m
 the rest of that run exactly (losses and final weights, max difference 0); the sharded
 checkpoint must hold the keys and full shapes of the DDP one.
 
+With ``--lora`` the ViT's backbone gets rank-4 LoRA adapters (``peft``: frozen base weights
+and trained adapters in each sharded block) and AdamW trains it both ways: the losses and
+weights are compared as above, and the frozen tensors must end as they started while every
+adapter tensor moves.
+
     python -m benchmarks.fsdp_parity --iters 10 --out work_dirs/fsdp_parity
+    python -m benchmarks.fsdp_parity --lora --iters 10 --out work_dirs/fsdp_parity_lora
 """
 from __future__ import annotations
 
@@ -38,16 +44,18 @@ WORLD_SIZE = 2
 MAX_GRAD_NORM = 0.5
 ADAMW = dict(type='AdamW', lr=1e-3, weight_decay=0.05)
 LAMB = dict(lr=4e-3, weight_decay=0.02)  # the A2 recipe's optimizer, at a tiny model's lr
+LORA = dict(type='LoRA', r=4, alpha=8)  # on every block's qkv, proj, fc1 and fc2
 
 
 class TinyViTRegressor(BaseModel):
-    """A 4-block ViT of 32 channels on 16-px images, its class token regressed to 3 targets."""
+    """A 4-block ViT of 32 channels on 16-px images, its class token regressed to 3 targets;
+    with ``peft`` (the backbone's option) its trunk is frozen and adapters train."""
 
-    def __init__(self) -> None:
+    def __init__(self, peft: Optional[dict] = None) -> None:
         super().__init__()
         self.backbone = MODELS.build(dict(
             type='vitdense.ViT', arch=dict(embed_dims=32, num_layers=4, num_heads=2),
-            img_size=16, patch_size=4, out_type='cls_token'))
+            img_size=16, patch_size=4, out_type='cls_token', peft=peft))
         self.head = nn.Linear(32, 3)
 
     def forward(self, inputs: torch.Tensor, targets: Optional[torch.Tensor] = None,
@@ -69,13 +77,18 @@ class RandomImages(Dataset):
 
 
 class Record(Hook):
-    """Each iteration's loss and gradient norm (before clipping)."""
+    """The weights training starts from (full tensors), each iteration's loss and gradient
+    norm (before clipping)."""
 
     priority = 'LOWEST'
 
     def __init__(self) -> None:
+        self.initial: dict[str, torch.Tensor] = {}
         self.losses: dict[int, float] = {}
         self.grad_norms: dict[int, float] = {}
+
+    def before_train(self, runner) -> None:
+        self.initial = _weights(runner)
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         self.losses[runner.iter + 1] = outputs['loss'].item()
@@ -84,15 +97,16 @@ class Record(Hook):
 
 
 def train(work_dir: Path, sharded: bool, optimizer: dict, iters: int,
-          resume_from: Optional[Path] = None) -> tuple[Record, dict]:
-    """``iters`` iterations (checkpoints every ``iters // 2``) in the process group; the
-    losses and the final weights (full tensors)."""
+          resume_from: Optional[Path] = None,
+          peft: Optional[dict] = None) -> tuple[Record, dict]:
+    """``iters`` iterations (checkpoints every ``iters // 2``) in the process group, with
+    ``peft`` on the backbone if given; the losses and the final weights (full tensors)."""
     record = Record()
     torch.manual_seed(0)
     wrapper = (dict(type='vitdense.FullyShardedModel') if sharded
                else dict(type='MMDistributedDataParallel', device_ids=None))
     runner = (ShardedRunner if sharded else Runner)(
-        model=TinyViTRegressor(), work_dir=str(work_dir), launcher='pytorch',
+        model=TinyViTRegressor(peft), work_dir=str(work_dir), launcher='pytorch',
         train_dataloader=dict(dataset=RandomImages(), batch_size=4,
                               collate_fn=dict(type='default_collate'),
                               sampler=dict(type='InfiniteSampler', shuffle=True)),
@@ -107,7 +121,12 @@ def train(work_dir: Path, sharded: bool, optimizer: dict, iters: int,
         env_cfg=dict(dist_cfg=dict(backend='gloo')), log_level='WARNING',
         experiment_name=f'{work_dir.name}-{resume_from is not None}')
     runner.train()
-    return record, {key: value.clone() for key, value in runner.model.module.state_dict().items()}
+    return record, _weights(runner)
+
+
+def _weights(runner: Runner) -> dict[str, torch.Tensor]:
+    """The model's state (full tensors: a collective under sharding), copied."""
+    return {key: value.clone() for key, value in runner.model.module.state_dict().items()}
 
 
 def _max_difference(first: dict, second: dict) -> float:
@@ -130,12 +149,17 @@ def _same_layout(first: Path, second: Path) -> bool:
     return shapes[0] == shapes[1]
 
 
-def _compare(rank: int, port: int, out: Path, iters: int) -> None:
-    """One process of the comparison; rank 0 writes ``results.json``."""
+def _join(rank: int, port: int) -> None:
+    """Join the gloo group of ``WORLD_SIZE`` processes on loopback as ``rank``."""
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank))
     dist.init_process_group('gloo', rank=rank, world_size=WORLD_SIZE)
     torch.set_num_threads(1)  # one core per process: no thread oversubscription
+
+
+def _compare(rank: int, port: int, out: Path, iters: int) -> None:
+    """One process of the comparison; rank 0 writes ``results.json``."""
+    _join(rank, port)
     from mmpretrain.engine.optimizers import Lamb
     results, sharded_runs = {}, {}
     runs = {'adamw': (ADAMW, ADAMW), 'lamb': (dict(LAMB, type=Lamb),
@@ -164,6 +188,28 @@ def _compare(rank: int, port: int, out: Path, iters: int) -> None:
     dist.destroy_process_group()
 
 
+def _compare_lora(rank: int, port: int, out: Path, iters: int) -> None:
+    """One process of the LoRA comparison; rank 0 writes ``lora_results.json``."""
+    _join(rank, port)
+    ddp, ddp_weights = train(out / 'lora_ddp', False, ADAMW, iters, peft=LORA)
+    fsdp, fsdp_weights = train(out / 'lora_fsdp', True, ADAMW, iters, peft=LORA)
+    trained = {name for name, param in TinyViTRegressor(LORA).named_parameters()
+               if param.requires_grad}
+    frozen = [key for key in fsdp_weights if key not in trained]
+    adapters = [key for key in trained if '.lora_' in key]
+    if rank == 0:
+        (out / 'lora_results.json').write_text(json.dumps(dict(
+            ddp_losses=ddp.losses, fsdp_losses=fsdp.losses,
+            loss_relative_difference=_relative_difference(ddp.losses, fsdp.losses),
+            weight_difference=_max_difference(ddp_weights, fsdp_weights),
+            frozen=len(frozen), adapters=len(adapters),
+            frozen_change=_max_difference({k: fsdp.initial[k] for k in frozen},
+                                          {k: fsdp_weights[k] for k in frozen}),
+            adapter_changes={k: (fsdp_weights[k] - fsdp.initial[k]).abs().max().item()
+                             for k in adapters}), indent=1))
+    dist.destroy_process_group()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
@@ -177,11 +223,29 @@ def compare(out: Path, iters: int = 10) -> dict:
     return json.loads((out / 'results.json').read_text())
 
 
+def compare_lora(out: Path, iters: int = 10) -> dict:
+    """Run the LoRA comparison in ``WORLD_SIZE`` processes; its results."""
+    out.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_compare_lora, args=(free_port(), out, iters), nprocs=WORLD_SIZE)
+    return json.loads((out / 'lora_results.json').read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--iters', type=int, default=10)
     parser.add_argument('--out', type=Path, default=Path('work_dirs/fsdp_parity'))
+    parser.add_argument('--lora', action='store_true',
+                        help='compare LoRA (peft) training sharded and under DDP instead')
     args = parser.parse_args()
+    if args.lora:
+        lora = compare_lora(args.out, args.iters)
+        changes = lora['adapter_changes'].values()
+        print(f'LoRA: {args.iters} iterations, losses relative difference '
+              f'{lora["loss_relative_difference"]:.2e}, weights max difference '
+              f'{lora["weight_difference"]:.2e}; {lora["frozen"]} frozen tensors changed by at '
+              f'most {lora["frozen_change"]}, {lora["adapters"]} adapter tensors by '
+              f'{min(changes):.1e} to {max(changes):.1e}')
+        return
     results = compare(args.out, args.iters)
     for name in ('adamw', 'lamb'):
         entry = results[name]

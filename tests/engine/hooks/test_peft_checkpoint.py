@@ -4,6 +4,7 @@ run bit for bit; a base other than the one trained on is refused."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from mmengine.runner import Runner
 from torch import nn
 from torch.utils.data import Dataset
 
+from benchmarks.peft_checkpoint_size import checkpoint_bytes
 from vitdense.checkpoint_io import safe_load
 from vitdense.engine.hooks.peft_checkpoint import META_KEY, file_sha256
 from vitdense.registry import MODELS
@@ -58,6 +60,18 @@ def runner(work_dir: Path, base: Path, max_iters: int,
         randomness=dict(seed=0), **kwargs)
 
 
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside a checkpoint's nested dicts, lists and tuples."""
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
 @pytest.fixture
 def base(tmp_path) -> Path:
     path = tmp_path / 'base.pth'
@@ -71,8 +85,19 @@ def test_checkpoints_hold_what_trains_and_resume_exactly(tmp_path, base):
     final = {k: v.clone() for k, v in whole.model.state_dict().items()}
 
     saved = safe_load(tmp_path / 'whole' / 'iter_2.pth')
-    trainable = {name for name, param in whole.model.named_parameters() if param.requires_grad}
-    assert set(saved['state_dict']) == trainable
+    trainable = {name: param for name, param in whole.model.named_parameters()
+                 if param.requires_grad}
+    assert set(saved['state_dict']) == set(trainable)
+    # besides them only AdamW's two moments of each (and its step counts): no frozen tensor
+    # and no moment of one anywhere in the file
+    moments = list(saved['optimizer']['state'].values())
+    assert sorted(tuple(m['exp_avg'].shape) for m in moments) == \
+        sorted(tuple(p.shape) for p in trainable.values())
+    assert sum(tensor.numel() for tensor in _tensors(saved) if tensor.dim()) == \
+        3 * sum(p.numel() for p in trainable.values())
+    # what benchmarks/peft_checkpoint_size.py counts from the model is the file's tensors
+    counted = sum(checkpoint_bytes(whole.model).values())
+    assert counted < (tmp_path / 'whole' / 'iter_2.pth').stat().st_size < counted + 2 ** 16
     assert saved['meta'][META_KEY] == {'net.backbone.': dict(
         path=str(base), prefix=None, sha256=file_sha256(str(base)),
         tensors=len(final) - len(trainable))}

@@ -46,6 +46,17 @@ def test_two_sharded_processes_train_as_ddp_and_resume_exactly(tmp_path):
     assert results['same_checkpoint_layout']
 
 
+def test_lora_trains_sharded_as_under_ddp_with_the_trunk_frozen(tmp_path):
+    """peft's layers inside sharded blocks: frozen base weights and trained adapters in one
+    FSDP unit, on CPU with gloo."""
+    results = fsdp_parity.compare_lora(tmp_path, iters=4)
+    assert results['loss_relative_difference'] < 1e-4
+    assert results['weight_difference'] < 1e-5
+    assert results['frozen'] > 0 and results['frozen_change'] == 0
+    changes = results['adapter_changes']
+    assert len(changes) == results['adapters'] > 0 and min(changes.values()) > 0
+
+
 def _lamb_steps(optimizer_cls: type, **options) -> list[torch.Tensor]:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 2))
