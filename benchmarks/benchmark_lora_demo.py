@@ -75,7 +75,7 @@ def run_stage(stage: str, minutes: float, work_dir: Path, base: Path | None,
     from mmengine.runner import Runner
 
     import vitdense  # noqa: F401  (vitdense registries)
-    from vitdense.engine.hosts import host_of
+    from vitdense.model_factory import register_host
 
     class StepTimes(Hook):
         """CPU seconds of each training iteration (data loading included)."""
@@ -93,7 +93,7 @@ def run_stage(stage: str, minutes: float, work_dir: Path, base: Path | None,
     cfg = stage_config(stage, minutes, work_dir, base)
     if stage != 'pretrain' and cfg_options:
         cfg.merge_from_dict(cfg_options)
-    host_of(cfg)
+    register_host(cfg)
     runner = Runner.from_cfg(cfg)
     steps = StepTimes()
     runner.register_hook(steps, priority='VERY_HIGH')

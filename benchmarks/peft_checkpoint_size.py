@@ -20,7 +20,7 @@ from torch import nn
 
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.engine.hooks.peft_checkpoint import frozen_keys, peft_backbones
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 from vitdense.models.backbones.peft_tuning import ADAPTER_KEY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ fine-tunings, which differ in ``peft`` alone and run on the same time budget."""
 import torch
 
 from benchmarks import benchmark_lora_demo as tool
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 
 def test_both_fine_tunings_start_from_the_pretrained_trunk(tmp_path):
