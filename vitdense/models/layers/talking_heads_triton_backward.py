@@ -6,7 +6,8 @@ program, no atomics, so the gradients are the same bits from run to run.
   the softmax's ``D_g = Σ_h Ww[h,g] E_hg`` and ``dWw[h,g] = Σ_i E_hg``;
 - :func:`dkdv_kernel` (key blocks) ``dk`` and, run again, ``dv``;
 - :func:`dq_kernel` (query blocks) ``dq`` and per row ``F_hg = Σ_j dS̃_h ∘ S_g``, whose sum
-  is ``dWl``.
+  is ``dWl``; its tiles are (keys, rows), the dK/dV kernel's orientation: 16 keys by 64
+  rows on 8 warps hold its live state without spilling, 64 rows by 16 keys do not.
 
 The per-row partials of the mixes' gradients are summed by torch afterwards. Each head's
 ``dP̂_h`` and ``dS̃_h`` is mixed in as it is formed, so that a program keeps two sets of
@@ -75,14 +76,15 @@ def image_pointers(grad_ptr, q_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr, num_querie
 @triton.jit
 def weight_gradients(grad_ptr, v_ptr, ww_ptr, rows, keys, num_queries, num_keys, live,
                      HEADS: tl.constexpr, DIMS: tl.constexpr, PRECISION: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     ROWS: tl.constexpr, COLUMNS: tl.constexpr, KEY_AXIS: tl.constexpr):
     """Every head's gradient of its softmax weights ``dP_g = Σ_h Ww[h,g] dP̂_h``, each
-    ``dP̂_h = dO_h v_hᵀ`` mixed in as it is formed, for one tile of one image."""
-    result = zeros(HEADS, BLOCK_M, BLOCK_N)
+    ``dP̂_h = dO_h v_hᵀ`` mixed in as it is formed, for one (ROWS, COLUMNS) tile of one
+    image (keys along ``KEY_AXIS``)."""
+    result = zeros(HEADS, ROWS, COLUMNS)
     for h in tl.static_range(HEADS):
         d_mixed = loaded_products(grad_ptr + h * num_queries * DIMS, rows, num_queries,
                                   v_ptr + h * num_keys * DIMS, keys, num_keys, DIMS, live, 1,
-                                  (DIMS + SLICE - 1) // SLICE, PRECISION)[0]
+                                  (DIMS + SLICE - 1) // SLICE, PRECISION, KEY_AXIS == 0)[0]
         result = add_mixed(result, d_mixed, ww_ptr, h, 0, live, HEADS, HEADS, True)
     return result
 
@@ -91,20 +93,23 @@ def weight_gradients(grad_ptr, v_ptr, ww_ptr, rows, keys, num_queries, num_keys,
 def group_logit_gradients(logits, d_weights, group_logits, sums, wl_ptr, lse_ptr, delta_ptr,
                           rows, keys, num_queries, num_keys, first, live,
                           HEADS: tl.constexpr, GROUP: tl.constexpr, SUMS: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The group's heads' logit gradients ``dS_g = Σ_h Wl[h,g] dS̃_h``, each
-    ``dS̃_h = P_h ∘ (dP_h − D_h)`` mixed in as it is formed; and, if ``SUMS``, ``sums``
-    (h-major) plus each row's ``Σ_j dS̃_h ∘ S_g`` of the group's logits ``S_g``."""
-    result = zeros(GROUP, BLOCK_M, BLOCK_N)
+                          ROWS: tl.constexpr, COLUMNS: tl.constexpr,
+                          KEY_AXIS: tl.constexpr):
+    """The group's heads' logit gradients ``dS_g = Σ_h Wl[h,g] dS̃_h`` as (ROWS, COLUMNS)
+    tiles (keys along ``KEY_AXIS``), each ``dS̃_h = P_h ∘ (dP_h − D_h)`` mixed in as it is
+    formed; and, if ``SUMS``, ``sums`` (h-major) plus each row's ``Σ_j dS̃_h ∘ S_g`` of the
+    group's logits ``S_g``."""
+    result = zeros(GROUP, ROWS, COLUMNS)
     new = ()
     for h in tl.static_range(HEADS):
+        deltas = tl.expand_dims(row_values(delta_ptr, h, rows, num_queries, live), KEY_AXIS)
         d_logits = weight(logits, h, lse_ptr, wl_ptr, rows, keys, num_queries, num_keys, live,
-                          HEADS) * (d_weights[h] - row_values(delta_ptr, h, rows, num_queries,
-                                                              live)[:, None])
+                          HEADS, KEY_AXIS) * (d_weights[h] - deltas)
         result = add_mixed(result, d_logits, wl_ptr, h, first, live, HEADS, GROUP, True)
         if SUMS:
             for g in tl.static_range(GROUP):
-                new = new + (sums[h * GROUP + g] + tl.sum(d_logits * group_logits[g], axis=1),)
+                new = new + (sums[h * GROUP + g] +
+                             tl.sum(d_logits * group_logits[g], axis=KEY_AXIS),)
     return result, new
 
 
@@ -133,11 +138,11 @@ def dkdv_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_pt
         if KEYS:
             d_weights = weight_gradients(grad_ptr, v_ptr, ww_ptr, rows, keys, num_queries,
                                          num_keys, live, HEADS, DIMS, PRECISION, BLOCK_M,
-                                         BLOCK_N)
+                                         BLOCK_N, 1)
             tiles, _ = group_logit_gradients(logits, d_weights, (), (), wl_ptr, lse_ptr,
                                              delta_ptr, rows, keys, num_queries, num_keys,
                                              first, live, HEADS, GROUP, False, BLOCK_M,
-                                             BLOCK_N)
+                                             BLOCK_N, 1)
             operands = load_heads(q_ptr, first, rows, num_queries, WIDTH, GROUP, slices, live)
         else:
             tiles = mixed_weights(logits, lse_ptr, wl_ptr, ww_ptr, rows, keys, num_queries,
@@ -173,18 +178,19 @@ def dq_kernel(grad_ptr, q_ptr, k_ptr, v_ptr, wl_ptr, ww_ptr, lse_ptr, delta_ptr,
         keys = start + tl.arange(0, BLOCK_N)
         live = start < num_keys
         logits = loaded_products(q_ptr, rows, num_queries, k_ptr, keys, num_keys, WIDTH,
-                                 live, HEADS, slices, PRECISION)
+                                 live, HEADS, slices, PRECISION, True)
         d_weights = weight_gradients(grad_ptr, v_ptr, ww_ptr, rows, keys, num_queries,
-                                     num_keys, live, HEADS, DIMS, PRECISION, BLOCK_M, BLOCK_N)
+                                     num_keys, live, HEADS, DIMS, PRECISION, BLOCK_N, BLOCK_M,
+                                     0)
         group_logits = loaded_products(q_ptr + first * num_queries * WIDTH, rows,
                                        num_queries, k_ptr + first * num_keys * WIDTH, keys,
-                                       num_keys, WIDTH, live, GROUP, slices, PRECISION)
+                                       num_keys, WIDTH, live, GROUP, slices, PRECISION, True)
         tiles, sums = group_logit_gradients(logits, d_weights, group_logits, sums, wl_ptr,
                                             lse_ptr, delta_ptr, rows, keys, num_queries,
                                             num_keys, first, live, HEADS, GROUP, True,
-                                            BLOCK_M, BLOCK_N)
+                                            BLOCK_N, BLOCK_M, 0)
         group_k = load_heads(k_ptr, first, keys, num_keys, WIDTH, GROUP, slices, live)
-        dq = add_products(dq, tiles, group_k, GROUP, slices, PRECISION, False)
+        dq = add_products(dq, tiles, group_k, GROUP, slices, PRECISION, True)
     for g in tl.static_range(GROUP):
         store_slices(dq_ptr + ((image * HEADS + first + g) * num_queries) * WIDTH,
                      dq[g * slices:(g + 1) * slices], rows, num_queries, WIDTH, slices)

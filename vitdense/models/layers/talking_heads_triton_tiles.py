@@ -23,14 +23,15 @@ LOG2E = tl.constexpr(math.log2(math.e))
 #: cores; ``'ieee'``: float32 operands, full-precision products), the (query rows, key
 #: columns, pipeline stages, warps) of a program; candidates past the first are kept for up
 #: to :data:`WIDE_HEADS` heads only. Half precision: one warpgroup, so that every dot of a
-#: kernel shares one MMA layout, but two for dK/dV (they spill on one); float32
-#: (multiply-adds, no MMA layout to share): 8 warps, half the registers per tile. On sm_90a at 4 and 8 heads of 48 none spills but
-#: half-precision dQ at 8 heads (``benchmarks/triton_registers.py``, docs/memory.md).
+#: kernel shares one MMA layout, but two for dK/dV and dQ (they spill on one; their tiles
+#: are 16 × 64, 16 queries × 64 keys for dK/dV, 16 keys × 64 queries for dQ); float32
+#: (multiply-adds, no MMA layout to share): 8 warps, half the registers per tile. On sm_90a
+#: at 4 and 8 heads of 48 none spills (``benchmarks/triton_registers.py``, docs/memory.md).
 BLOCKS = {'lse': {'tf32': ((64, 16, 1, 4),), 'ieee': ((64, 16, 1, 8),)},
           'forward': {'tf32': ((64, 16, 1, 4),), 'ieee': ((64, 16, 1, 8),)},
           'delta': {'tf32': ((64, 16, 1, 4),), 'ieee': ((32, 16, 1, 8),)},
           'dkdv': {'tf32': ((16, 64, 1, 8),), 'ieee': ((16, 16, 1, 8),)},
-          'dq': {'tf32': ((64, 16, 1, 4),), 'ieee': ((32, 16, 1, 8),)}}
+          'dq': {'tf32': ((64, 16, 1, 8),), 'ieee': ((64, 16, 1, 8),)}}
 WIDE_HEADS = 8
 #: per kernel, how many (group head, head) pairs one program's live state may hold, in half
 #: precision and in float32: its group is the largest divisor of the heads within that (one
@@ -140,15 +141,20 @@ def products(a, b, HEADS: tl.constexpr, SLICES: tl.constexpr, PRECISION: tl.cons
 
 @triton.jit
 def loaded_products(a_ptr, a_rows, num_a, b_ptr, b_rows, num_b, width, live,
-                    HEADS: tl.constexpr, SLICES: tl.constexpr, PRECISION: tl.constexpr):
-    """Per head of one image, ``a_h b_hᵀ`` of the (a_rows, width) and (b_rows, width)
-    blocks of its (heads, num_a, width) and (heads, num_b, width) tensors, each head's
-    operands loaded just before its product (so that one head's are live at a time)."""
+                    HEADS: tl.constexpr, SLICES: tl.constexpr, PRECISION: tl.constexpr,
+                    TRANSPOSED: tl.constexpr = False):
+    """Per head of one image, ``a_h b_hᵀ`` (``b_h a_hᵀ`` if ``TRANSPOSED``) of the
+    (a_rows, width) and (b_rows, width) blocks of its (heads, num_a, width) and
+    (heads, num_b, width) tensors, each head's operands loaded just before its product (so
+    that one head's are live at a time)."""
     result = ()
     for h in tl.static_range(HEADS):
         a = load_slices(a_ptr + h * num_a * width, a_rows, num_a, width, SLICES, live)
         b = load_slices(b_ptr + h * num_b * width, b_rows, num_b, width, SLICES, live)
-        result = result + products(a, b, 1, SLICES, PRECISION)
+        if TRANSPOSED:
+            result = result + products(b, a, 1, SLICES, PRECISION)
+        else:
+            result = result + products(a, b, 1, SLICES, PRECISION)
     return result
 
 
@@ -209,14 +215,14 @@ def add_mixed(acc, tile, mix_ptr, source, first, live, HEADS: tl.constexpr,
 
 @triton.jit
 def weight(logits, head, lse_ptr, wl_ptr, rows, keys, num_queries, num_keys, live,
-           HEADS: tl.constexpr):
-    """Head ``head``'s softmax weights ``P_h`` from every head's logits and the rows'
-    log-sum-exp (base 2; one image's (heads, num_queries)), zero outside the image's
-    queries and keys."""
-    lse = row_values(lse_ptr, head, rows, num_queries, live)
-    inside = (rows[:, None] < num_queries) & (keys[None, :] < num_keys)
-    return tl.where(inside,
-                    tl.exp2(mixed(wl_ptr, logits, head, LOG2E, live, HEADS) - lse[:, None]),
+           HEADS: tl.constexpr, KEY_AXIS: tl.constexpr = 1):
+    """Head ``head``'s softmax weights ``P_h`` from every head's logits (keys along
+    ``KEY_AXIS`` of the tiles) and the rows' log-sum-exp (base 2; one image's
+    (heads, num_queries)), zero outside the image's queries and keys."""
+    lse = tl.expand_dims(row_values(lse_ptr, head, rows, num_queries, live), KEY_AXIS)
+    inside = tl.expand_dims(rows < num_queries, KEY_AXIS) & \
+        tl.expand_dims(keys < num_keys, 1 - KEY_AXIS)
+    return tl.where(inside, tl.exp2(mixed(wl_ptr, logits, head, LOG2E, live, HEADS) - lse),
                     0.)
 
 
