@@ -130,8 +130,9 @@ def shipped_configs() -> list[Path]:
 def task_of(name: str) -> str:
     if name.startswith('eomt_'):
         return 'Instance Segmentation' if 'coco' in name else 'Semantic Segmentation'
-    if name.startswith('mask2former_') and '_panoptic_' in name:
-        return 'Panoptic Segmentation'
+    if name.startswith('mask2former_'):
+        return 'Panoptic Segmentation' if '_panoptic_' in name else \
+            'Semantic Segmentation' if '_ade20k-' in name else 'Instance Segmentation'
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
                          ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),
@@ -152,7 +153,7 @@ def training_data(name: str) -> str:
                                                                  .split('-')[0].split('.')[0]]
     if name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_')):
         return 'COCO'
-    if name.startswith('eomt_'):
+    if name.startswith(('eomt_', 'mask2former_')):
         return 'ADE20K' if '_ade20k-' in name else 'COCO'
     if name.startswith(('upernet_', 'fpn_', 'linear-probe_', 'ms-probe_')):
         return 'ADE20K'

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 from mmengine.config import Config
+from mmengine.registry import MODELS, DefaultScope
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from vitdense.engine.hosts import build_model, host_of
@@ -82,12 +83,15 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def _run_query_head(model: torch.nn.Module, cfg: Config, features: tuple) -> None:
     """Mask2Former's head (pixel decoder, query decoder, class and mask predictions) on the
-    features; its forward reads no sample. mmcv's deformable attention reads the levels'
-    shapes as numbers, which meta tensors do not hold: on the meta device the head runs on
-    the CPU, a copy built from the config, on random features of the backbone's shapes."""
-    head = model.panoptic_head
+    features: mmdet's panoptic head or mmseg's decode head. mmcv's deformable attention reads
+    the levels' shapes as numbers, which meta tensors do not hold: on the meta device the
+    head runs on the CPU, a copy built from its config, on random features of the backbone's
+    shapes; its forward reads no sample."""
+    name = 'panoptic_head' if cfg.default_scope == 'mmdet' else 'decode_head'
+    head = getattr(model, name)
     if any(param.is_meta for param in head.parameters()):
-        head = build_model(cfg, 'count', device='cpu').panoptic_head.eval()
+        with DefaultScope.overwrite_default_scope(cfg.default_scope), torch.device('cpu'):
+            head = MODELS.build(cfg.model[name]).eval()
         features = tuple(torch.randn(feature.shape) for feature in features)
     with torch.no_grad():
         head(features, [])
@@ -178,6 +182,9 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
     with forced_path(model, 'maps'):
         if cfg.default_scope == 'mmdet':
             return count_multiply_adds(lambda: _run_detector(model, cfg, images), tables)
+        if cfg.model.decode_head.get('type') == 'Mask2FormerHead':
+            return count_multiply_adds(
+                lambda: _run_query_head(model, cfg, model.extract_feat(images)), tables)
         return count_multiply_adds(lambda: model(images, None, mode='tensor'), tables)
 
 
