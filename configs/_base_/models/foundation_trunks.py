@@ -7,8 +7,10 @@
 # already and has rotary positions alone. Each trunk keeps its class token (and registers)
 # through its blocks, as pretrained. Stochastic depth: 0.2 for S, 0.3 for B and L (ViT-Adapter's
 # DeiT-S / B and BEiT-L recipes). Weights: DINOv2 as timm saves `vit_*_patch14_dinov2.lvd142m`,
-# DINOv3 as Meta's release (a download behind its licence form), both put at the paths below;
-# EVA-02's masked-image-modelling releases (S, B: IN-21k; L: Merged-38M) from Hugging Face.
+# DINOv3 as Meta's release (a download behind its licence form), EVA-02's masked-image-modelling
+# releases (S, B: IN-21k; L: Merged-38M) from huggingface.co/Yuxin-CV/EVA-02 (eva02/pt/), each
+# put at the path below: a local base lets vitdense.PeftCheckpointHook leave it out of the LoRA
+# recipes' checkpoints.
 _dinov2 = dict(type='vitdense.ViT', pyramid=False, patch_size=16, resample_patch_embed=True,
                img_size=592, layer_scale=1e-5)
 _dinov3 = dict(type='vitdense.ViT', pyramid=False, pos_embed='none', rope='dinov3',
@@ -16,7 +18,6 @@ _dinov3 = dict(type='vitdense.ViT', pyramid=False, pos_embed='none', rope='dinov
 _eva02 = dict(type='vitdense.ViT', pyramid=False, patch_size=16, resample_patch_embed=True,
               img_size=256, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, rope='eva02',
               ref_feat_shape=(16, 16))
-_eva02_hub = 'https://huggingface.co/Yuxin-CV/EVA-02/resolve/main/eva02/pt/'
 dinov2_s = dict(_dinov2, arch='small', drop_path_rate=0.2, init_cfg=dict(
     type='Pretrained', checkpoint='checkpoints/vit_small_patch14_dinov2.lvd142m.pth'))
 dinov2_b = dict(_dinov2, arch='base', drop_path_rate=0.3, init_cfg=dict(
@@ -30,11 +31,11 @@ dinov3_b = dict(_dinov3, arch='base', drop_path_rate=0.3, init_cfg=dict(
 dinov3_l = dict(_dinov3, arch='large', drop_path_rate=0.3, init_cfg=dict(
     type='Pretrained', checkpoint='checkpoints/dinov3_vitl16_pretrain_lvd1689m-8aa4cbdd.pth'))
 eva02_s = dict(_eva02, arch='small', drop_path_rate=0.2, init_cfg=dict(
-    type='Pretrained', checkpoint=_eva02_hub + 'eva02_S_pt_in21k_p14.pt'))
+    type='Pretrained', checkpoint='checkpoints/eva02_S_pt_in21k_p14.pt'))
 eva02_b = dict(_eva02, arch='base', scale_mlp=True, drop_path_rate=0.3, init_cfg=dict(
-    type='Pretrained', checkpoint=_eva02_hub + 'eva02_B_pt_in21k_p14.pt'))
+    type='Pretrained', checkpoint='checkpoints/eva02_B_pt_in21k_p14.pt'))
 eva02_l = dict(_eva02, arch='large', scale_mlp=True, drop_path_rate=0.3, init_cfg=dict(
-    type='Pretrained', checkpoint=_eva02_hub + 'eva02_L_pt_m38m_p14.pt'))
+    type='Pretrained', checkpoint='checkpoints/eva02_L_pt_m38m_p14.pt'))
 #: ViT-Adapter's deformable attention per trunk width (its DeiT-S / B and BEiT-L recipes):
 #: heads, value width share, and the adapter's stochastic depth (the trunk's)
 adapter_s = dict(deform_num_heads=6, drop_path_rate=0.2)
