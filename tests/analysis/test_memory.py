@@ -231,3 +231,24 @@ def test_deformable_attention_is_counted_as_its_gpu_kernel_keeps_it():
             half(value.detach().bfloat16().requires_grad_(), shapes, locations, weights)
     assert saved.bytes == (value.numel() + locations.numel() + weights.numel()) * 2 + \
         shapes.untyped_storage().nbytes()
+
+
+def test_counting_without_keeping_counts_what_keeping_counts():
+    """SavedTensors(keep=False), with which the heads run on the CPU: the same bytes as a
+    count that keeps the graph's tensors, while the saved storages are freed as the forward
+    lets them go (counted still, their keys free for new storages); no backward."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64),
+                              torch.nn.LayerNorm(64), torch.nn.Linear(64, 64))
+    images = torch.randn(32, 64, requires_grad=True)
+    counts = {}
+    for keep in (True, False):
+        saved = saved_tensors.SavedTensors(tuple(net.parameters()), keep=keep)
+        with saved.recording():
+            outputs = [net(images * step).sum() for step in range(3)]  # new storages each
+        counts[keep] = saved.bytes
+        if not keep:
+            with pytest.raises(RuntimeError, match='keep=True'):
+                outputs[0].backward()
+            assert saved.freed > 0 and saved.bytes == counts[True]
+    assert counts[True] == counts[False] > 3 * 32 * 256 * 4

@@ -20,7 +20,9 @@ real on this CPU, on random features of the neck's output shapes at the real inp
 random boxes and masks (``--objects`` per image; a segmentor's: label maps of as many random
 regions), and their saved tensors are counted the same way, mmcv's deformable attention as
 its GPU kernel keeps it (values, sampling locations, attention weights; not the sampled maps
-of its CPU path); backbone and neck run on the meta device.
+of its CPU path), without keeping what they count (``SavedTensors(keep=False)``: the CPU
+holds one step's live tensors, not its saved ones); backbone and neck run on the meta
+device.
 
 The input: the config's ``data_preprocessor.size`` (segmentation crops), else the largest
 resize of the training pipeline (short and long side, COCO: 800 × 1333) padded to the
@@ -250,7 +252,7 @@ def _run_detector_heads(model: torch.nn.Module, cfg: Config, leaves: tuple,
     if any(p.is_meta for p in model.parameters()):
         heads = build_model(cfg, 'count', device='cpu').train()
     heads.extract_feat = lambda _: leaves
-    saved = SavedTensors(tuple(heads.parameters()) + tuple(heads.buffers()))
+    saved = SavedTensors(tuple(heads.parameters()) + tuple(heads.buffers()), keep=False)
     samples = _det_samples(len(leaves[0]), shape, objects, detector_classes(heads))
     with saved.recording(), _precision(amp, 'cpu', saved):
         heads.loss(torch.empty(len(leaves[0]), 3, *shape, device='meta'), samples)
@@ -266,7 +268,7 @@ def _run_query_head(model: torch.nn.Module, cfg: Config, leaves: tuple,
         with DefaultScope.overwrite_default_scope('mmseg'), torch.device('cpu'):
             head = MODELS.build(cfg.model.decode_head)
     head.train()
-    saved = SavedTensors(tuple(head.parameters()) + tuple(head.buffers()))
+    saved = SavedTensors(tuple(head.parameters()) + tuple(head.buffers()), keep=False)
     samples = _seg_samples(len(leaves[0]), shape, head.num_classes, 'cpu', objects)
     with saved.recording(), _precision(amp, 'cpu', saved):
         head.loss(leaves, samples, cfg.model.train_cfg)

@@ -6,6 +6,7 @@ and the storages the forward saves for backward, each counted once. The parts of
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Iterator, Optional
 
 import torch
@@ -146,32 +147,54 @@ def fused_attention_on_meta() -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
+#: what a graph holds of a saved tensor counted by ``SavedTensors(keep=False)``
+NOT_KEPT = object()
+
+
 class SavedTensors:
     """Bytes of the distinct storages saved for backward inside the context, besides those
-    of ``exclude`` (the parameters, counted on their own)."""
+    of ``exclude`` (the parameters, counted on their own).
 
-    def __init__(self, exclude: tuple[torch.Tensor, ...] = ()) -> None:
+    ``keep=False`` counts without keeping: the graph holds a placeholder instead of each
+    saved tensor (no backward can run), so a real forward's saved storages are freed as the
+    forward lets them go and the count takes the memory of the forward's live tensors only.
+    A freed storage stays counted, and its key is released for the storages made after it."""
+
+    def __init__(self, exclude: tuple[torch.Tensor, ...] = (), keep: bool = True) -> None:
         self.excluded = {_storage_key(t) for t in exclude}
         self.storages: dict[int, int] = {}
+        self.keep = keep
+        self.freed = 0  # bytes of counted storages freed since (``keep=False``)
         #: storage key of a float32 stand-in copy -> the half-precision tensor it stands in for
         self.stand_ins: dict[int, torch.Tensor] = {}
 
     def _count(self, tensor: torch.Tensor) -> None:
         key = _storage_key(tensor)
-        if key not in self.excluded:
-            self.storages[key] = tensor.untyped_storage().nbytes()
+        if key in self.excluded or key in self.storages:
+            return
+        storage = tensor.untyped_storage()
+        self.storages[key] = storage.nbytes()
+        if not self.keep:  # the storage's Python object lives as long as the storage
+            weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.freed += self.storages.pop(key)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         original = self.stand_ins.get(_storage_key(tensor))
+        self._count(tensor if original is None else original)
+        if not self.keep:
+            return NOT_KEPT
         if original is None:
-            self._count(tensor)
             return tensor
         # the graph keeps the original, as a GPU's kernel would, not the float32 copy
-        self._count(original)
         return original, tensor.size(), tensor.stride(), tensor.storage_offset()
 
     @staticmethod
     def _unpack(packed: Any) -> torch.Tensor:
+        if packed is NOT_KEPT:
+            raise RuntimeError('a graph counted with SavedTensors(keep=False) has no saved '
+                               'tensors: count with keep=True to run its backward')
         if isinstance(packed, torch.Tensor):
             return packed
         original, size, stride, offset = packed  # the copy (or its view) made again
@@ -179,7 +202,7 @@ class SavedTensors:
 
     @property
     def bytes(self) -> int:
-        return sum(self.storages.values())
+        return sum(self.storages.values()) + self.freed
 
     @contextlib.contextmanager
     def recording(self) -> Iterator['SavedTensors']:
