@@ -24,6 +24,7 @@ Command line: ``tools/analysis_tools/get_flops.py``.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Iterable
 
 import torch
@@ -97,17 +98,31 @@ def _run_query_head(model: torch.nn.Module, cfg: Config, features: tuple) -> Non
         head(features, [])
 
 
+#: a query head's multiply-adds by (head config, feature shapes): the same for every
+#: backbone whose maps have those shapes (a run on the CPU each: counted once a process)
+_QUERY_HEAD_COUNTS: dict[str, int] = {}
+
+
+def _query_head_multiply_adds(model: torch.nn.Module, cfg: Config, features: tuple) -> int:
+    """Multiply-adds of :func:`_run_query_head` on ``features``."""
+    name = 'panoptic_head' if cfg.default_scope == 'mmdet' else 'decode_head'
+    key = json.dumps([cfg.model[name].to_dict(), [list(f.shape) for f in features]],
+                     sort_keys=True, default=str)
+    if key not in _QUERY_HEAD_COUNTS:
+        _QUERY_HEAD_COUNTS[key] = count_multiply_adds(
+            lambda: _run_query_head(model, cfg, features))
+    return _QUERY_HEAD_COUNTS[key]
+
+
 def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> None:
     """Backbone, neck and RPN on the image (EoMT: its backbone alone, which predicts the
     classes and masks); box and mask heads on the most RoIs a test image can have (their
     features are RoIAlign outputs: only their shape matters). A
     cascade runs every stage's box head on the proposals and every stage's mask head on
-    the detections (mmdet averages the stages' masks). Mask2Former: :func:`_run_query_head`."""
+    the detections (mmdet averages the stages' masks). Mask2Former:
+    :func:`_query_head_multiply_adds`."""
     features = model.extract_feat(images)
     if cfg.model.backbone.type == 'vitdense.EoMT':  # its class and mask logits are the heads'
-        return
-    if 'panoptic_head' in cfg.model:
-        _run_query_head(model, cfg, features)
         return
     model.rpn_head(features)
     roi_head, test_cfg = cfg.model.roi_head, cfg.model.test_cfg
@@ -180,11 +195,14 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
     images = torch.randn(1, 3, *shape, device=device)
     tables = position_tables(model)
     with forced_path(model, 'maps'):
+        if 'panoptic_head' in cfg.model or \
+                cfg.model.get('decode_head', {}).get('type') == 'Mask2FormerHead':
+            features = []
+            backbone = count_multiply_adds(
+                lambda: features.extend(model.extract_feat(images)), tables)
+            return backbone + _query_head_multiply_adds(model, cfg, tuple(features))
         if cfg.default_scope == 'mmdet':
             return count_multiply_adds(lambda: _run_detector(model, cfg, images), tables)
-        if cfg.model.decode_head.get('type') == 'Mask2FormerHead':
-            return count_multiply_adds(
-                lambda: _run_query_head(model, cfg, model.extract_feat(images)), tables)
         return count_multiply_adds(lambda: model(images, None, mode='tensor'), tables)
 
 
