@@ -1,7 +1,7 @@
 # Recipe: ./mask-rcnn_columnar-vitdet_lsj-100e_coco.py for a ViT-L trunk as ViTDet trains
 # ViT-L (Li et al., 2022; detectron2 projects/ViTDet mask_rcnn_vitdet_l_100ep.py): 14×14
-# windows with global blocks 5, 11, 17, 23, layer-wise lr decay 0.8 (the schedule's weight
-# decay kept), the neck reading 1024 channels. Leaves set the trunk
+# windows with global blocks 5, 11, 17, 23, layer-wise lr decay 0.8 (the schedule's
+# weight decay kept), the neck reading 1024 channels. Leaves set the trunk
 # (./models/foundation_trunks.py) with ViTDet-L's drop path 0.4.
 _base_ = ['./mask-rcnn_columnar-vitdet_lsj-100e_coco.py', './models/foundation_trunks.py']
 model = dict(backbone=dict(**_base_.vitdet_windows_24), neck=dict(in_channels=1024))

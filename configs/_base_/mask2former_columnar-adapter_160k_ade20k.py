@@ -1,8 +1,8 @@
 # Recipe: Mask2Former semantic segmentation (mmseg's head, matcher and losses) on a columnar
 # backbone in ViT-Adapter's layout, ADE20k 160k iterations at 512×512, batch 16 (8 × 2), as
 # ViT-Adapter's Mask2Former recipe (Chen et al., ICLR 2023; the official
-# mask2former_beit_adapter_large_640_160k_ade20k_ss.py at this crop): AdamW lr 2e-5, weight
-# decay 0.05 (none on one-dimensional parameters and the trunk's no_weight_decay() names),
+# mask2former_beit_adapter_large_640_160k_ade20k_ss.py at this crop): AdamW lr 2e-5,
+# weight decay 0.05 (none on one-dimensional parameters and the trunk's no_weight_decay() names),
 # layer-wise lr decay 0.9 over the trunk's blocks (the adapter and the head at the full rate),
 # 1500-iteration linear warmup then poly (power 1) decay; mmseg's Mask2Former gradient
 # clipping (norm 0.01). ADE20k's standard augmentation as ViT-Adapter trains (resize of
