@@ -41,9 +41,10 @@ paper's result for that recipe; our own trained results are not in it. Training 
 peak per GPU of one training step at the config's batch and largest training input (2 × 800 ×
 1344 on COCO, 2 × 512 × 512 on ADE20k), float32 / mixed precision, the precision the config
 trains in in bold, by `tools/analysis_tools/memory.py` (see `docs/memory.md`); every dense
-config fits a 32 GB GPU. `python tools/model_index.py --measure --memory` regenerates the index
-and these tables. Deviations from the papers and official code, and why they stand, are listed
-in `docs/recipes.md`.
+config measured fits a 32 GB GPU (`docs/memory.md` lists those not measured yet).
+`python tools/model_index.py --measure --memory` regenerates the index and these tables.
+Deviations from the papers and official code, and why they stand, are listed in
+`docs/recipes.md`.
 '''
 
 COLLECTIONS = {
