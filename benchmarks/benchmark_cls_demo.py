@@ -29,7 +29,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import vitdense  # noqa: F401  (vitdense registries)
-from vitdense.analysis.memory import SavedTensors
+from vitdense.analysis.saved_tensors import SavedTensors
 from vitdense.engine import train_on_time_budget
 from vitdense.model_factory import build_model
 

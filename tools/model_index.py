@@ -41,9 +41,10 @@ paper's result for that recipe; our own trained results are not in it. Training 
 peak per GPU of one training step at the config's batch and largest training input (2 × 800 ×
 1344 on COCO, 2 × 512 × 512 on ADE20k), float32 / mixed precision, the precision the config
 trains in in bold, by `tools/analysis_tools/memory.py` (see `docs/memory.md`); every dense
-config fits a 32 GB GPU. `python tools/model_index.py --measure --memory` regenerates the index
-and these tables. Deviations from the papers and official code, and why they stand, are listed
-in `docs/recipes.md`.
+config measured fits a 32 GB GPU (`docs/memory.md` lists those not measured yet).
+`python tools/model_index.py --measure --memory` regenerates the index and these tables.
+Deviations from the papers and official code, and why they stand, are listed in
+`docs/recipes.md`.
 '''
 
 COLLECTIONS = {
@@ -130,8 +131,9 @@ def shipped_configs() -> list[Path]:
 def task_of(name: str) -> str:
     if name.startswith('eomt_'):
         return 'Instance Segmentation' if 'coco' in name else 'Semantic Segmentation'
-    if name.startswith('mask2former_') and '_panoptic_' in name:
-        return 'Panoptic Segmentation'
+    if name.startswith('mask2former_'):
+        return 'Panoptic Segmentation' if '_panoptic_' in name else \
+            'Semantic Segmentation' if '_ade20k-' in name else 'Instance Segmentation'
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
                          ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),
@@ -152,7 +154,7 @@ def training_data(name: str) -> str:
                                                                  .split('-')[0].split('.')[0]]
     if name.startswith(('mask-rcnn_', 'cascade-mask-rcnn_')):
         return 'COCO'
-    if name.startswith('eomt_'):
+    if name.startswith(('eomt_', 'mask2former_')):
         return 'ADE20K' if '_ade20k-' in name else 'COCO'
     if name.startswith(('upernet_', 'fpn_', 'linear-probe_', 'ms-probe_')):
         return 'ADE20K'

@@ -10,7 +10,7 @@ import pytest
 import torch
 from mmengine.registry import MODELS
 
-from vitdense.analysis import memory
+from vitdense.analysis import memory, saved_tensors
 from vitdense.model_factory import build_model
 from vitdense.models.layers import talking_heads
 
@@ -65,7 +65,7 @@ def test_meta_count_equals_a_real_cpu_step_with_windows_and_relative_positions(
 
 def test_half_precision_policy_follows_cuda_autocast():
     x, weight = torch.randn(2, 4), torch.randn(3, 4)
-    with memory.HalfPrecisionPolicy(torch.bfloat16):
+    with saved_tensors.HalfPrecisionPolicy(torch.bfloat16):
         hidden = torch.nn.functional.linear(x, weight)
         normed = torch.nn.functional.layer_norm(hidden, (3,))
         mixed = hidden + normed
@@ -169,9 +169,9 @@ def test_float32_stand_ins_count_what_half_precision_kernels_save(config, monkey
                       corners + 8 + 24 * torch.rand(40, 2)], dim=1)
 
     def heads_count(kernels: frozenset) -> int:
-        monkeypatch.setattr(memory, 'FLOAT_KERNELS_ON_CPU', kernels)
-        saved = memory.SavedTensors(tuple(model.parameters()) + tuple(model.buffers()))
-        with saved.recording(), memory.HalfPrecisionPolicy(torch.bfloat16, saved):
+        monkeypatch.setattr(saved_tensors, 'FLOAT_KERNELS_ON_CPU', kernels)
+        saved = saved_tensors.SavedTensors(tuple(model.parameters()) + tuple(model.buffers()))
+        with saved.recording(), saved_tensors.HalfPrecisionPolicy(torch.bfloat16, saved):
             # outputs held, as a loss holds its graph: a freed storage's key may be reused
             outputs = [model.rpn_head(features)]
             for extractor, head in ((roi.bbox_roi_extractor, roi.bbox_head),
@@ -179,8 +179,8 @@ def test_float32_stand_ins_count_what_half_precision_kernels_save(config, monkey
                 outputs.append(head(extractor(features[:extractor.num_inputs], rois)))
         return saved.bytes
 
-    stand_ins = heads_count(memory.FLOAT_KERNELS_ON_CPU)
-    assert memory.FLOAT_KERNELS_ON_CPU >= {'conv2d', 'linear'} and stand_ins > 1 << 20
+    stand_ins = heads_count(saved_tensors.FLOAT_KERNELS_ON_CPU)
+    assert saved_tensors.FLOAT_KERNELS_ON_CPU >= {'conv2d', 'linear'} and stand_ins > 1 << 20
     assert stand_ins == heads_count(frozenset({'roi_align'}))  # RoIAlign has no CPU bfloat16
 
 
@@ -194,11 +194,61 @@ def test_float32_stand_ins_give_the_half_precision_gradients():
 
     def gradients(kernels: frozenset) -> list:
         net.zero_grad()
-        saved = memory.SavedTensors(tuple(net.parameters()))
-        with mock.patch.object(memory, 'FLOAT_KERNELS_ON_CPU', kernels), saved.recording(), \
-                memory.HalfPrecisionPolicy(torch.bfloat16, saved):
+        saved = saved_tensors.SavedTensors(tuple(net.parameters()))
+        with mock.patch.object(saved_tensors, 'FLOAT_KERNELS_ON_CPU', kernels), saved.recording(), \
+                saved_tensors.HalfPrecisionPolicy(torch.bfloat16, saved):
             net(images).float().square().sum().backward()
         return [p.grad.clone() for p in net.parameters()]
 
-    for ours, native in zip(gradients(memory.FLOAT_KERNELS_ON_CPU), gradients(frozenset())):
+    for ours, native in zip(gradients(saved_tensors.FLOAT_KERNELS_ON_CPU), gradients(frozenset())):
         assert (ours - native).norm() <= 1e-2 * native.norm()
+
+
+def test_deformable_attention_is_counted_as_its_gpu_kernel_keeps_it():
+    """mmcv's deformable attention run on the CPU within deformable_attention_as_on_gpu:
+    its torch path's output, and what is kept for backward is what mmcv's CUDA function
+    saves (values, level shapes, sampling locations and attention weights in the values'
+    dtype), not the sampled maps."""
+    from mmcv.ops import multi_scale_deform_attn
+    torch.manual_seed(0)
+    shapes = torch.tensor([[8, 8], [4, 4]])
+    value = torch.randn(2, 80, 4, 8, requires_grad=True)  # (batch, keys, heads, head width)
+    locations = torch.rand(2, 30, 4, 2, 3, 2, requires_grad=True)  # 2 levels, 3 points
+    weights = torch.rand(2, 30, 4, 2, 3, requires_grad=True)
+    plain = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch(
+        value, shapes, locations, weights)
+    saved = saved_tensors.SavedTensors()
+    with saved_tensors.deformable_attention_as_on_gpu(), saved.recording():
+        kernel = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch(
+            value, shapes, locations, weights)
+    assert torch.equal(kernel, plain) and kernel.requires_grad
+    assert saved.bytes == sum(t.untyped_storage().nbytes()
+                              for t in (value, shapes, locations, weights))
+    with saved_tensors.deformable_attention_as_on_gpu():
+        half = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch
+        saved = saved_tensors.SavedTensors()
+        with saved.recording():
+            half(value.detach().bfloat16().requires_grad_(), shapes, locations, weights)
+    assert saved.bytes == (value.numel() + locations.numel() + weights.numel()) * 2 + \
+        shapes.untyped_storage().nbytes()
+
+
+def test_counting_without_keeping_counts_what_keeping_counts():
+    """SavedTensors(keep=False), with which the heads run on the CPU: the same bytes as a
+    count that keeps the graph's tensors, while the saved storages are freed as the forward
+    lets them go (counted still, their keys free for new storages); no backward."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64),
+                              torch.nn.LayerNorm(64), torch.nn.Linear(64, 64))
+    images = torch.randn(32, 64, requires_grad=True)
+    counts = {}
+    for keep in (True, False):
+        saved = saved_tensors.SavedTensors(tuple(net.parameters()), keep=keep)
+        with saved.recording():
+            outputs = [net(images * step).sum() for step in range(3)]  # new storages each
+        counts[keep] = saved.bytes
+        if not keep:
+            with pytest.raises(RuntimeError, match='keep=True'):
+                outputs[0].backward()
+            assert saved.freed > 0 and saved.bytes == counts[True]
+    assert counts[True] == counts[False] > 3 * 32 * 256 * 4

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common import TINY_ARCH, reference_bias
-from vitdense.analysis.memory import fused_attention_on_meta
+from vitdense.analysis.saved_tensors import fused_attention_on_meta
 from vitdense.models import CaiT, ConViT, ViT, XCiT
 from vitdense.models.layers import (GatedPositionalSelfAttention, MultiheadSelfAttention,
                                     talking_heads)

@@ -24,10 +24,12 @@ Command line: ``tools/analysis_tools/get_flops.py``.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Iterable
 
 import torch
 from mmengine.config import Config
+from mmengine.registry import MODELS, DefaultScope
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from vitdense.model_factory import build_model, register_host
@@ -82,15 +84,34 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 def _run_query_head(model: torch.nn.Module, cfg: Config, features: tuple) -> None:
     """Mask2Former's head (pixel decoder, query decoder, class and mask predictions) on the
-    features; its forward reads no sample. mmcv's deformable attention reads the levels'
-    shapes as numbers, which meta tensors do not hold: on the meta device the head runs on
-    the CPU, a copy built from the config, on random features of the backbone's shapes."""
-    head = model.panoptic_head
+    features: mmdet's panoptic head or mmseg's decode head. mmcv's deformable attention reads
+    the levels' shapes as numbers, which meta tensors do not hold: on the meta device the
+    head runs on the CPU, a copy built from its config, on random features of the backbone's
+    shapes; its forward reads no sample."""
+    name = 'panoptic_head' if cfg.default_scope == 'mmdet' else 'decode_head'
+    head = getattr(model, name)
     if any(param.is_meta for param in head.parameters()):
-        head = build_model(cfg, 'count', device='cpu').panoptic_head.eval()
+        with DefaultScope.overwrite_default_scope(cfg.default_scope), torch.device('cpu'):
+            head = MODELS.build(cfg.model[name]).eval()
         features = tuple(torch.randn(feature.shape) for feature in features)
     with torch.no_grad():
         head(features, [])
+
+
+#: a query head's multiply-adds by (head config, feature shapes): the same for every
+#: backbone whose maps have those shapes (a run on the CPU each: counted once a process)
+_QUERY_HEAD_COUNTS: dict[str, int] = {}
+
+
+def _query_head_multiply_adds(model: torch.nn.Module, cfg: Config, features: tuple) -> int:
+    """Multiply-adds of :func:`_run_query_head` on ``features``."""
+    name = 'panoptic_head' if cfg.default_scope == 'mmdet' else 'decode_head'
+    key = json.dumps([cfg.model[name].to_dict(), [list(f.shape) for f in features]],
+                     sort_keys=True, default=str)
+    if key not in _QUERY_HEAD_COUNTS:
+        _QUERY_HEAD_COUNTS[key] = count_multiply_adds(
+            lambda: _run_query_head(model, cfg, features))
+    return _QUERY_HEAD_COUNTS[key]
 
 
 def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> None:
@@ -98,12 +119,10 @@ def _run_detector(model: torch.nn.Module, cfg: Config, images: torch.Tensor) -> 
     classes and masks); box and mask heads on the most RoIs a test image can have (their
     features are RoIAlign outputs: only their shape matters). A
     cascade runs every stage's box head on the proposals and every stage's mask head on
-    the detections (mmdet averages the stages' masks). Mask2Former: :func:`_run_query_head`."""
+    the detections (mmdet averages the stages' masks). Mask2Former:
+    :func:`_query_head_multiply_adds`."""
     features = model.extract_feat(images)
     if cfg.model.backbone.type == 'vitdense.EoMT':  # its class and mask logits are the heads'
-        return
-    if 'panoptic_head' in cfg.model:
-        _run_query_head(model, cfg, features)
         return
     model.rpn_head(features)
     roi_head, test_cfg = cfg.model.roi_head, cfg.model.test_cfg
@@ -176,6 +195,12 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
     images = torch.randn(1, 3, *shape, device=device)
     tables = position_tables(model)
     with forced_path(model, 'maps'):
+        if 'panoptic_head' in cfg.model or \
+                cfg.model.get('decode_head', {}).get('type') == 'Mask2FormerHead':
+            features = []
+            backbone = count_multiply_adds(
+                lambda: features.extend(model.extract_feat(images)), tables)
+            return backbone + _query_head_multiply_adds(model, cfg, tuple(features))
         if cfg.default_scope == 'mmdet':
             return count_multiply_adds(lambda: _run_detector(model, cfg, images), tables)
         return count_multiply_adds(lambda: model(images, None, mode='tensor'), tables)

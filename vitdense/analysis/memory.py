@@ -14,10 +14,15 @@ into an N × N map). Mixed precision follows CUDA autocast's float16 policy (mat
 and convolutions in half precision, norms, softmax, reductions and losses in float32; see
 :class:`HalfPrecisionPolicy`), since the meta device has no autocast of its own.
 
-A detector's RPN and RoI heads are data-dependent (NMS, sampling, RoIAlign): they run for
+A detector's RPN and RoI heads are data-dependent (NMS, sampling, RoIAlign), and so is
+Mask2Former's head (Hungarian matching, point sampling; mmdet's and mmseg's): they run for
 real on this CPU, on random features of the neck's output shapes at the real input, with
-random boxes and masks (``--objects`` per image), and their saved tensors are counted the
-same way; backbone and neck run on the meta device.
+random boxes and masks (``--objects`` per image; a segmentor's: label maps of as many random
+regions), and their saved tensors are counted the same way, mmcv's deformable attention as
+its GPU kernel keeps it (values, sampling locations, attention weights; not the sampled maps
+of its CPU path), without keeping what they count (``SavedTensors(keep=False)``: the CPU
+holds one step's live tensors, not its saved ones); backbone and neck run on the meta
+device.
 
 The input: the config's ``data_preprocessor.size`` (segmentation crops), else the largest
 resize of the training pipeline (short and long side, COCO: 800 × 1333) padded to the
@@ -32,203 +37,17 @@ import time
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
-import torch.nn.functional as F
 from mmengine.config import Config
-from torch.overrides import TorchFunctionMode
+from mmengine.registry import MODELS, DefaultScope
 
 from vitdense.engine.wrappers.fsdp import SHARDED_BLOCKS
-from vitdense.engine.hosts import build_model
+from vitdense.model_factory import build_model
 
 from .complexity import load_config
+from .saved_tensors import (HALF, HalfPrecisionPolicy, SavedTensors, deformable_attention_as_on_gpu,
+                            fused_attention_on_meta)
 
 GIB = 1 << 30
-HALF = torch.float16
-#: torch functions CUDA autocast runs in half precision (torch.amp docs, "CUDA Ops that can
-#: autocast to float16"), by name
-HALF_OPS = frozenset({
-    'linear', 'conv1d', 'conv2d', 'conv3d', 'conv_transpose1d', 'conv_transpose2d',
-    'conv_transpose3d', 'matmul', '__matmul__', '__rmatmul__', 'mm', 'bmm', 'baddbmm',
-    'addmm', 'addbmm', 'addmv', 'addr', 'mv', 'prelu', 'scaled_dot_product_attention',
-})
-#: those it runs in float32 ("CUDA Ops that can autocast to float32")
-FLOAT_OPS = frozenset({
-    '__pow__', '__rpow__', '__rdiv__', '__rtruediv__', 'pow', 'acos', 'asin', 'cosh', 'sinh',
-    'tan', 'exp', 'expm1', 'log', 'log10', 'log1p', 'log2', 'erfinv', 'reciprocal', 'rsqrt',
-    'layer_norm', 'group_norm', 'norm', 'normalize', 'softmax', 'log_softmax', 'softmin',
-    'softplus', 'sum', 'prod', 'cumsum', 'cumprod', 'cdist', 'pdist', 'dist', 'renorm',
-    'cosine_similarity', 'cross_entropy', 'nll_loss', 'binary_cross_entropy_with_logits',
-    'l1_loss', 'smooth_l1_loss', 'mse_loss', 'kl_div', 'poisson_nll_loss',
-})
-
-#: those it runs in the widest floating type of their arguments ("CUDA Ops that promote to
-#: the widest input type") and that do not promote by themselves: deformable attention's
-#: sampling (mmcv's pure-torch path, which Mask2Former's pixel decoder takes on a CPU)
-WIDEST_OPS = frozenset({'grid_sample', 'grid_sampler'})
-
-#: kernels a GPU runs in half precision that a CPU lacks in it (RoIAlign) or runs ~20x slower
-#: than in float32 without bfloat16 units (convolutions and matrix products: a detector's
-#: heads at 1024² took tens of minutes): on real tensors they compute in float32 on float32
-#: copies of their arguments and their outputs are cast back, and what they save is counted
-#: as the half-precision arguments the copies stand in for (:meth:`SavedTensors.standing_in`)
-FLOAT_KERNELS_ON_CPU = frozenset({'roi_align', 'conv2d', 'linear'})
-
-
-def _cast(value: Any, dtype: torch.dtype,
-          copies: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> Any:
-    """``value`` (a tensor, or nested lists and tuples) with its floating tensors in ``dtype``;
-    each (copy, original) pair made is appended to ``copies`` where given."""
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
-        copy_ = value.to(dtype)
-        if copies is not None:
-            copies.append((copy_, value))
-        return copy_
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype, copies) for v in value)
-    return value
-
-
-class HalfPrecisionPolicy(TorchFunctionMode):
-    """CUDA autocast's casting rules, on any device (the meta device has no autocast):
-    arguments of the half-precision ops are cast to ``dtype``, those of the float32 ops
-    to float32; every other op runs in the dtypes it is given (type promotion), as under
-    autocast. The casts are new tensors, saved where the op saves its inputs, as autocast's
-    are (its cache of cast weights aside: each weight is used once per step here).
-
-    On real tensors the :data:`FLOAT_KERNELS_ON_CPU` compute in float32; ``saved``, the
-    count of the step, counts what they save as the half-precision tensors a GPU saves."""
-
-    def __init__(self, dtype: torch.dtype = HALF,
-                 saved: Optional['SavedTensors'] = None) -> None:
-        super().__init__()
-        self.dtype = dtype
-        self.saved = saved
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, '__name__', '').split('.')[0]
-        if name in HALF_OPS:
-            args, kwargs = _cast(args, self.dtype), {k: _cast(v, self.dtype)
-                                                     for k, v in kwargs.items()}
-        elif name in FLOAT_OPS and kwargs.get('dtype') is None:
-            args, kwargs = _cast(args, torch.float32), {k: _cast(v, torch.float32)
-                                                        for k, v in kwargs.items()}
-        elif name in WIDEST_OPS:
-            floating = [a.dtype for a in args if isinstance(a, torch.Tensor)
-                        and a.is_floating_point()]
-            if floating:
-                args = _cast(args, max(floating, key=lambda dtype: dtype.itemsize))
-        if name in FLOAT_KERNELS_ON_CPU and not _on_meta(args):
-            return self._in_float32(func, args, kwargs)
-        return func(*args, **kwargs)
-
-    def _in_float32(self, func, args: tuple, kwargs: dict) -> Any:
-        """``func`` on float32 copies of its arguments, its outputs in the dtype of its
-        first tensor argument."""
-        dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
-        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        args = _cast(args, torch.float32, copies)
-        kwargs = {k: _cast(v, torch.float32, copies) for k, v in kwargs.items()}
-        standing_in = self.saved.standing_in(copies) if self.saved is not None \
-            else contextlib.nullcontext()
-        with standing_in:
-            return _cast(func(*args, **kwargs), dtype)
-
-
-def _on_meta(args: tuple) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.is_meta for a in args)
-
-
-class _FusedAttention(torch.autograd.Function):
-    """``scaled_dot_product_attention`` as a fused GPU kernel (and torch's CPU one) keeps it
-    for backward: q, k, v, the output and a float32 log-sum-exp per query row. Shapes only
-    (meta device)."""
-
-    @staticmethod
-    def forward(ctx, query, key, value):
-        # laid out (..., N, heads, d) as the fused kernels write it: merging heads is a view
-        *lead, heads, num_queries, _ = query.shape
-        out = query.new_empty(*lead, num_queries, heads, value.shape[-1]).transpose(-3, -2)
-        ctx.save_for_backward(query, key, value, out,
-                              query.new_empty(query.shape[:-1], dtype=torch.float32))
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        query, key, value = ctx.saved_tensors[:3]
-        return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
-
-
-@contextlib.contextmanager
-def fused_attention_on_meta() -> Iterator[None]:
-    """Within: SDPA on meta tensors is :class:`_FusedAttention`; on real ones unchanged
-    (torch's CPU kernel is itself fused: it saves the same five tensors)."""
-    original = F.scaled_dot_product_attention
-
-    def sdpa(query, key, value, attn_mask=None, *args, **kwargs):
-        if query.is_meta and attn_mask is None:
-            return _FusedAttention.apply(query, key, value)
-        return original(query, key, value, attn_mask, *args, **kwargs)
-
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
-
-
-class SavedTensors:
-    """Bytes of the distinct storages saved for backward inside the context, besides those
-    of ``exclude`` (the parameters, counted on their own)."""
-
-    def __init__(self, exclude: tuple[torch.Tensor, ...] = ()) -> None:
-        self.excluded = {_storage_key(t) for t in exclude}
-        self.storages: dict[int, int] = {}
-        #: storage key of a float32 stand-in copy -> the half-precision tensor it stands in for
-        self.stand_ins: dict[int, torch.Tensor] = {}
-
-    def _count(self, tensor: torch.Tensor) -> None:
-        key = _storage_key(tensor)
-        if key not in self.excluded:
-            self.storages[key] = tensor.untyped_storage().nbytes()
-
-    def _pack(self, tensor: torch.Tensor) -> Any:
-        original = self.stand_ins.get(_storage_key(tensor))
-        if original is None:
-            self._count(tensor)
-            return tensor
-        # the graph keeps the original, as a GPU's kernel would, not the float32 copy
-        self._count(original)
-        return original, tensor.size(), tensor.stride(), tensor.storage_offset()
-
-    @staticmethod
-    def _unpack(packed: Any) -> torch.Tensor:
-        if isinstance(packed, torch.Tensor):
-            return packed
-        original, size, stride, offset = packed  # the copy (or its view) made again
-        return original.to(torch.float32).as_strided(size, stride, offset)
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.storages.values())
-
-    @contextlib.contextmanager
-    def recording(self) -> Iterator['SavedTensors']:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            yield self
-
-    @contextlib.contextmanager
-    def standing_in(self, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-        """Within: what is saved of each (float32 copy, original) pair's copy, or of a view
-        of it, is the original: counted as the original and kept in its place."""
-        self.stand_ins = {_storage_key(copy_): original for copy_, original in copies}
-        try:
-            yield
-        finally:
-            self.stand_ins = {}
-
-
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
 
 
 def largest_training_input(cfg: Config) -> tuple[int, int]:
@@ -278,6 +97,15 @@ def uses_amp(cfg: Config) -> bool:
 
 
 # ---------------------------------------------------------------------------- the model's step
+def _random_boxes(objects: int, shape: tuple[int, int],
+                  generator: torch.Generator) -> torch.Tensor:
+    """``objects`` (x1, y1, x2, y2) boxes of a tenth to half the image."""
+    size = torch.tensor([shape[1], shape[0]])
+    corner = (torch.rand(objects, 2, generator=generator) * 0.5 * size).long()
+    extent = ((0.1 + 0.4 * torch.rand(objects, 2, generator=generator)) * size).long()
+    return torch.cat([corner, torch.minimum(corner + extent, size)], dim=1)
+
+
 def _det_samples(batch: int, shape: tuple[int, int], objects: int, num_classes: int) -> list:
     """Random boxes of a tenth to half the image with box-shaped masks (fixed seed)."""
     from mmdet.structures import DetDataSample
@@ -288,10 +116,7 @@ def _det_samples(batch: int, shape: tuple[int, int], objects: int, num_classes: 
     height, width = shape
     samples = []
     for _ in range(batch):
-        size = torch.tensor([width, height])
-        corner = (torch.rand(objects, 2, generator=generator) * 0.5 * size).long()
-        extent = ((0.1 + 0.4 * torch.rand(objects, 2, generator=generator)) * size).long()
-        boxes = torch.cat([corner, torch.minimum(corner + extent, size)], dim=1)
+        boxes = _random_boxes(objects, shape, generator)
         masks = torch.zeros(objects, height, width, dtype=torch.uint8)
         for mask, (x1, y1, x2, y2) in zip(masks, boxes.tolist()):
             mask[y1:y2, x1:x2] = 1
@@ -305,16 +130,23 @@ def _det_samples(batch: int, shape: tuple[int, int], objects: int, num_classes: 
     return samples
 
 
-def _seg_samples(batch: int, shape: tuple[int, int], num_classes: int, device: str) -> list:
+def _seg_samples(batch: int, shape: tuple[int, int], num_classes: int, device: str,
+                 objects: int = 0) -> list:
+    """Label maps of class 0, with ``objects`` random rectangles of random classes painted
+    over it (fixed seed): the regions a query head matches its queries to."""
     from mmengine.structures import PixelData
     from mmseg.structures import SegDataSample
 
+    generator = torch.Generator().manual_seed(0)
     samples = []
     for _ in range(batch):
         sample = SegDataSample(metainfo=dict(img_shape=shape, pad_shape=shape,
                                              ori_shape=shape))
-        sample.gt_sem_seg = PixelData(data=torch.zeros(1, *shape, dtype=torch.long,
-                                                       device=device))
+        labels = torch.zeros(1, *shape, dtype=torch.long)
+        for box in _random_boxes(objects, shape, generator).tolist():
+            x1, y1, x2, y2 = box
+            labels[:, y1:y2, x1:x2] = int(torch.randint(1, num_classes, (), generator=generator))
+        sample.gt_sem_seg = PixelData(data=labels.to(device))
         samples.append(sample)
     return samples
 
@@ -360,7 +192,7 @@ def count_activations(model: torch.nn.Module, cfg: Config, batch: int,
     saved = SavedTensors(params)
     images = torch.randn(batch, 3, *shape, device=device)
     with fused_attention_on_meta():
-        if cfg.default_scope == 'mmseg':
+        if cfg.default_scope == 'mmseg' and not has_query_head(model):
             samples = _seg_samples(batch, shape, model.decode_head.num_classes, device)
             with _meta_friendly_seg_accuracy(), saved.recording(), _precision(amp, device, saved):
                 model.loss(images, samples)
@@ -370,8 +202,7 @@ def count_activations(model: torch.nn.Module, cfg: Config, batch: int,
             if cfg.default_scope == 'mmpretrain':
                 model.head(features)
                 return saved.bytes
-        return saved.bytes + _count_detector_heads(model, cfg, features, batch, shape, amp,
-                                                    objects)
+        return saved.bytes + _count_heads(model, cfg, features, batch, shape, amp, objects)
 
 
 #: the heads' count by (heads' config, feature shapes, batch, input, precision, objects):
@@ -388,33 +219,59 @@ def detector_classes(model: torch.nn.Module) -> int:
     return (box_head[-1] if isinstance(box_head, torch.nn.ModuleList) else box_head).num_classes
 
 
-def _count_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
-                          shape: tuple[int, int], amp: bool, objects: int) -> int:
+def has_query_head(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a segmentor with Mask2Former's head (mmseg's): its matching and
+    point sampling are data-dependent, so it runs on the CPU as a detector's heads do."""
+    return hasattr(getattr(model, 'decode_head', None), 'pixel_decoder')
+
+
+def _count_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
+                 shape: tuple[int, int], amp: bool, objects: int) -> int:
     """The RPN and RoI heads' (Mask2Former's: its head's) saved bytes, run for real on the
     CPU on random features of the neck's output shapes (these features are counted here, as
     the heads save them)."""
-    heads = {name: cfg.model[name].to_dict() for name in ('rpn_head', 'roi_head', 'panoptic_head')
-             if name in cfg.model}
+    heads = {name: cfg.model[name].to_dict() for name in HEADS if name in cfg.model}
     key = json.dumps([heads, cfg.model.train_cfg.to_dict(), [list(f.shape) for f in features],
                       batch, list(shape), amp, objects], sort_keys=True, default=str)
     if key not in _HEADS_COUNTS:
-        _HEADS_COUNTS[key] = _run_detector_heads(model, cfg, features, batch, shape, amp,
-                                                 objects)
+        leaves = tuple(torch.randn(f.shape, dtype=torch.bfloat16 if amp else torch.float32,
+                                   requires_grad=True) for f in features)
+        run = _run_query_head if cfg.default_scope == 'mmseg' else _run_detector_heads
+        with deformable_attention_as_on_gpu():
+            _HEADS_COUNTS[key] = run(model, cfg, leaves, shape, amp, objects)
     return _HEADS_COUNTS[key]
 
 
-def _run_detector_heads(model: torch.nn.Module, cfg: Config, features: tuple, batch: int,
+#: the config's heads that run on the CPU (the key of their count)
+HEADS = ('rpn_head', 'roi_head', 'panoptic_head', 'decode_head')
+
+
+def _run_detector_heads(model: torch.nn.Module, cfg: Config, leaves: tuple,
                         shape: tuple[int, int], amp: bool, objects: int) -> int:
     heads = copy.copy(model)
     if any(p.is_meta for p in model.parameters()):
         heads = build_model(cfg, 'count', device='cpu').train()
-    leaves = tuple(torch.randn(f.shape, dtype=torch.bfloat16 if amp else torch.float32,
-                               requires_grad=True) for f in features)
     heads.extract_feat = lambda _: leaves
-    saved = SavedTensors(tuple(heads.parameters()) + tuple(heads.buffers()))
-    samples = _det_samples(batch, shape, objects, detector_classes(heads))
+    saved = SavedTensors(tuple(heads.parameters()) + tuple(heads.buffers()), keep=False)
+    samples = _det_samples(len(leaves[0]), shape, objects, detector_classes(heads))
     with saved.recording(), _precision(amp, 'cpu', saved):
-        heads.loss(torch.empty(batch, 3, *shape, device='meta'), samples)
+        heads.loss(torch.empty(len(leaves[0]), 3, *shape, device='meta'), samples)
+    return saved.bytes
+
+
+def _run_query_head(model: torch.nn.Module, cfg: Config, leaves: tuple,
+                    shape: tuple[int, int], amp: bool, objects: int) -> int:
+    """mmseg's Mask2Former head alone (built on the CPU from its config where ``model`` is on
+    the meta device), its loss on label maps of ``objects`` regions per image."""
+    head = model.decode_head
+    if any(p.is_meta for p in head.parameters()):
+        with DefaultScope.overwrite_default_scope('mmseg'), torch.device('cpu'):
+            head = MODELS.build(cfg.model.decode_head)
+    head.train()
+    saved = SavedTensors(tuple(head.parameters()) + tuple(head.buffers()), keep=False)
+    samples = _seg_samples(len(leaves[0]), shape, head.num_classes, 'cpu', objects)
+    with saved.recording(), _precision(amp, 'cpu', saved):
+        head.loss(leaves, samples, cfg.model.train_cfg)
     return saved.bytes
 
 
@@ -459,7 +316,10 @@ def account(config: str, batch: Optional[int] = None, shape: Optional[tuple[int,
     optimizer = optimizer_states(cfg) * trainable
     result = dict(config=config, batch=batch, shape=list(shape), params=params,
                   grads=trainable, optimizer=optimizer, config_amp=uses_amp(cfg),
-                  with_cp=cfg.model.backbone.get('with_cp', False))
+                  with_cp=cfg.model.backbone.get('with_cp', False),
+                  backbone_grads=sum(p.numel() * p.element_size()
+                                     for p in model.backbone.parameters() if p.requires_grad),
+                  checkpoint=trainable + optimizer + _buffer_bytes(model))
     states = params + trainable + optimizer
     if fsdp_world_size > 1:
         result['fsdp'] = fsdp = _fsdp_account(model, optimizer_states(cfg), fsdp_world_size)
@@ -470,6 +330,46 @@ def account(config: str, batch: Optional[int] = None, shape: Optional[tuple[int,
         activations = count_activations(model, cfg, batch, shape, enabled, objects=objects)
         result[precision] = dict(activations=activations, peak=states + activations)
     return result
+
+
+def _buffer_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the buffers a state dict holds (the persistent ones)."""
+    params = {name for name, _ in model.named_parameters()}
+    return sum(t.numel() * t.element_size() for name, t in model.state_dict().items()
+               if name not in params)
+
+
+#: the LoRA a full recipe is compared with when it names none (the large LoRA recipes')
+LORA = dict(type='LoRA', r=16, alpha=32, targets=('qkv', 'proj', 'fc1', 'fc2'))
+
+
+def peft_key(cfg: Config) -> str:
+    """The config key of the backbone's ``peft`` option: ``model.backbone.peft``, or the
+    trunk's (``model.backbone.backbone.peft``) in ViT-Adapter's layout."""
+    backbone = cfg.model.backbone
+    return 'model.backbone.backbone.peft' if 'backbone' in backbone else 'model.backbone.peft'
+
+
+def lora_and_full(config: str, batch: int = 2, amp: Optional[bool] = None,
+                  objects: int = 8) -> dict:
+    """The accounts of ``config`` with LoRA (its own ``peft``, else :data:`LORA`) and with
+    full fine-tuning (no ``peft``), at ``batch`` and the config's precision (``amp``: None),
+    and LoRA's share of full fine-tuning's gradients + optimizer state (the whole model's
+    and the backbone's) and of the trainer's checkpoint (trained parameters, their
+    optimizer state and the buffers: what vitdense.PeftCheckpointHook keeps)."""
+    cfg = load_config(config)
+    key = peft_key(cfg)
+    backbone = cfg.model.backbone
+    lora = (backbone.backbone if 'backbone' in backbone else backbone).get('peft') or LORA
+    amp = uses_amp(cfg) if amp is None else amp
+    lora_account, full = (account(config, batch, amp=amp, objects=objects,
+                                  overrides={key: peft}) for peft in (lora, None))
+    trained = {name: result['grads'] + result['optimizer']
+               for name, result in (('lora', lora_account), ('full', full))}
+    return dict(config=config, precision='amp' if amp else 'fp32', lora=lora_account,
+                full=full, trained_share=trained['lora'] / trained['full'],
+                backbone_trained_share=lora_account['backbone_grads'] / full['backbone_grads'],
+                checkpoint_share=lora_account['checkpoint'] / full['checkpoint'])
 
 
 def time_step(config: str, batch: int, shape: tuple[int, int], repeats: int = 1,

@@ -11,8 +11,7 @@ from typing import Callable
 
 from mmengine.config import Config
 
-# build_model is imported from here by vitdense.analysis.memory
-from vitdense.model_factory import build_model, host_scope  # noqa: F401
+from vitdense.model_factory import host_scope
 
 
 def _draw_mmdet(cfg: Config, show_dir: str) -> None:

@@ -9,6 +9,9 @@ _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', './xcit-s12-p16_backbone.
 # positions sized for the 1024² input, no class token, position table resampled as detectron2
 vitdet_windows_12 = dict(window_size=14, window_block_indexes=(0, 1, 3, 4, 6, 7, 9, 10),
                          use_rel_pos=True, rel_pos_img_size=1024)
+# ViTDet's ViT-L setting: the same windows, global blocks 5, 11, 17, 23
+vitdet_windows_24 = dict(vitdet_windows_12,
+                         window_block_indexes=tuple(i for i in range(24) if i % 6 != 5))
 head_norm_cfg = dict(type='vitdense.LN2d', eps=1e-6)
 model = dict(
     data_preprocessor=dict(

@@ -1,0 +1,6 @@
+# Mask2Former, ADE20k 160k at 896×896, ViT-Adapter-L around DINOv2 ViT-L/16
+# (LVD-142M, LayerScale, 14-px patch kernels resampled to 16 px); ViT-Adapter's 1024-wide head.
+_base_ = '../_base_/mask2former_columnar-adapter_160k_ade20k-896x896.py'
+model = dict(
+    backbone=dict(**_base_.adapter_l, backbone=_base_.dinov2_l),
+    decode_head=dict(**_base_.mask2former_wide_head, in_channels=[1024] * 4))

@@ -1,0 +1,6 @@
+# Mask2Former panoptic, COCO panoptic 50 epochs LSJ, ViT-Adapter-L around DINOv2 ViT-L/16
+# (LVD-142M, LayerScale, 14-px patch kernels resampled to 16 px).
+_base_ = '../_base_/mask2former-panoptic_columnar-adapter_lsj-50e_coco.py'
+model = dict(
+    backbone=dict(**_base_.adapter_l, backbone=_base_.dinov2_l),
+    panoptic_head=dict(in_channels=[1024] * 4))

@@ -1,0 +1,6 @@
+# Mask2Former, ADE20k 160k at 512×512, ViT-Adapter-S around DINOv2 ViT-S/16
+# (LVD-142M, LayerScale, 14-px patch kernels resampled to 16 px).
+_base_ = '../_base_/mask2former_columnar-adapter_160k_ade20k.py'
+model = dict(
+    backbone=dict(**_base_.adapter_s, backbone=_base_.dinov2_s),
+    decode_head=dict(in_channels=[384] * 4))

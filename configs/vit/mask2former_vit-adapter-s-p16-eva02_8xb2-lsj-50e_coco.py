@@ -1,0 +1,6 @@
+# Mask2Former instance, COCO 50 epochs LSJ, ViT-Adapter-S around EVA-02 S
+# (rotary positions, SwiGLU, 14-px patch kernels resampled to 16 px).
+_base_ = '../_base_/mask2former_columnar-adapter_lsj-50e_coco.py'
+model = dict(
+    backbone=dict(**_base_.adapter_s, backbone=_base_.eva02_s),
+    panoptic_head=dict(in_channels=[384] * 4))
