@@ -13,7 +13,7 @@ from torch import nn
 from vitdense.analysis.memory import load_config
 from vitdense.checkpoint_io import safe_load
 from vitdense.model_factory import build_model
-from vitdense.models import XCiT
+from vitdense.models import CaiT, XCiT
 from vitdense.registry import HOOKS
 
 from common import CONFIGS, TINY_ARCH, IterationClock, groups_by_parameter_name
@@ -98,9 +98,9 @@ def test_layer_decay_needs_get_layer_depth():
     assert len(_build(model).optimizer.param_groups) == 2
 
 
-def _layer_decay_detector(seed: int = 0) -> Detector:
+def _layer_decay_detector(seed: int = 0, family: type = XCiT) -> Detector:
     torch.manual_seed(seed)
-    return Detector(XCiT(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
+    return Detector(family(TINY_ARCH, patch_size=8, pyramid_norm_cfg=dict(type='BN')))
 
 
 def _build_optimizer(model: nn.Module, optimizer: dict):
@@ -155,11 +155,14 @@ def test_groups_merge_where_every_option_is_equal():
     dict(type='mmpretrain.Lamb', lr=1e-3, weight_decay=0.05),
     dict(type='vitdense.ShardedLamb', lr=1e-3, weight_decay=0.05)],
     ids=['AdamW', 'AdamW-foreach', 'Lamb', 'ShardedLamb'])
-def test_merged_groups_train_as_one_group_per_tensor(optimizer):
+@pytest.mark.parametrize('family', [XCiT, CaiT], ids=['XCiT', 'CaiT'])
+def test_merged_groups_train_as_one_group_per_tensor(optimizer, family):
     """Five steps of merged groups and of one group per tensor (the same options): the same
-    weights to the bit. AdamW steps each tensor alone; LAMB's global gradient norm adds the
-    tensors' squares in another order, which measured bit-identical here too."""
-    merged_model, per_tensor_model = _layer_decay_detector(), _layer_decay_detector()
+    weights to the bit (CaiT: its class-attention stage and talking heads too). AdamW steps
+    each tensor alone; LAMB's global gradient norm adds the tensors' squares in another order,
+    which measured bit-identical here too."""
+    merged_model = _layer_decay_detector(family=family)
+    per_tensor_model = _layer_decay_detector(family=family)
     merged = _build_optimizer(merged_model, optimizer).optimizer
     per_tensor = _per_tensor(per_tensor_model, _build_optimizer(per_tensor_model, optimizer))
     assert len(per_tensor.param_groups) > 4 * len(merged.param_groups)
