@@ -6,11 +6,11 @@ against Mask2Former over ViT-Adapter on the same ViT.
         configs/vit/mask2former_vit-adapter-l-p16-dinov2_8xb2-160k_ade20k-896x896.py --img-size 512
 
 Each config's model is built as deployed (random weights, no weight file read: the time
-does not depend on them) and runs ``predict`` on one random image of ``--img-size`` (whole-image inference, no
-sliding window, no flip), interleaved with the others (benchmark_lib.time_interleaved). An
-EoMT model runs as trained: its masks annealed away (probability 0 in every block), so the
-blocks run unmasked and one prediction is made. Prints one markdown row per config: median
-ms per image and the ratio to the first config's.
+does not depend on them) and runs ``predict`` on one random image of ``--img-size``
+(whole-image inference, no sliding window, no flip), interleaved with the others
+(benchmark_lib.time_interleaved). An EoMT model runs as trained: its masks annealed away
+(probability 0 in every block), so the blocks run unmasked and one prediction is made.
+Prints one markdown row per config: median ms per image and the ratio to the first config's.
 """
 from __future__ import annotations
 
