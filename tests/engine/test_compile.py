@@ -17,6 +17,8 @@ import copy
 import functools
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -158,6 +160,46 @@ def test_inductor_compiles_symbolic_sizes(family):
                                                         train_step(model, images))
         for got, want in zip(outputs + grads, want_outputs + want_grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# compiled by a fresh process at the vector level ATEN_CPU_CAPABILITY gives it (unset: the
+# CPU's widest), with the compile cache shared between processes
+CACHED_COMPILE = '''
+import torch
+from vitdense.engine.compile import compile_function
+def attend(x, w):
+    return (torch.softmax(x @ w, -1) * x.sum(-1, keepdim=True)).tanh()
+torch.manual_seed(0)
+x, w = torch.randn(3, 37, 61), torch.randn(61, 61)
+got = compile_function(attend, dynamic=True)(x, w)
+print((got - attend(x, w)).abs().max().item())
+'''
+
+
+def lower_vector_level() -> str:
+    """An ``ATEN_CPU_CAPABILITY`` below the level inductor picks here: AVX2 under AVX-512,
+    else none."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    return 'avx2' if pick_vec_isa().bit_width() > 256 else 'default'
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get('CXX', 'c++')) is None,
+                    reason='inductor on CPU needs a C++ compiler')
+def test_inductor_cache_serves_each_vector_level_its_own_code(tmp_path):
+    # torch's compile cache does not key on the vector ISA: without the width in the options,
+    # the second process takes the first one's AVX-512 code and computes 2.0 off (at AVX2)
+    # or fails to build it (at none)
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    if not pick_vec_isa():
+        pytest.skip('inductor vectorizes nothing on this CPU')
+    env = {key: value for key, value in os.environ.items() if key != 'ATEN_CPU_CAPABILITY'}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS='1')
+    for level in (None, lower_vector_level()):
+        run = subprocess.run([sys.executable, '-c', CACHED_COMPILE], capture_output=True,
+                             text=True, timeout=600, cwd=os.getcwd(),
+                             env=env if level is None else {**env, 'ATEN_CPU_CAPABILITY': level})
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert float(run.stdout.split()[-1]) < 1e-5, (level, run.stdout)
 
 
 class Heads(nn.Module):

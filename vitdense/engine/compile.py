@@ -17,7 +17,8 @@ own weights, as after ``nn.Module.compile``. Input sizes vary in
 multi-scale training: with ``dynamic=None`` (torch's automatic dynamic shapes) the first
 size compiles a static graph and the second a graph with symbolic sizes that serves every
 later size. Every compile goes through :func:`compile_function`, which gives inductor the
-settings (:data:`INDUCTOR_OPTIONS`) without which torch 2.14 fails on symbolic sizes.
+settings (:data:`INDUCTOR_OPTIONS`) without which torch 2.14 fails on symbolic sizes, and
+the vector width of the CPU code it generates (:func:`vector_width_option`).
 """
 from __future__ import annotations
 
@@ -67,8 +68,25 @@ def compile_function(function: Callable, backend: str = DEFAULT_BACKEND,
                       f'compiling without it; if compiling then fails at symbolic sizes, use '
                       f'the torch of requirements/constraints.txt', RuntimeWarning)
     options = {**list_mode_options(mode or 'default', dynamic),
-               **{key: value for key, value in INDUCTOR_OPTIONS.items() if key not in missing}}
+               **{key: value for key, value in INDUCTOR_OPTIONS.items() if key not in missing},
+               **vector_width_option()}
     return torch.compile(function, backend=backend, dynamic=dynamic, options=options)
+
+
+def vector_width_option() -> dict[str, int]:
+    """Inductor's ``cpp.simdlen`` set to the width of the vector ISA it picks now, unless set.
+
+    Inductor picks the CPU's widest vector ISA, or the one ``ATEN_CPU_CAPABILITY`` forces, but
+    torch 2.14's compile cache does not key on it: code generated for AVX-512 and cached is
+    then built for AVX2 (a forced level, or a cache directory shared by machines of two CPU
+    generations) and computes wrong values (softmax 2.0 off; NaN in CaiT's and ConViT's
+    backward), or fails to build at ``default``. The width, stated, is part of the key and
+    picks the same ISA (the first of that width, as the automatic choice)."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    if config.cpp.simdlen is not None:
+        return {}
+    return {'cpp.simdlen': pick_vec_isa().bit_width()}
 
 
 class CompiledForward:
