@@ -233,3 +233,27 @@ def test_timm_train_checkpoint_gives_its_ema_weights_as_timm_reads_them(tmp_path
         assert_features_match(ours(images), [expected])
         raw = trained.forward_head(trained.forward_features(images), pre_logits=True)
         assert max_relative_diff(raw, expected) > 100 * FLOOR
+
+
+def test_timm_registers_without_class_token_keep_their_registers(tmp_path):
+    """timm's ``*_reg4_gap`` ViTs (registers, no class token, average pooling): a dense
+    trunk without class token (``dense_class_token=False``) would drop the registers, which
+    every block attends to; the load is refused naming ``class_token=False``, which keeps
+    them and equals timm's maps at the file's size and a non-square one."""
+    torch.manual_seed(0)
+    reference = perturb_(VisionTransformer(
+        img_size=64, patch_size=16, embed_dim=32, depth=4, num_heads=2, num_classes=10,
+        class_token=False, no_embed_class=True, global_pool='avg', reg_tokens=4,
+        dynamic_img_size=True)).eval()
+    path = tmp_path / 'reg4_gap.pth'
+    torch.save(reference.state_dict(), path)
+    dense = dict(img_size=64, pyramid=False, out_indices=(0, 1, 2, 3))
+    for registers in ({}, dict(reg_tokens=4, no_embed_class=True)):
+        with pytest.raises(ValueError, match=r'to load it: .*class_token=False'):
+            _pretrained(path, dense_class_token=False, **registers, **dense)
+    ours = _pretrained(path, class_token=False, reg_tokens=4, no_embed_class=True, **dense)
+    with torch.no_grad():
+        for image_hw in ((64, 64), (48, 80)):
+            images = torch.randn(2, 3, *image_hw)
+            assert_features_match(ours(images), reference.forward_intermediates(
+                images, indices=[0, 1, 2, 3], norm=False, intermediates_only=True))

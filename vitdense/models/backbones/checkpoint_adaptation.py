@@ -64,7 +64,7 @@ class CheckpointLoader:
                                  f'{model.peft} does not build: {", ".join(unknown[:6])}')
         converted = layout.fit_tensors(model, layout.convert(state_dict))
         unused = sorted(k for k in converted if k not in expected and (
-            layout.built_by_other_modes(model, k) or truncate and self._beyond_depth(k)))
+            layout.built_by_other_modes(model, k, converted) or truncate and self._beyond_depth(k)))
         for key in unused:
             del converted[key]
         mismatched = [

@@ -295,7 +295,7 @@ class CheckpointDiagnosis:
             return []
         expected = model.state_dict()
         return sorted(k for k in converted
-                      if k not in expected and not layout.built_by_other_modes(model, k))
+                      if k not in expected and not layout.built_by_other_modes(model, k, converted))
 
     def _advised_options(self, advised: dict) -> dict:
         """This model's constructor options with the ``advised`` ones, for a model that
@@ -350,13 +350,7 @@ class CheckpointDiagnosis:
             arch['num_cls_layers'] = found['class_attention_blocks']
         if found['registers'] != model['registers']:
             options.append(f"reg_tokens={found['registers']}")
-        if not found['class_token'] and model['class_token']:
-            options.append(self._class_token_free_option(found['registers']))
-        elif self._class_row_differs_by(found['table_prefix_rows']):
-            rows = "the class token's row" if found['class_token'] else "the registers' rows"
-            options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
-                           f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
-                           f" {rows})")
+        options += self._prefix_token_options(found, model)
         if found['fc_norm'] != model['fc_norm'] and not self.model.dense:
             options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
                            "normalised: MAE's fine-tuned layout)" if found['fc_norm']
@@ -382,6 +376,27 @@ class CheckpointDiagnosis:
             return []
         return [f"{', '.join(f'{k}={v!r}' for k, v in differing.items())} "
                 f"({', and '.join(notes)})"]
+
+    def _prefix_token_options(self, found: dict, model: dict) -> list[str]:
+        """The options that load a checkpoint's class token, or its lack, and the prefix
+        rows of its position table; a checkpoint's registers without class token need a
+        model built without one (a trunk without class token drops its registers)."""
+        registers, rows = found['registers'], found['table_prefix_rows']
+        options = []
+        class_free = not found['class_token'] and (
+            model['class_token'] or registers and not self.model.num_registers)
+        if class_free:
+            options.append(self._class_token_free_option(registers))
+        if class_free and registers:  # the advised model's table: the registers' rows
+            differs = rows is not None and rows != (
+                0 if self.model.arch.get('no_embed_class') else registers)
+        else:
+            differs = not class_free and self._class_row_differs_by(rows)
+        if differs:
+            kind = "the class token's row" if found['class_token'] else "the registers' rows"
+            options.append(f"no_embed_class={rows == 0} (a position table "
+                           f"{'without' if rows == 0 else 'with'} {kind})")
+        return options
 
     def _class_token_free_option(self, registers: int) -> str:
         """The option that loads a checkpoint without class token: a dense trunk without

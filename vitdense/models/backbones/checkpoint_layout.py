@@ -11,7 +11,7 @@ call them with the model they serve.
 """
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 import torch
 import torch.nn as nn
@@ -150,9 +150,10 @@ class CheckpointLayout:
         ``model`` (none here; ViT's rotary reference grid)."""
         return []
 
-    def built_by_other_modes(self, model: nn.Module, key: str) -> bool:
-        """Whether checkpoint tensor ``key`` belongs to a part ``model``'s mode does not
-        build: the classification stage of a dense model, the class token (and registers)
-        of a trunk that carries none."""
+    def built_by_other_modes(self, model: nn.Module, key: str, checkpoint: Collection[str]
+                             ) -> bool:
+        """Whether tensor ``key`` of a ``checkpoint`` (its keys, converted) belongs to a
+        part ``model``'s mode does not build: the classification stage of a dense model,
+        the class token (and registers) of a trunk that carries none."""
         return bool(model.dense and re.match(self.classification_keys, key) or
                     model.cls_token is None and re.match(self.prefix_token_keys, key))

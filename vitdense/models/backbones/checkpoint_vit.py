@@ -8,6 +8,7 @@ blocks told by the order of a file's keys.
 import math
 import re
 from dataclasses import dataclass
+from typing import Collection
 
 import torch
 import torch.nn as nn
@@ -413,11 +414,15 @@ class ViTCheckpointLayout(CheckpointLayout):
                     f"rotary tables)"]
         return []
 
-    def built_by_other_modes(self, model: nn.Module, key: str) -> bool:
-        """As the base's, except that a model without class token keeps its registers."""
-        if key == 'reg_token' and model.reg_token is not None:
+    def built_by_other_modes(self, model: nn.Module, key: str, checkpoint: Collection[str]
+                             ) -> bool:
+        """As the base's, except for registers: kept by a model without class token, and
+        dropped only with the class token they follow (those of a file without one,
+        timm's ``*_reg4_gap``, are read by every block: a trunk without them computes
+        something else, so the load is refused)."""
+        if key == 'reg_token' and (model.reg_token is not None or 'cls_token' not in checkpoint):
             return False
-        return super().built_by_other_modes(model, key)
+        return super().built_by_other_modes(model, key, checkpoint)
 
 
 #: the layout of ViT's checkpoints (``ViT.checkpoint_layout``)
