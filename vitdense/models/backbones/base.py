@@ -7,6 +7,7 @@ A family (one file each) states its arch table, how its patch embedding, positio
 blocks and class-attention blocks are built, and how official / timm checkpoint keys map to
 ours. Everything else lives here once.
 """
+import inspect
 from typing import Optional, Sequence, Union
 
 import torch
@@ -150,6 +151,12 @@ class ColumnarBackbone(TrainingModes, BaseModule):
         model = super().__new__(cls)
         object.__setattr__(model, 'constructor_options', (args, dict(kwargs)))
         return model
+
+    def given_options(self) -> dict:
+        """The options this backbone was built with, by name (not the defaults it took)."""
+        args, kwargs = self.constructor_options
+        names = list(inspect.signature(type(self).constructor_signature).parameters)[1:]
+        return {**dict(zip(names, args)), **kwargs}
 
     def __init__(self,
                  arch: Union[str, dict],

@@ -5,7 +5,6 @@ it is printed. The families are found through the registry, which this module re
 imports none of them.
 """
 import ast
-import inspect
 import math
 import re
 from typing import Callable, Optional, Sequence
@@ -230,8 +229,8 @@ class CheckpointDiagnosis:
                     f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
-            options += self.layout_options(saved) + self.layout.order_options(self.model,
-                                                                              list(saved))
+            options += (self.layout_options(saved) + self.layout.order_options(
+                self.model, list(saved)) + self.layout.unchosen_options(self.model, list(saved)))
         if unbuilt:
             options = [f'no option of {self.name} loads it: the checkpoint has '
                        f'{", and ".join(unbuilt)}, which {self.name} does not build']
@@ -301,9 +300,7 @@ class CheckpointDiagnosis:
         """This model's constructor options with the ``advised`` ones, for a model that
         checks the advice: without the pyramid (new in fine-tuning) and dense outputs but
         the last block's, so that every checkpoint tensor can reach its forward."""
-        args, given = self.model.constructor_options
-        names = list(inspect.signature(type(self.model).constructor_signature).parameters)[1:]
-        given = {**dict(zip(names, args)), **given}
+        given = self.model.given_options()
         overrides = {**(given.get('arch_overrides') or {}), **advised.pop('arch_overrides', {})}
         return {**given, **advised, 'arch_overrides': overrides, 'init_cfg': None,
                 'pretrained': None, 'pyramid': False, 'pyramid_levels': None,

@@ -47,6 +47,10 @@ def checkpoint_weights(checkpoint: dict) -> dict:
 #: a layout whose options no tensor's shape shows: (a key pattern of the layout as saved, a
 #: key pattern it lacks or None, the options that build it, a note)
 SourceLayout = tuple[str, Optional[str], dict, str]
+#: an option that a source's files were built with by their config and no tensor shows, so
+#: that a model must be given it explicitly to load them: (a key pattern of the layout as
+#: saved, the option's name, the advice naming it, e.g. ``'norm_eps=1e-06 or ...'``)
+UnshownOption = tuple[str, str, str]
 #: the resampling of a library's position tables: (key patterns that each match a key of
 #: its layout as saved, a pattern none matches or None, its kernel)
 LayoutKernel = tuple[tuple[str, ...], Optional[str], PositionKernel]
@@ -64,6 +68,9 @@ class CheckpointLayout:
     #: the layouts of sources whose options the tensors' shapes do not show: the options of
     #: every layout a checkpoint has are named where the model's settings differ
     source_layouts: tuple[SourceLayout, ...] = ()
+    #: options of sources whose configs differ in them and whose files show none: a load
+    #: of such a file into a model built without the option is refused, naming it
+    unshown_options: tuple[UnshownOption, ...] = ()
     #: how the library of a checkpoint layout resamples position tables; the first layout
     #: the checkpoint has gives the kernel, at load and in forward, of a model built without
     #: ``pos_antialias``; none: timm's antialiased bicubic
@@ -144,6 +151,14 @@ class CheckpointLayout:
         settings differ from, as the advice writes them: a load they name is refused,
         whatever the shapes (none here; ViT's res-post-norm blocks)."""
         return []
+
+    def unchosen_options(self, model: nn.Module, saved_keys: list[str]) -> list[str]:
+        """The advice of each of the ``unshown_options`` whose layout a checkpoint's keys
+        (as saved) have and which ``model`` was not given (``given_options``): a load they
+        name is refused, whatever the shapes."""
+        given = model.given_options()
+        return [advice for pattern, option, advice in self.unshown_options
+                if option not in given and any(re.search(pattern, k) for k in saved_keys)]
 
     def family_options(self, model: nn.Module, found: dict) -> list[str]:
         """Options beyond the shared ones that the checkpoint's facts (``found``) name for

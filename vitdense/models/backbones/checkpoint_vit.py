@@ -447,6 +447,15 @@ VIT_CHECKPOINT_LAYOUT = ViTCheckpointLayout(
         (r'\.mlp\.(norm|ffn_ln)\.', None, dict(scale_mlp=True),
          "EVA-02's norm of the SwiGLU hidden units"),
     ),
+    # mmseg's ViT (torch's MultiheadAttention) normalises with its config's LayerNorm eps:
+    # 1e-6 in its UperNet, SETR and Segmenter configs, its class default 1e-5 in DPT's and
+    # SAN's; mmpretrain's ViT and DeiT III take 1e-6, ours
+    unshown_options=(
+        (r'^layers\.\d+\.attn\.attn\.in_proj_weight$', 'norm_eps',
+         "norm_eps=1e-06 or norm_eps=1e-05 (mmseg's LayerNorm eps, which no tensor shows: "
+         "1e-6 in its UperNet, SETR and Segmenter configs, 1e-5, its default, in DPT's; "
+         "set the file's config's)"),
+    ),
     # mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
     # forward): ``F.interpolate`` bicubic without antialiasing; DINOv2's hub models
     # (``interpolate_pos_encoding``): without registers (a ``mask_token``, LayerScale, the
