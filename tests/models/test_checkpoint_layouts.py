@@ -141,7 +141,9 @@ def test_mmpretrain_xcit_classifier_checkpoint(tmp_path):
     path = tmp_path / 'mmpretrain_xcit.pth'
     _openmmlab_checkpoint(path, classifier.state_dict())
     images = torch.randn(2, 3, 64, 64)
-    options = dict(init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone.'))
+    # tokens_norm: the config's (no tensor shows it; the size is no released XCiT's)
+    options = dict(init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone.'),
+                   tokens_norm=True)
     with torch.no_grad():
         ours = XCiT(TINY_ARCH, out_type='cls_token', **options)
         ours.init_weights()

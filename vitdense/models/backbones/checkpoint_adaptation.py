@@ -77,7 +77,7 @@ class CheckpointLoader:
         diagnosis = CheckpointDiagnosis(model, type(self) if self.check_advice else None)
         unbuilt = layout.mechanisms_not_built(list(state_dict))
         if unbuilt or mismatched or layout.order_options(model, list(state_dict)) or \
-                layout.unchosen_options(model, list(state_dict)) or (
+                layout.unchosen_options(model, list(state_dict), converted) or (
                 strict and (missing or unexpected or diagnosis.class_row_differs(converted))):
             raise ValueError(diagnosis.mismatch_message(converted, mismatched, missing,
                                                         unexpected, state_dict, unbuilt))

@@ -230,7 +230,8 @@ class CheckpointDiagnosis:
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
             options += (self.layout_options(saved) + self.layout.order_options(
-                self.model, list(saved)) + self.layout.unchosen_options(self.model, list(saved)))
+                self.model, list(saved)) + self.layout.unchosen_options(
+                self.model, list(saved), converted))
         if unbuilt:
             options = [f'no option of {self.name} loads it: the checkpoint has '
                        f'{", and ".join(unbuilt)}, which {self.name} does not build']

@@ -453,7 +453,7 @@ VIT_CHECKPOINT_LAYOUT = ViTCheckpointLayout(
     unshown_options=(
         (r'^layers\.\d+\.attn\.attn\.in_proj_weight$', 'norm_eps',
          "norm_eps=1e-06 or norm_eps=1e-05 (mmseg's LayerNorm eps, which no tensor shows: "
-         "1e-6 in its UperNet, SETR and Segmenter configs, 1e-5, its default, in DPT's; "
+         "1e-6 in its UperNet, SETR and Segmenter configs, 1e-5, its default, in DPT's: "
          "set the file's config's)"),
     ),
     # mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
