@@ -193,7 +193,8 @@ class ColumnarBackbone(TrainingModes, BaseModule):
         super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
         self._set_arch(arch, arch_overrides, depth, layer_scale)
         self.patch_size, self.in_channels, self.norm_eps = patch_size, in_channels, norm_eps
-        self.pretrain_grid = tuple(size // patch_size for size in to_pair(img_size))
+        self.img_size = to_pair(img_size)
+        self.pretrain_grid = tuple(size // patch_size for size in self.img_size)
         check_options(out_type, padding, with_cp, fc_norm)
         self.out_type, self.fc_norm_after_pooling = out_type, fc_norm
         self.dense = out_type == 'featmap'

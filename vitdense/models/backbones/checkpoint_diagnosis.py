@@ -27,8 +27,11 @@ QKV_BIAS = re.compile(r'^blocks\.\d+\.attn\.(qkv|qk|v)\.bias$')
 GPSA_GATING = re.compile(r'^blocks\.\d+\.attn\.gating$')
 
 
-def _table_prefix_rows(rows: int) -> int:
-    """Rows of a position table before its square grid (class token, registers)."""
+def _table_prefix_rows(rows: int, grid: Optional[torch.Tensor] = None) -> int:
+    """Rows of a position table before its grid (class token, registers): the saved
+    ``grid`` (ours), else a square one."""
+    if grid is not None and not grid.is_meta:
+        return rows - math.prod(grid.tolist())
     return next(p for p in range(rows) if math.isqrt(rows - p) ** 2 == rows - p)
 
 
@@ -58,7 +61,7 @@ def describe_checkpoint(state_dict: dict) -> dict:
         layer_scale=any(k.endswith('.ls1.gamma') for k in state_dict if BLOCK_INDEX.match(k)),
         registers=reg_token.shape[1] if reg_token is not None else 0,
         table_prefix_rows=None if table is None or table.dim() != 3 else
-        _table_prefix_rows(table.shape[1]),
+        _table_prefix_rows(table.shape[1], state_dict.get('pos_embed.table_grid')),
         fc_norm=any(k.startswith('fc_norm.') for k in state_dict),
         class_attention_blocks=len({k.split('.')[1] for k in state_dict
                                     if k.startswith('cls_blocks.')}),
@@ -193,6 +196,30 @@ def _effect_recorder(key: str, effective: set[str]) -> Callable[[nn.Parameter], 
     return record
 
 
+def table_size_options(model: nn.Module, converted: dict) -> list[str]:
+    """``img_size`` where the position table of a checkpoint (in our layout) has a finer grid
+    than ``model``'s on an axis: a load would resample it down, and the model would compute
+    otherwise than the file at every input size, its own included. Built at the file's
+    size, the model resamples the table from its own grid to each input's, as the sources'
+    code does in forward (timm, mmseg, mmpretrain, DINOv2). A model that resamples the
+    file's patch projection (``resample_patch_embed``) approximates it by choice: not named."""
+    table, embed = converted.get('pos_embed.weight'), model.pos_embed
+    if table is None or table.dim() != 3 or not hasattr(embed, 'checkpoint_grid') or \
+            model.arch.get('resample_patch_embed'):
+        return []
+    grid = embed.checkpoint_grid(table, converted.get('pos_embed.table_grid'))
+    projection = converted.get('patch_embed.proj.weight')
+    patch = projection.shape[-1] if projection is not None and projection.dim() == 4 \
+        else model.patch_size  # the file's patch, which the advice may name
+    ours = tuple(size // patch for size in model.img_size)
+    if grid is None or all(side <= own for side, own in zip(grid, ours)):
+        return []
+    rows, cols = (side * patch for side in grid)
+    return [f"img_size={rows if rows == cols else (rows, cols)} (the file's position table is "
+            f"a {grid[0]} x {grid[1]} grid, finer than this model's {ours[0]} x {ours[1]}, "
+            f"which would resample it down)"]
+
+
 class CheckpointDiagnosis:
     """The message of a refused load into ``model`` (a ``ColumnarBackbone``): the
     checkpoint's facts beside the model's and the options (constructor, ``Pretrained`` keys)
@@ -229,7 +256,7 @@ class CheckpointDiagnosis:
                     f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
-            options += (self.layout_options(saved) + self.layout.order_options(
+            options += table_size_options(self.model, converted) + (self.layout_options(saved) + self.layout.order_options(
                 self.model, list(saved)) + self.layout.unchosen_options(
                 self.model, list(saved), converted))
         if unbuilt:
@@ -433,4 +460,4 @@ class CheckpointDiagnosis:
         the model's (a strict load refuses it)."""
         table = converted.get('pos_embed.weight')
         return table is not None and table.dim() == 3 and self._class_row_differs_by(
-            _table_prefix_rows(table.shape[1]))
+            _table_prefix_rows(table.shape[1], converted.get('pos_embed.table_grid')))

@@ -20,9 +20,9 @@ from mmengine.logging import MMLogger
 from ..layers.embed import PositionKernel
 from .checkpoint_keys import SHARED_KEYS, KeyTable
 
-#: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning, and
-#: the position kernel (timm's models resample with their own)
-NOT_IN_TIMM = r'^(pyramid\.|pos_embed\.kernel$)'
+#: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning, the
+#: position kernel (timm's models resample with their own) and the table's saved grid
+NOT_IN_TIMM = r'^(pyramid\.|pos_embed\.(kernel|table_grid)$)'
 #: where a checkpoint file keeps its weights, in the order timm's ``load_state_dict`` reads
 #: them: the EMA weights of a timm ``train.py`` checkpoint first, as timm evaluates and
 #: fine-tunes them, then a whole model's ``state_dict``, then a release's ``model``
