@@ -256,9 +256,9 @@ class CheckpointDiagnosis:
                     f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
-            options += table_size_options(self.model, converted) + (self.layout_options(saved) + self.layout.order_options(
-                self.model, list(saved)) + self.layout.unchosen_options(
-                self.model, list(saved), converted))
+            options += (table_size_options(self.model, converted) + self.layout_options(saved)
+                        + self.layout.order_options(self.model, list(saved))
+                        + self.layout.unchosen_options(self.model, list(saved), converted))
         if unbuilt:
             options = [f'no option of {self.name} loads it: the checkpoint has '
                        f'{", and ".join(unbuilt)}, which {self.name} does not build']
@@ -322,7 +322,8 @@ class CheckpointDiagnosis:
             return []
         expected = model.state_dict()
         return sorted(k for k in converted
-                      if k not in expected and not layout.built_by_other_modes(model, k, converted))
+                      if k not in expected and
+                      not layout.built_by_other_modes(model, k, converted))
 
     def _advised_options(self, advised: dict) -> dict:
         """This model's constructor options with the ``advised`` ones, for a model that
