@@ -149,3 +149,43 @@ def test_official_layer_scale_and_position_names_convert_for_every_family():
     assert adapted.keys() == ours.state_dict().keys()
     for key, value in ours.state_dict().items():
         assert torch.equal(adapted[key], value)
+
+
+def test_xcit_class_attention_norm_is_the_released_variants_or_chosen(tmp_path):
+    """Whether XCiT's class-attention blocks normalise all tokens (``tokens_norm``) no tensor
+    shows: a released size (nano: False, every other: True) tells it, and a classifier built
+    otherwise without choosing it is refused, naming it; a file of no released size (timm's
+    class default is False, ours True) needs it chosen. Loaded as named, the class token
+    equals timm's at the file's size, 224 and a non-square size."""
+    from common import assert_features_match, max_relative_diff, perturb_
+    torch.manual_seed(0)
+    nano = perturb_(timm.create_model('xcit_nano_12_p16_224', pretrained=False)).eval()
+    custom = perturb_(timm.create_model('xcit_nano_12_p16_224', pretrained=False,
+                                        embed_dim=32, depth=4, num_heads=2)).eval()
+    for name, reference in (('nano', nano), ('custom', custom)):
+        torch.save(reference.state_dict(), tmp_path / f'{name}.pth')
+    nano_size = dict(embed_dims=128, num_layers=12, num_heads=4)
+    with pytest.raises(ValueError, match=r'to load it: tokens_norm=False \('):
+        _pretrained(XCiT, nano_size, tmp_path / 'nano.pth', out_type='cls_token')
+    with pytest.raises(ValueError, match=r'to load it: tokens_norm=False or tokens_norm=True'):
+        _pretrained(XCiT, TINY_ARCH, tmp_path / 'custom.pth', out_type='cls_token')
+    dense = _pretrained(XCiT, TINY_ARCH, tmp_path / 'custom.pth', pyramid=False)
+    loaded = [(nano, _pretrained(XCiT, 'nano_12', tmp_path / 'nano.pth', out_type='cls_token')),
+              (nano, _pretrained(XCiT, nano_size, tmp_path / 'nano.pth', out_type='cls_token',
+                                 tokens_norm=False)),
+              (custom, _pretrained(XCiT, TINY_ARCH, tmp_path / 'custom.pth',
+                                   out_type='cls_token', tokens_norm=False))]
+    other = _pretrained(XCiT, 'nano_12', tmp_path / 'nano.pth', out_type='cls_token',
+                        tokens_norm=True)
+    with torch.no_grad():
+        for image_hw in ((224, 224), (160, 256)):
+            images = torch.randn(2, 3, *image_hw)
+            for reference, ours in loaded:
+                expected = reference.forward_head(reference.forward_features(images),
+                                                  pre_logits=True)
+                assert_features_match(ours(images), [expected])
+            expected = nano.forward_head(nano.forward_features(images), pre_logits=True)
+            off = max_relative_diff(other(images)[0], expected)
+            print(f'tokens_norm=True at {image_hw}: {off:.1e}')
+            assert off > 1e-3
+        assert len(dense(images)) == 4  # a dense model builds no class attention

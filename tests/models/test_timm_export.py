@@ -24,7 +24,9 @@ CASES = {
                      TIMM_TINY, 'blocks.2.attns.1.ls.gamma'),
     'cait': (CaiT, {}, 'cait_xxs24_224', dict(TIMM_TINY, init_values=1e-5),
              'blocks.3.gamma_1'),
-    'xcit': (XCiT, {}, 'xcit_nano_12_p16_224', dict(TIMM_TINY, eta=1.0, tokens_norm=True),
+    # tokens_norm given: a timm XCiT of no released size loads back only with it chosen
+    'xcit': (XCiT, dict(tokens_norm=True), 'xcit_nano_12_p16_224',
+             dict(TIMM_TINY, eta=1.0, tokens_norm=True),
              'blocks.2.attn.temperature'),
     'convit': (ConViT, dict(arch=TINY_CONVIT_ARCH), 'convit_tiny',
                # timm's ConViT takes embed_dim per head

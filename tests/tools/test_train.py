@@ -206,8 +206,10 @@ def test_a_model_trained_from_an_mmseg_checkpoint_keeps_its_kernel_in_test_and_e
     # what the training-time model did at sizes where the kernels differ (by 2e-3 and more).
     pretrained = _mmseg_vit_checkpoint(tmp_path / 'mmseg_vit_64.pth')
     config = tmp_path / 'upernet_vit-d6-p8_mmseg-pretrained_demo-ade.py'
-    config.write_text(f"_base_ = '{REPO_ROOT / VIT_CONFIG}'\nmodel = dict(backbone=dict(init_cfg="
-                      f"dict(_delete_=True, type='Pretrained', checkpoint='{pretrained}')))\n")
+    # norm_eps: the LayerNorm eps of the mmseg ViT that wrote the file (its default)
+    config.write_text(f"_base_ = '{REPO_ROOT / VIT_CONFIG}'\nmodel = dict(backbone=dict("
+                      f"norm_eps=1e-5, init_cfg=dict(_delete_=True, type='Pretrained', "
+                      f"checkpoint='{pretrained}')))\n")
     work = tmp_path / 'work'
     _run(sys.executable, 'tools/train.py', config, '--work-dir', work,
          *_options(demo_ade_root, 2))

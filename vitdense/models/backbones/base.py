@@ -7,6 +7,7 @@ A family (one file each) states its arch table, how its patch embedding, positio
 blocks and class-attention blocks are built, and how official / timm checkpoint keys map to
 ours. Everything else lives here once.
 """
+import inspect
 from typing import Optional, Sequence, Union
 
 import torch
@@ -151,6 +152,12 @@ class ColumnarBackbone(TrainingModes, BaseModule):
         object.__setattr__(model, 'constructor_options', (args, dict(kwargs)))
         return model
 
+    def given_options(self) -> dict:
+        """The options this backbone was built with, by name (not the defaults it took)."""
+        args, kwargs = self.constructor_options
+        names = list(inspect.signature(type(self).constructor_signature).parameters)[1:]
+        return {**dict(zip(names, args)), **kwargs}
+
     def __init__(self,
                  arch: Union[str, dict],
                  patch_size: int = 16,
@@ -186,7 +193,8 @@ class ColumnarBackbone(TrainingModes, BaseModule):
         super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
         self._set_arch(arch, arch_overrides, depth, layer_scale)
         self.patch_size, self.in_channels, self.norm_eps = patch_size, in_channels, norm_eps
-        self.pretrain_grid = tuple(size // patch_size for size in to_pair(img_size))
+        self.img_size = to_pair(img_size)
+        self.pretrain_grid = tuple(size // patch_size for size in self.img_size)
         check_options(out_type, padding, with_cp, fc_norm)
         self.out_type, self.fc_norm_after_pooling = out_type, fc_norm
         self.dense = out_type == 'featmap'

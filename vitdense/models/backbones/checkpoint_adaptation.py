@@ -16,11 +16,14 @@ from mmengine.logging import MMLogger
 from mmengine.runner import checkpoint as mmengine_checkpoint
 
 from ..layers.embed import PositionKernel
-from .checkpoint_diagnosis import BLOCK_INDEX, CheckpointDiagnosis
+from .checkpoint_diagnosis import BLOCK_INDEX, CheckpointDiagnosis, table_size_options
 from .checkpoint_layout import checkpoint_weights
 
 #: where a model saves its position kernel (``LearnedPositionEmbedding.kernel``)
 KERNEL_KEY = 'pos_embed.kernel'
+#: what a model saves beside its position table, which other layouts lack: the kernel and
+#: the table's grid (``LearnedPositionEmbedding.table_grid``), taken from the model
+SAVED_WITH_TABLE = (KERNEL_KEY, 'pos_embed.table_grid')
 
 
 class CheckpointLoader:
@@ -64,19 +67,21 @@ class CheckpointLoader:
                                  f'{model.peft} does not build: {", ".join(unknown[:6])}')
         converted = layout.fit_tensors(model, layout.convert(state_dict))
         unused = sorted(k for k in converted if k not in expected and (
-            layout.built_by_other_modes(model, k) or truncate and self._beyond_depth(k)))
+            layout.built_by_other_modes(model, k, converted) or truncate and self._beyond_depth(k)))
         for key in unused:
             del converted[key]
         mismatched = [
             f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}'
             for k, v in converted.items()
             if k in expected and k != 'pos_embed.weight' and v.shape != expected[k].shape]
-        missing = [k for k in expected if k not in converted and k != KERNEL_KEY
+        missing = [k for k in expected if k not in converted and k not in SAVED_WITH_TABLE
                    and not re.search(layout.new_in_fine_tuning, k)]
         unexpected = [k for k in converted if k not in expected]
         diagnosis = CheckpointDiagnosis(model, type(self) if self.check_advice else None)
         unbuilt = layout.mechanisms_not_built(list(state_dict))
-        if unbuilt or mismatched or layout.order_options(model, list(state_dict)) or (
+        if unbuilt or mismatched or layout.order_options(model, list(state_dict)) or \
+                layout.unchosen_options(model, list(state_dict), converted) or \
+                table_size_options(model, converted) or (
                 strict and (missing or unexpected or diagnosis.class_row_differs(converted))):
             raise ValueError(diagnosis.mismatch_message(converted, mismatched, missing,
                                                         unexpected, state_dict, unbuilt))

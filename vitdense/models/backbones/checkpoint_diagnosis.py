@@ -5,7 +5,6 @@ it is printed. The families are found through the registry, which this module re
 imports none of them.
 """
 import ast
-import inspect
 import math
 import re
 from typing import Callable, Optional, Sequence
@@ -28,8 +27,11 @@ QKV_BIAS = re.compile(r'^blocks\.\d+\.attn\.(qkv|qk|v)\.bias$')
 GPSA_GATING = re.compile(r'^blocks\.\d+\.attn\.gating$')
 
 
-def _table_prefix_rows(rows: int) -> int:
-    """Rows of a position table before its square grid (class token, registers)."""
+def _table_prefix_rows(rows: int, grid: Optional[torch.Tensor] = None) -> int:
+    """Rows of a position table before its grid (class token, registers): the saved
+    ``grid`` (ours), else a square one."""
+    if grid is not None and not grid.is_meta:
+        return rows - math.prod(grid.tolist())
     return next(p for p in range(rows) if math.isqrt(rows - p) ** 2 == rows - p)
 
 
@@ -59,7 +61,7 @@ def describe_checkpoint(state_dict: dict) -> dict:
         layer_scale=any(k.endswith('.ls1.gamma') for k in state_dict if BLOCK_INDEX.match(k)),
         registers=reg_token.shape[1] if reg_token is not None else 0,
         table_prefix_rows=None if table is None or table.dim() != 3 else
-        _table_prefix_rows(table.shape[1]),
+        _table_prefix_rows(table.shape[1], state_dict.get('pos_embed.table_grid')),
         fc_norm=any(k.startswith('fc_norm.') for k in state_dict),
         class_attention_blocks=len({k.split('.')[1] for k in state_dict
                                     if k.startswith('cls_blocks.')}),
@@ -194,6 +196,30 @@ def _effect_recorder(key: str, effective: set[str]) -> Callable[[nn.Parameter], 
     return record
 
 
+def table_size_options(model: nn.Module, converted: dict) -> list[str]:
+    """``img_size`` where the position table of a checkpoint (in our layout) has a finer grid
+    than ``model``'s on an axis: a load would resample it down, and the model would compute
+    otherwise than the file at every input size, its own included. Built at the file's
+    size, the model resamples the table from its own grid to each input's, as the sources'
+    code does in forward (timm, mmseg, mmpretrain, DINOv2). A model that resamples the
+    file's patch projection (``resample_patch_embed``) approximates it by choice: not named."""
+    table, embed = converted.get('pos_embed.weight'), model.pos_embed
+    if table is None or table.dim() != 3 or not hasattr(embed, 'checkpoint_grid') or \
+            model.arch.get('resample_patch_embed'):
+        return []
+    grid = embed.checkpoint_grid(table, converted.get('pos_embed.table_grid'))
+    projection = converted.get('patch_embed.proj.weight')
+    patch = projection.shape[-1] if projection is not None and projection.dim() == 4 \
+        else model.patch_size  # the file's patch, which the advice may name
+    ours = tuple(size // patch for size in model.img_size)
+    if grid is None or all(side <= own for side, own in zip(grid, ours)):
+        return []
+    rows, cols = (side * patch for side in grid)
+    return [f"img_size={rows if rows == cols else (rows, cols)} (the file's position table is "
+            f"a {grid[0]} x {grid[1]} grid, finer than this model's {ours[0]} x {ours[1]}, "
+            f"which would resample it down)"]
+
+
 class CheckpointDiagnosis:
     """The message of a refused load into ``model`` (a ``ColumnarBackbone``): the
     checkpoint's facts beside the model's and the options (constructor, ``Pretrained`` keys)
@@ -230,8 +256,9 @@ class CheckpointDiagnosis:
                     f"backbone of a whole model's checkpoint, with mmseg's model.pretrained=None)"]
                    if whole_model else []) + self.options_to_load(found, model)
         if found['family'] == model['family']:
-            options += self.layout_options(saved) + self.layout.order_options(self.model,
-                                                                              list(saved))
+            options += (table_size_options(self.model, converted) + self.layout_options(saved)
+                        + self.layout.order_options(self.model, list(saved))
+                        + self.layout.unchosen_options(self.model, list(saved), converted))
         if unbuilt:
             options = [f'no option of {self.name} loads it: the checkpoint has '
                        f'{", and ".join(unbuilt)}, which {self.name} does not build']
@@ -295,15 +322,14 @@ class CheckpointDiagnosis:
             return []
         expected = model.state_dict()
         return sorted(k for k in converted
-                      if k not in expected and not layout.built_by_other_modes(model, k))
+                      if k not in expected and
+                      not layout.built_by_other_modes(model, k, converted))
 
     def _advised_options(self, advised: dict) -> dict:
         """This model's constructor options with the ``advised`` ones, for a model that
         checks the advice: without the pyramid (new in fine-tuning) and dense outputs but
         the last block's, so that every checkpoint tensor can reach its forward."""
-        args, given = self.model.constructor_options
-        names = list(inspect.signature(type(self.model).constructor_signature).parameters)[1:]
-        given = {**dict(zip(names, args)), **given}
+        given = self.model.given_options()
         overrides = {**(given.get('arch_overrides') or {}), **advised.pop('arch_overrides', {})}
         return {**given, **advised, 'arch_overrides': overrides, 'init_cfg': None,
                 'pretrained': None, 'pyramid': False, 'pyramid_levels': None,
@@ -350,13 +376,7 @@ class CheckpointDiagnosis:
             arch['num_cls_layers'] = found['class_attention_blocks']
         if found['registers'] != model['registers']:
             options.append(f"reg_tokens={found['registers']}")
-        if not found['class_token'] and model['class_token']:
-            options.append(self._class_token_free_option(found['registers']))
-        elif self._class_row_differs_by(found['table_prefix_rows']):
-            rows = "the class token's row" if found['class_token'] else "the registers' rows"
-            options.append(f"no_embed_class={found['table_prefix_rows'] == 0} (a position "
-                           f"table {'without' if found['table_prefix_rows'] == 0 else 'with'}"
-                           f" {rows})")
+        options += self._prefix_token_options(found, model)
         if found['fc_norm'] != model['fc_norm'] and not self.model.dense:
             options.append("out_type='avg_featmap', fc_norm=True (the pooled tokens are "
                            "normalised: MAE's fine-tuned layout)" if found['fc_norm']
@@ -382,6 +402,27 @@ class CheckpointDiagnosis:
             return []
         return [f"{', '.join(f'{k}={v!r}' for k, v in differing.items())} "
                 f"({', and '.join(notes)})"]
+
+    def _prefix_token_options(self, found: dict, model: dict) -> list[str]:
+        """The options that load a checkpoint's class token, or its lack, and the prefix
+        rows of its position table; a checkpoint's registers without class token need a
+        model built without one (a trunk without class token drops its registers)."""
+        registers, rows = found['registers'], found['table_prefix_rows']
+        options = []
+        class_free = not found['class_token'] and (
+            model['class_token'] or registers and not self.model.num_registers)
+        if class_free:
+            options.append(self._class_token_free_option(registers))
+        if class_free and registers:  # the advised model's table: the registers' rows
+            differs = rows is not None and rows != (
+                0 if self.model.arch.get('no_embed_class') else registers)
+        else:
+            differs = not class_free and self._class_row_differs_by(rows)
+        if differs:
+            kind = "the class token's row" if found['class_token'] else "the registers' rows"
+            options.append(f"no_embed_class={rows == 0} (a position table "
+                           f"{'without' if rows == 0 else 'with'} {kind})")
+        return options
 
     def _class_token_free_option(self, registers: int) -> str:
         """The option that loads a checkpoint without class token: a dense trunk without
@@ -420,4 +461,4 @@ class CheckpointDiagnosis:
         the model's (a strict load refuses it)."""
         table = converted.get('pos_embed.weight')
         return table is not None and table.dim() == 3 and self._class_row_differs_by(
-            _table_prefix_rows(table.shape[1]))
+            _table_prefix_rows(table.shape[1], converted.get('pos_embed.table_grid')))

@@ -11,7 +11,7 @@ call them with the model they serve.
 """
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 import torch
 import torch.nn as nn
@@ -20,9 +20,9 @@ from mmengine.logging import MMLogger
 from ..layers.embed import PositionKernel
 from .checkpoint_keys import SHARED_KEYS, KeyTable
 
-#: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning, and
-#: the position kernel (timm's models resample with their own)
-NOT_IN_TIMM = r'^(pyramid\.|pos_embed\.kernel$)'
+#: our tensors timm's models have no module for: the dense pyramid, new in fine-tuning, the
+#: position kernel (timm's models resample with their own) and the table's saved grid
+NOT_IN_TIMM = r'^(pyramid\.|pos_embed\.(kernel|table_grid)$)'
 #: where a checkpoint file keeps its weights, in the order timm's ``load_state_dict`` reads
 #: them: the EMA weights of a timm ``train.py`` checkpoint first, as timm evaluates and
 #: fine-tunes them, then a whole model's ``state_dict``, then a release's ``model``
@@ -47,6 +47,10 @@ def checkpoint_weights(checkpoint: dict) -> dict:
 #: a layout whose options no tensor's shape shows: (a key pattern of the layout as saved, a
 #: key pattern it lacks or None, the options that build it, a note)
 SourceLayout = tuple[str, Optional[str], dict, str]
+#: an option that a source's files were built with by their config and no tensor shows, so
+#: that a model must be given it explicitly to load them: (a key pattern of the layout as
+#: saved, the option's name, the advice naming it, e.g. ``'norm_eps=1e-06 or ...'``)
+UnshownOption = tuple[str, str, str]
 #: the resampling of a library's position tables: (key patterns that each match a key of
 #: its layout as saved, a pattern none matches or None, its kernel)
 LayoutKernel = tuple[tuple[str, ...], Optional[str], PositionKernel]
@@ -64,6 +68,9 @@ class CheckpointLayout:
     #: the layouts of sources whose options the tensors' shapes do not show: the options of
     #: every layout a checkpoint has are named where the model's settings differ
     source_layouts: tuple[SourceLayout, ...] = ()
+    #: options of sources whose configs differ in them and whose files show none: a load
+    #: of such a file into a model built without the option is refused, naming it
+    unshown_options: tuple[UnshownOption, ...] = ()
     #: how the library of a checkpoint layout resamples position tables; the first layout
     #: the checkpoint has gives the kernel, at load and in forward, of a model built without
     #: ``pos_antialias``; none: timm's antialiased bicubic
@@ -145,14 +152,25 @@ class CheckpointLayout:
         whatever the shapes (none here; ViT's res-post-norm blocks)."""
         return []
 
+    def unchosen_options(self, model: nn.Module, saved_keys: list[str], converted: dict
+                         ) -> list[str]:
+        """The advice of each of the ``unshown_options`` whose layout a checkpoint's keys
+        (as saved) have and which ``model`` was not given (``given_options``): a load they
+        name is refused, whatever the shapes. ``converted``: its tensors in our layout,
+        which a family's rule reads (XCiT's class-attention norm)."""
+        given = model.given_options()
+        return [advice for pattern, option, advice in self.unshown_options
+                if option not in given and any(re.search(pattern, k) for k in saved_keys)]
+
     def family_options(self, model: nn.Module, found: dict) -> list[str]:
         """Options beyond the shared ones that the checkpoint's facts (``found``) name for
         ``model`` (none here; ViT's rotary reference grid)."""
         return []
 
-    def built_by_other_modes(self, model: nn.Module, key: str) -> bool:
-        """Whether checkpoint tensor ``key`` belongs to a part ``model``'s mode does not
-        build: the classification stage of a dense model, the class token (and registers)
-        of a trunk that carries none."""
+    def built_by_other_modes(self, model: nn.Module, key: str, checkpoint: Collection[str]
+                             ) -> bool:
+        """Whether tensor ``key`` of a ``checkpoint`` (its keys, converted) belongs to a
+        part ``model``'s mode does not build: the classification stage of a dense model,
+        the class token (and registers) of a trunk that carries none."""
         return bool(model.dense and re.match(self.classification_keys, key) or
                     model.cls_token is None and re.match(self.prefix_token_keys, key))

@@ -8,6 +8,7 @@ blocks told by the order of a file's keys.
 import math
 import re
 from dataclasses import dataclass
+from typing import Collection
 
 import torch
 import torch.nn as nn
@@ -413,11 +414,15 @@ class ViTCheckpointLayout(CheckpointLayout):
                     f"rotary tables)"]
         return []
 
-    def built_by_other_modes(self, model: nn.Module, key: str) -> bool:
-        """As the base's, except that a model without class token keeps its registers."""
-        if key == 'reg_token' and model.reg_token is not None:
+    def built_by_other_modes(self, model: nn.Module, key: str, checkpoint: Collection[str]
+                             ) -> bool:
+        """As the base's, except for registers: kept by a model without class token, and
+        dropped only with the class token they follow (those of a file without one,
+        timm's ``*_reg4_gap``, are read by every block: a trunk without them computes
+        something else, so the load is refused)."""
+        if key == 'reg_token' and (model.reg_token is not None or 'cls_token' not in checkpoint):
             return False
-        return super().built_by_other_modes(model, key)
+        return super().built_by_other_modes(model, key, checkpoint)
 
 
 #: the layout of ViT's checkpoints (``ViT.checkpoint_layout``)
@@ -441,6 +446,15 @@ VIT_CHECKPOINT_LAYOUT = ViTCheckpointLayout(
         (r'\.attn\.q_norm\.', None, dict(qk_norm=True), 'norms of the queries and keys'),
         (r'\.mlp\.(norm|ffn_ln)\.', None, dict(scale_mlp=True),
          "EVA-02's norm of the SwiGLU hidden units"),
+    ),
+    # mmseg's ViT (torch's MultiheadAttention) normalises with its config's LayerNorm eps:
+    # 1e-6 in its UperNet, SETR and Segmenter configs, its class default 1e-5 in DPT's and
+    # SAN's; mmpretrain's ViT and DeiT III take 1e-6, ours
+    unshown_options=(
+        (r'^layers\.\d+\.attn\.attn\.in_proj_weight$', 'norm_eps',
+         "norm_eps=1e-06 or norm_eps=1e-05 (mmseg's LayerNorm eps, which no tensor shows: "
+         "1e-6 in its UperNet, SETR and Segmenter configs, 1e-5, its default, in DPT's: "
+         "set the file's config's)"),
     ),
     # mmpretrain's ``resize_pos_embed`` and mmseg's ``resize_pos_embed`` (at load and in
     # forward): ``F.interpolate`` bicubic without antialiasing; DINOv2's hub models

@@ -4,6 +4,8 @@ Blocks are XCA (attention over channels, linear in the number of tokens) + LPI +
 convolutional patch embedding with Fourier position encoding; classification adds two
 class-attention blocks. Table 1 of the paper gives the sizes below.
 """
+import re
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch.nn as nn
@@ -28,6 +30,49 @@ OPENMMLAB_XCIT_KEYS: tuple[Alias, ...] = (
     Alias('.lpi.conv{n:1|2}.conv.', '.lpi.conv{n}.'),
 ) + tuple(Alias(f'^patch_embed.proj.{i}.{name}.', f'^patch_embed.proj.{2 * i}.{index}.')
           for i in range(4) for index, name in enumerate(('conv', 'bn')))
+
+
+#: the class-attention blocks as the official release and timm (``cls_attn_blocks``) and
+#: mmpretrain (``ca_layers``) save them: files whose ``tokens_norm`` their config set
+FOREIGN_CLASS_ATTENTION = r'^(cls_attn_blocks|ca_layers)\.'
+#: the released XCiTs' (width, depth) -> their ``tokens_norm`` (official, timm and
+#: mmpretrain alike: nano normalises the class token alone, every other size all tokens)
+RELEASED_TOKENS_NORM = {(128, 12): False, (192, 12): True, (192, 24): True, (384, 12): True,
+                        (384, 24): True, (512, 24): True, (768, 24): True}
+
+
+@dataclass(frozen=True)
+class XCiTCheckpointLayout(CheckpointLayout):
+    """XCiT's checkpoints: where the class-attention blocks of a foreign file normalise
+    (``tokens_norm``), which no tensor shows, told by a released size or chosen. (Our own
+    files are read with the model's setting.)"""
+
+    def unchosen_options(self, model: nn.Module, saved_keys: list[str], converted: dict
+                         ) -> list[str]:
+        """``tokens_norm`` for a model that builds class attention and was not given it
+        (a keyword, ``arch_overrides`` or an arch dict): the released size's where the
+        model's differs; for a file of no released size, either (timm's and mmpretrain's
+        class default is False, ours True), which the file's config must choose."""
+        given = model.given_options()
+        arch = given.get('arch')
+        chosen = 'tokens_norm' in given or 'tokens_norm' in (
+            given.get('arch_overrides') or {}) or isinstance(arch, dict) and 'tokens_norm' in arch
+        norm = converted.get('blocks.0.norm1.weight')
+        foreign = any(re.match(FOREIGN_CLASS_ATTENTION, key) for key in saved_keys)
+        if model.cls_blocks is None or chosen or norm is None or not foreign:
+            return super().unchosen_options(model, saved_keys, converted)
+        depth = len({key.split('.')[1] for key in converted if key.startswith('blocks.')})
+        released = RELEASED_TOKENS_NORM.get((norm.shape[-1], depth))
+        if released is None:
+            advice = ['tokens_norm=False or tokens_norm=True (whether the class-attention '
+                      'blocks normalise all tokens, which no tensor shows: timm\'s and '
+                      'mmpretrain\'s default is False: set the file\'s)']
+        elif released != model.tokens_norm:
+            advice = [f'tokens_norm={released} (the class-attention norm of the released '
+                      f'XCiT of this size, which no tensor shows)']
+        else:
+            advice = []
+        return advice + super().unchosen_options(model, saved_keys, converted)
 
 
 @MODELS.register_module()
@@ -60,7 +105,7 @@ class XCiT(ColumnarBackbone):
     #: timm's XCiT, as the official release (which names the position encoding
     #: ``pos_embeder``): class attention in ``cls_attn_blocks``, LayerScale ``gamma1`` /
     #: ``gamma2``, the LPI ``local_mp`` with its norm ``norm3`` and LayerScale ``gamma3``
-    checkpoint_layout = CheckpointLayout(
+    checkpoint_layout = XCiTCheckpointLayout(
         'XCiT',
         keys=KeyTable(keys=(
             Alias('^pos_embeder.', '^pos_embed.'),

@@ -1,7 +1,7 @@
 """Patch embeddings (linear, XCiT's conv stem, the hMLP stem) and position encodings
 (learned absolute tables resampled to any grid, XCiT's Fourier features)."""
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -189,6 +189,9 @@ class LearnedPositionEmbedding(nn.Module):
         #: plain attributes it mirrors (a graph constant)
         self.register_buffer('kernel', torch.zeros(2, dtype=torch.int64))
         self.use_kernel(PositionKernel(antialias, offset))
+        #: the table's grid as saved (rows, cols): a table's rows alone show no grid that is
+        #: not square (a model trained at 320 x 800)
+        self.register_buffer('table_grid', torch.tensor(self.grid, dtype=torch.int64))
         self._register_load_state_dict_pre_hook(self._resample_checkpoint)
 
     def use_kernel(self, kernel: PositionKernel) -> None:
@@ -202,6 +205,22 @@ class LearnedPositionEmbedding(nn.Module):
     def position_kernel(self) -> PositionKernel:
         return PositionKernel(self.antialias, self.offset)
 
+    def checkpoint_grid(self, table: torch.Tensor, saved_grid: Optional[torch.Tensor] = None
+                        ) -> Optional[Grid]:
+        """The grid of a checkpoint's table: its saved ``table_grid`` (ours), else this
+        module's where it has the module's rows, else the square grid of its rows after the
+        prefix rows (every library's tables are square); None where its rows hold no such
+        grid."""
+        if saved_grid is not None and not saved_grid.is_meta:
+            return tuple(saved_grid.tolist())
+        if table.shape[1] == self.weight.shape[1]:
+            return self.grid
+        for prefix in (self.checkpoint_prefix_tokens, self.num_prefix_tokens):
+            side = math.isqrt(max(table.shape[1] - prefix, 0))
+            if side * side == table.shape[1] - prefix:
+                return side, side
+        return None
+
     def _resample_checkpoint(self, state_dict: dict, prefix: str, *args) -> None:
         saved_kernel = state_dict.get(prefix + 'kernel')
         if saved_kernel is None:
@@ -210,25 +229,24 @@ class LearnedPositionEmbedding(nn.Module):
             self.use_kernel(PositionKernel.from_tensor(saved_kernel))
         key = prefix + 'weight'
         table = state_dict.get(key)
-        if table is None or table.shape == self.weight.shape:
+        saved_grid = state_dict.pop(prefix + 'table_grid', None)
+        state_dict[prefix + 'table_grid'] = self.table_grid.detach().clone()
+        if table is None:
             return
-        extra = self.checkpoint_prefix_tokens - self.num_prefix_tokens
-        if extra and math.isqrt(table.shape[1] - self.checkpoint_prefix_tokens) ** 2 == \
-                table.shape[1] - self.checkpoint_prefix_tokens:
-            table = state_dict[key] = torch.cat(
-                [table[:, :self.num_prefix_tokens], table[:, self.checkpoint_prefix_tokens:]], 1)
-            if table.shape == self.weight.shape:
-                return
-        num_patches = table.shape[1] - self.num_prefix_tokens
-        side = math.isqrt(num_patches)
-        if side * side != num_patches or table.shape[-1] != self.weight.shape[-1]:
+        grid = self.checkpoint_grid(table, saved_grid)
+        rows = table.shape[1] - (grid[0] * grid[1] if grid else 0)
+        if grid and rows == self.checkpoint_prefix_tokens > self.num_prefix_tokens:
+            table = torch.cat([table[:, :self.num_prefix_tokens],
+                               table[:, self.checkpoint_prefix_tokens:]], 1)
+            rows = self.num_prefix_tokens
+        if not grid or rows != self.num_prefix_tokens or table.shape[-1] != self.weight.shape[-1]:
             raise ValueError(
                 f'{key}: checkpoint table of shape {tuple(table.shape)} cannot be resampled to '
-                f'{tuple(self.weight.shape)} ({self.num_prefix_tokens} prefix tokens + a square '
-                f'grid of width {self.weight.shape[-1]} expected)')
-        state_dict[key] = resample_position_table(table, (side, side), self.grid,
-                                                  self.num_prefix_tokens, self.antialias,
-                                                  self.offset)
+                f'{tuple(self.weight.shape)} ({self.num_prefix_tokens} prefix tokens + a grid '
+                f'of width {self.weight.shape[-1]} expected: a square one, or the '
+                f'table_grid saved with it)')
+        state_dict[key] = table if grid == self.grid else resample_position_table(
+            table, grid, self.grid, self.num_prefix_tokens, self.antialias, self.offset)
 
     def forward(self, tokens: torch.Tensor, hw: Grid) -> torch.Tensor:
         table = resample_position_table(self.weight, self.grid, hw, self.num_prefix_tokens,
