@@ -20,6 +20,11 @@ minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time 
     nice python -m benchmarks.benchmark_dense_demo --tasks seg --layout vitdet
     # EoMT: the demo EoMT of each family (masks annealed over the same fractions of the budget)
     nice python -m benchmarks.benchmark_dense_demo --tasks eomt --families vit cait xcit convit
+    # Mask2Former in ViT-Adapter's layout (ViT only), on the set and metric of the EoMT rows
+    nice python -m benchmarks.benchmark_dense_demo --tasks mask2former --families vit
+
+A (task, family) pair without a demo config (ResNet-18 in EoMT, Mask2Former beyond ViT) is
+skipped with a line that says so.
 
 Runs go one at a time, each in its own process; results are appended to
 ``benchmarks/results/dense_demo.jsonl`` and summarised in ``dense_demo.md``.
@@ -46,6 +51,8 @@ CONFIGS = {
     for task, prefix, neck, data in (('det', 'mask-rcnn', 'fpn_', 'coco'),
                                      ('seg', 'upernet', '', 'ade'),
                                      ('eomt', 'eomt', '', 'ade'))}
+#: Mask2Former (mmseg's head) in ViT-Adapter's layout on the ADE20k-layout set: ViT only
+CONFIGS['mask2former'] = {'vit': 'configs/vit/mask2former_vit-adapter-d6-p8_demo-ade.py'}
 #: the same demo models in ViTDet's layout: the last block through the simple feature
 #: pyramid, window attention and relative positions for the token-attention families
 VITDET_CONFIGS = {
@@ -59,8 +66,17 @@ RESNET18 = {
     'seg': dict(type='mmseg.ResNetV1c', depth=18, norm_cfg=dict(type='BN'), init_cfg=None),
 }
 RESNET18_CHANNELS = [64, 128, 256, 512]
-METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',), 'eomt': ('mIoU',)}
+METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',), 'eomt': ('mIoU',),
+           'mask2former': ('mIoU',)}
 FAMILIES = (*backbone_families(), 'resnet18')
+
+
+def has_config(task: str, family: str, layout: str = 'multilayer') -> bool:
+    """Whether ``family`` (or ResNet-18, through the det / seg configs) has a demo config of
+    ``task`` in ``layout``."""
+    if family == 'resnet18':
+        return layout == 'multilayer' and task in RESNET18
+    return family in LAYOUTS[layout].get(task, {})
 
 
 def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None = None,
@@ -71,10 +87,10 @@ def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None
     from mmengine.config import Config
 
     from vitdense.engine.tool_config import point_at_data_root
-    if family == 'resnet18' and (layout != 'multilayer' or task == 'eomt'):
-        raise ValueError('ResNet-18 runs in the multi-layer layout of det and seg only')
-    if task == 'eomt' and layout != 'multilayer':
-        raise ValueError('EoMT has no ViTDet layout: it reads the last block itself')
+    if not has_config(task, family, layout):
+        raise ValueError(f'no {layout} demo config of {task} for {family}: ResNet-18 runs in '
+                         f'the multi-layer layout of det and seg only, EoMT and Mask2Former have '
+                         f'no ViTDet layout, Mask2Former runs on ViT only')
     cfg = Config.fromfile(
         str(ROOT / LAYOUTS[layout][task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
@@ -205,6 +221,10 @@ def main() -> None:
     rows = []
     for task in args.tasks:
         for family in args.families:
+            if not has_config(task, family, args.layout):
+                print(f'skipped: no {args.layout} demo config of {task} for {family}',
+                      flush=True)
+                continue
             before = (out / 'dense_demo.jsonl').read_text().splitlines() \
                 if (out / 'dense_demo.jsonl').exists() else []
             subprocess.run([sys.executable, __file__, '--one', task, family,
