@@ -1,6 +1,7 @@
 """EoMT's demo recipes as shipped: semantic (mmseg; every family) and instance (mmdet, ViT)
 segmentation train through tools/train.py and are scored by the hosts' metrics (IoUMetric,
-CocoMetric); the semantic loss (the hosts' Mask2Former losses on every prediction) goes down over a few
+CocoMetric), panoptic (mmdet, ViT) trains in-process and is scored by CocoPanopticMetric; the
+semantic loss (the hosts' Mask2Former losses on every prediction) goes down over a few
 iterations, and the annealing hook leaves the masks off once the schedule ends."""
 import json
 import subprocess
@@ -13,7 +14,7 @@ import torch
 from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
 
-from vitdense.demo_data import make_demo_ade, make_demo_coco
+from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_panoptic
 from vitdense.engine.tool_config import point_at_data_root
 from vitdense.models import EoMT
 
@@ -21,6 +22,7 @@ from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config
 
 SEMANTIC = 'configs/vit/eomt_vit-d6-p8_demo-ade.py'
 INSTANCE = 'configs/vit/eomt_vit-d6-p8_demo-coco.py'
+PANOPTIC = 'configs/vit/eomt_vit-d6-p8_panoptic_demo-coco.py'
 CAIT_SEMANTIC = 'configs/cait/eomt_cait-d6-p8_demo-ade.py'
 XCIT_SEMANTIC = 'configs/xcit/eomt_xcit-d6-p8_demo-ade.py'
 CONVIT_SEMANTIC = 'configs/convit/eomt_convit-d6-p8_demo-ade.py'
@@ -109,3 +111,32 @@ def test_demo_recipe_learns_and_anneals_its_masks(config, data_root, tmp_path):
     assert losses[-3:].mean() < 0.9 * losses[:3].mean()
     eomt = next(m for m in runner.model.modules() if isinstance(m, EoMT))
     assert eomt.mask_probabilities.tolist() == [0.0, 0.0]
+
+
+def test_panoptic_demo_trains_and_is_scored_by_the_panoptic_metric(tmp_path):
+    """Four iterations of the shipped panoptic demo (mmdet's Mask2Former detector around EoMT,
+    stuff and things): finite losses for every prediction, then mmdet's MaskFormerFusionHead
+    and CocoPanopticMetric on the demo set's PNGs (PQ, SQ, RQ of all, things and stuff)."""
+    data_root = make_demo_panoptic(tmp_path / 'data', num_train=4, num_val=2, size=SIZE)
+    cfg = load_tool_config(str(REPO_ROOT / PANOPTIC), None, 'none', str(tmp_path / 'work'))
+    point_at_data_root(cfg, data_root)
+    for pipeline in (cfg.train_dataloader.dataset.pipeline,
+                     cfg.test_dataloader.dataset.pipeline):
+        next(t for t in pipeline if t.type == 'Resize').scale = (SIZE, SIZE)
+    cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)
+    cfg.test_dataloader.update(num_workers=0, persistent_workers=False)
+    cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None
+    cfg.train_cfg.update(max_iters=4)
+    cfg.default_hooks.checkpoint = None
+    cfg.randomness = dict(seed=0)
+    runner = Runner.from_cfg(cfg)
+    assert runner.model.panoptic_head.num_stuff_classes == 2
+    runner.train()
+    logged = runner.message_hub.log_scalars
+    names = [f'train/{stage}{loss}' for stage in ('', 'd0.', 'd1.') for loss in LOSSES]
+    assert np.isfinite([logged[name].current() for name in names]).all()
+    scores = runner.test()
+    print('PQ after 4 iterations:', scores['coco_panoptic/PQ'])
+    assert {f'coco_panoptic/{kind}{part}' for kind in ('PQ', 'SQ', 'RQ')
+            for part in ('', '_th', '_st')} <= set(scores)
+    assert all(0 <= score <= 100 for score in scores.values())
