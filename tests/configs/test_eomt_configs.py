@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
 
@@ -23,6 +24,7 @@ from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config
 SEMANTIC = 'configs/vit/eomt_vit-d6-p8_demo-ade.py'
 INSTANCE = 'configs/vit/eomt_vit-d6-p8_demo-coco.py'
 PANOPTIC = 'configs/vit/eomt_vit-d6-p8_panoptic_demo-coco.py'
+COCO_PANOPTIC = 'configs/vit/eomt_vit-l-p16-dinov2_panoptic_4xb4-12e_coco-panoptic-640x640.py'
 CAIT_SEMANTIC = 'configs/cait/eomt_cait-d6-p8_demo-ade.py'
 XCIT_SEMANTIC = 'configs/xcit/eomt_xcit-d6-p8_demo-ade.py'
 CONVIT_SEMANTIC = 'configs/convit/eomt_convit-d6-p8_demo-ade.py'
@@ -140,3 +142,113 @@ def test_panoptic_demo_trains_and_is_scored_by_the_panoptic_metric(tmp_path):
     assert {f'coco_panoptic/{kind}{part}' for kind in ('PQ', 'SQ', 'RQ')
             for part in ('', '_th', '_st')} <= set(scores)
     assert all(0 <= score <= 100 for score in scores.values())
+
+
+def official_panoptic(class_logits: torch.Tensor, mask_logits: torch.Tensor,
+                      stuff_classes: list[int], mask_thresh: float,
+                      overlap_thresh: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image's panoptic map as the official code makes it (``training/lightning_module.py``,
+    ``to_per_pixel_preds_panoptic``), written out: (class, segment) per pixel, the class
+    ``num_classes`` and segment -1 where nothing is kept."""
+    num_classes = class_logits.shape[-1] - 1
+    scores, classes = class_logits.softmax(-1).max(-1)
+    classes_map = torch.full(mask_logits.shape[-2:], num_classes, dtype=torch.long)
+    segments = torch.full(mask_logits.shape[-2:], -1, dtype=torch.long)
+    keep = classes.ne(num_classes) & (scores > mask_thresh)
+    if not keep.any():
+        return classes_map, segments
+    masks = mask_logits[keep].sigmoid()
+    owner = (scores[keep][:, None, None] * masks).argmax(0)
+    next_id, stuff_ids = 0, {}
+    for k, label in enumerate(classes[keep].tolist()):
+        own, mine = masks[k] >= 0.5, owner == k
+        final = own & mine
+        if own.sum() == 0 or mine.sum() == 0 or final.sum() == 0 or \
+                mine.sum() / own.sum() < overlap_thresh:
+            continue
+        if label in stuff_classes and label in stuff_ids:
+            segments[final] = stuff_ids[label]
+            continue
+        if label in stuff_classes:
+            stuff_ids[label] = next_id
+        segments[final] = next_id
+        classes_map[final] = label
+        next_id += 1
+    # a stuff segment's later pixels take its class too (the official fills classes per id)
+    for label, segment in stuff_ids.items():
+        classes_map[segments == segment] = label
+    return classes_map, segments
+
+
+def test_panoptic_fusion_is_the_official_panoptic_inference():
+    """mmdet's MaskFormerFusionHead with the panoptic base's settings (object score > 0.8,
+    0.8 of a mask kept, things first) makes the official panoptic map from the same logits:
+    the same class at every pixel and the same pixels in each segment (stuff of one class
+    merged), on queries of which some are dropped by score, some are "no object", some
+    overlap."""
+    from mmdet.models.seg_heads import MaskFormerFusionHead
+    from mmdet.structures import DetDataSample
+    from mmdet.evaluation.functional import INSTANCE_OFFSET
+    cfg = Config.fromfile(str(REPO_ROOT / 'configs/_base_/models/eomt-panoptic_columnar.py'))
+    things, stuff = cfg.num_things_classes, cfg.num_stuff_classes
+    fusion = MaskFormerFusionHead(num_things_classes=things, num_stuff_classes=stuff,
+                                  test_cfg=cfg.model.test_cfg)
+    generator = torch.Generator().manual_seed(0)
+    num_queries, size = 40, 48
+    for _ in range(5):
+        labels = torch.randint(0, things + stuff + 1, (num_queries,), generator=generator)
+        labels[:6] = things + torch.arange(6) % 3  # stuff queries sharing classes
+        class_logits = torch.randn(num_queries, things + stuff + 1, generator=generator)
+        peak = torch.rand(num_queries, generator=generator) * 12  # some below 0.8
+        class_logits[torch.arange(num_queries), labels] += peak
+        # half the queries split the image into regions, the others overlap them at random
+        owners = torch.randint(0, num_queries // 2, (size // 8, size // 8), generator=generator)
+        regions = (owners == torch.arange(num_queries)[:, None, None]).float() * 10 - 5
+        coarse = (regions + torch.randn(regions.shape, generator=generator) * 3)[:, None]
+        mask_logits = torch.nn.functional.interpolate(coarse, (size, size),
+                                                      mode='bilinear')[:, 0]
+        classes, segments = official_panoptic(class_logits, mask_logits,
+                                              list(range(things, things + stuff)), 0.8, 0.8)
+        result = fusion.predict(class_logits[None], mask_logits[None],
+                                [DetDataSample(metainfo=dict(img_shape=(size, size),
+                                                             ori_shape=(size, size)))],
+                                rescale=True)[0]['pan_results'].sem_seg[0].long()
+        assert torch.equal(result % INSTANCE_OFFSET, classes)
+        assert segments.max() >= 3  # the draw keeps several segments
+        pairs = torch.stack([segments.flatten(), result.flatten()]).unique(dim=1)
+        assert len(pairs[0].unique()) == len(pairs[1].unique()) == pairs.shape[1]
+
+
+def test_coco_panoptic_recipe_has_the_official_settings():
+    """The full COCO panoptic recipe against the official eomt_large_640.yaml (DINOv2) and the
+    defaults of MaskClassificationPanoptic, COCOPanoptic and LightningModule."""
+    cfg = Config.fromfile(str(REPO_ROOT / COCO_PANOPTIC))
+    eomt, head = cfg.model.backbone, cfg.model.panoptic_head
+    assert (eomt.num_queries, eomt.num_blocks, eomt.num_classes) == (200, 4, 133)
+    assert (head.num_things_classes, head.num_stuff_classes, head.num_queries) == (80, 53, 200)
+    assert eomt.backbone.arch == 'large' and eomt.backbone.reg_tokens == 4
+    assert eomt.backbone.init_cfg.checkpoint.endswith('vit_large_patch14_reg4_dinov2.lvd142m.pth')
+    assert head.loss_cls.class_weight == [1.0] * 133 + [0.1]
+    assert (cfg.model.train_cfg.num_points, cfg.model.train_cfg.oversample_ratio,
+            cfg.model.train_cfg.importance_sample_ratio) == (12544, 3.0, 0.75)
+    test_cfg = cfg.model.test_cfg
+    assert test_cfg.panoptic_on and (test_cfg.object_mask_thr, test_cfg.iou_thr) == (0.8, 0.8)
+    assert test_cfg.filter_low_score  # a segment is its mask's pixels it wins (official)
+    # 640² crops of a 0.1-2.0 scale jitter, tested at long side 640, padded to 640²
+    resize = next(t for t in cfg.train_pipeline if t.type == 'RandomResize')
+    crop = next(t for t in cfg.train_pipeline if t.type == 'RandomCrop')
+    assert (resize.scale, resize.ratio_range, crop.crop_size) == ((640, 640), (0.1, 2.0),
+                                                                  (640, 640))
+    assert next(t for t in cfg.test_pipeline if t.type == 'Resize').scale == (640, 640)
+    assert cfg.model.data_preprocessor.pad_size_divisor == 640
+    # batch 16 on 4 GPUs, 12 epochs, the official annealing steps
+    assert cfg.train_dataloader.batch_size * 4 == 16
+    assert cfg.train_cfg.max_iters == 12 * 7391
+    annealing = cfg.custom_hooks[0]
+    assert annealing.start_iters == [14782, 29564, 44346, 59128]
+    assert annealing.end_iters == [29564, 44346, 59128, 73910] and annealing.power == 0.9
+    assert cfg.optim_wrapper.optimizer.lr == 1e-4
+    assert cfg.optim_wrapper.optimizer.weight_decay == 0.05
+    assert cfg.optim_wrapper.paramwise_cfg.layer_decay_rate == 0.8
+    assert cfg.param_scheduler[-1].power == 0.9
+    assert cfg.val_evaluator.type == 'CocoPanopticMetric'
