@@ -22,9 +22,11 @@ minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time 
     nice python -m benchmarks.benchmark_dense_demo --tasks eomt --families vit cait xcit convit
     # Mask2Former in ViT-Adapter's layout (ViT only), on the set and metric of the EoMT rows
     nice python -m benchmarks.benchmark_dense_demo --tasks mask2former --families vit
+    # panoptic (ViT only): Mask2Former and EoMT on the demo COCO panoptic set, PQ
+    nice python -m benchmarks.benchmark_dense_demo --tasks panoptic eomt-panoptic --families vit
 
-A (task, family) pair without a demo config (ResNet-18 in EoMT, Mask2Former beyond ViT) is
-skipped with a line that says so.
+A (task, family) pair without a demo config (ResNet-18 in EoMT, Mask2Former and panoptic
+beyond ViT) is skipped with a line that says so.
 
 Runs go one at a time, each in its own process; results are appended to
 ``benchmarks/results/dense_demo.jsonl`` and summarised in ``dense_demo.md``.
@@ -51,8 +53,13 @@ CONFIGS = {
     for task, prefix, neck, data in (('det', 'mask-rcnn', 'fpn_', 'coco'),
                                      ('seg', 'upernet', '', 'ade'),
                                      ('eomt', 'eomt', '', 'ade'))}
-#: Mask2Former (mmseg's head) in ViT-Adapter's layout on the ADE20k-layout set: ViT only
-CONFIGS['mask2former'] = {'vit': 'configs/vit/mask2former_vit-adapter-d6-p8_demo-ade.py'}
+#: Mask2Former (mmseg's head) in ViT-Adapter's layout on the ADE20k-layout set, and panoptic
+#: Mask2Former and EoMT on the demo COCO panoptic set: ViT only
+CONFIGS.update({
+    'mask2former': {'vit': 'configs/vit/mask2former_vit-adapter-d6-p8_demo-ade.py'},
+    'panoptic': {'vit': 'configs/vit/mask2former_vit-d6-p8_panoptic_demo-coco.py'},
+    'eomt-panoptic': {'vit': 'configs/vit/eomt_vit-d6-p8_panoptic_demo-coco.py'},
+})
 #: the same demo models in ViTDet's layout: the last block through the simple feature
 #: pyramid, window attention and relative positions for the token-attention families
 VITDET_CONFIGS = {
@@ -67,7 +74,8 @@ RESNET18 = {
 }
 RESNET18_CHANNELS = [64, 128, 256, 512]
 METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',), 'eomt': ('mIoU',),
-           'mask2former': ('mIoU',)}
+           'mask2former': ('mIoU',), 'panoptic': ('coco_panoptic/PQ',),
+           'eomt-panoptic': ('coco_panoptic/PQ',)}
 FAMILIES = (*backbone_families(), 'resnet18')
 
 
@@ -90,7 +98,7 @@ def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None
     if not has_config(task, family, layout):
         raise ValueError(f'no {layout} demo config of {task} for {family}: ResNet-18 runs in '
                          f'the multi-layer layout of det and seg only, EoMT and Mask2Former have '
-                         f'no ViTDet layout, Mask2Former runs on ViT only')
+                         f'no ViTDet layout, Mask2Former and panoptic run on ViT only')
     cfg = Config.fromfile(
         str(ROOT / LAYOUTS[layout][task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
@@ -178,11 +186,13 @@ def table(rows: list[dict]) -> str:
 
 def ensure_data() -> None:
     """Write the demo sets with their default seed if they are missing."""
-    from vitdense.demo_data import make_demo_ade, make_demo_coco
+    from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_panoptic
     if not (ROOT / 'data/demo_coco/annotations/instances_val.json').exists():
         make_demo_coco(ROOT / 'data/demo_coco')
     if not (ROOT / 'data/demo_ade/annotations/validation').exists():
         make_demo_ade(ROOT / 'data/demo_ade')
+    if not (ROOT / 'data/demo_coco_panoptic/annotations/panoptic_val.json').exists():
+        make_demo_panoptic(ROOT / 'data/demo_coco_panoptic')
 
 
 def main() -> None:
