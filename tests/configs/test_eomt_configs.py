@@ -24,7 +24,7 @@ from common import CHECKOUT_ENV, REPO_ROOT, load_tool_config
 SEMANTIC = 'configs/vit/eomt_vit-d6-p8_demo-ade.py'
 INSTANCE = 'configs/vit/eomt_vit-d6-p8_demo-coco.py'
 PANOPTIC = 'configs/vit/eomt_vit-d6-p8_panoptic_demo-coco.py'
-COCO_PANOPTIC = 'configs/vit/eomt_vit-l-p16-dinov2_panoptic_4xb4-12e_coco-panoptic-640x640.py'
+COCO_PANOPTIC = 'configs/vit/eomt_vit-l-p16-{}_panoptic_4xb4-12e_coco-panoptic-640x640.py'
 CAIT_SEMANTIC = 'configs/cait/eomt_cait-d6-p8_demo-ade.py'
 XCIT_SEMANTIC = 'configs/xcit/eomt_xcit-d6-p8_demo-ade.py'
 CONVIT_SEMANTIC = 'configs/convit/eomt_convit-d6-p8_demo-ade.py'
@@ -219,15 +219,28 @@ def test_panoptic_fusion_is_the_official_panoptic_inference():
         assert len(pairs[0].unique()) == len(pairs[1].unique()) == pairs.shape[1]
 
 
-def test_coco_panoptic_recipe_has_the_official_settings():
-    """The full COCO panoptic recipe against the official eomt_large_640.yaml (DINOv2) and the
-    defaults of MaskClassificationPanoptic, COCOPanoptic and LightningModule."""
-    cfg = Config.fromfile(str(REPO_ROOT / COCO_PANOPTIC))
+#: what the official COCO panoptic eomt_large_640.yaml sets per backbone: its weights, lr,
+#: warmup (heads + ViT), whether the query blocks decay, and the annealing steps
+OFFICIAL_COCO_PANOPTIC = {
+    'dinov2': ('vit_large_patch14_reg4_dinov2.lvd142m.pth', 1e-4, 500 + 1000, True,
+               [14782, 29564, 44346, 59128], [29564, 44346, 59128, 73910]),
+    'dinov3': ('dinov3_vitl16_pretrain_lvd1689m-8aa4cbdd.pth', 2e-4, 2000 + 3000, False,
+               [0, 29564, 44346, 59128], [3000, 44346, 59128, 73910]),
+}
+
+
+@pytest.mark.parametrize('source', sorted(OFFICIAL_COCO_PANOPTIC))
+def test_coco_panoptic_recipe_has_the_official_settings(source):
+    """The full COCO panoptic recipes against the official eomt_large_640.yaml (DINOv2, DINOv3)
+    and the defaults of MaskClassificationPanoptic, COCOPanoptic and LightningModule."""
+    weights, lr, warmup, decay, starts, ends = OFFICIAL_COCO_PANOPTIC[source]
+    cfg = Config.fromfile(str(REPO_ROOT / COCO_PANOPTIC.format(source)))
     eomt, head = cfg.model.backbone, cfg.model.panoptic_head
     assert (eomt.num_queries, eomt.num_blocks, eomt.num_classes) == (200, 4, 133)
+    assert eomt.get('decay_query_blocks', True) == decay
     assert (head.num_things_classes, head.num_stuff_classes, head.num_queries) == (80, 53, 200)
     assert eomt.backbone.arch == 'large' and eomt.backbone.reg_tokens == 4
-    assert eomt.backbone.init_cfg.checkpoint.endswith('vit_large_patch14_reg4_dinov2.lvd142m.pth')
+    assert eomt.backbone.init_cfg.checkpoint.endswith(weights)
     assert head.loss_cls.class_weight == [1.0] * 133 + [0.1]
     assert (cfg.model.train_cfg.num_points, cfg.model.train_cfg.oversample_ratio,
             cfg.model.train_cfg.importance_sample_ratio) == (12544, 3.0, 0.75)
@@ -245,9 +258,11 @@ def test_coco_panoptic_recipe_has_the_official_settings():
     assert cfg.train_dataloader.batch_size * 4 == 16
     assert cfg.train_cfg.max_iters == 12 * 7391
     annealing = cfg.custom_hooks[0]
-    assert annealing.start_iters == [14782, 29564, 44346, 59128]
-    assert annealing.end_iters == [29564, 44346, 59128, 73910] and annealing.power == 0.9
-    assert cfg.optim_wrapper.optimizer.lr == 1e-4
+    assert annealing.start_iters == starts and annealing.end_iters == ends
+    assert annealing.power == 0.9
+    assert cfg.optim_wrapper.optimizer.lr == lr
+    assert cfg.param_scheduler[0].end == cfg.param_scheduler[1].begin == warmup
+    assert cfg.param_scheduler[1].end == cfg.train_cfg.max_iters
     assert cfg.optim_wrapper.optimizer.weight_decay == 0.05
     assert cfg.optim_wrapper.paramwise_cfg.layer_decay_rate == 0.8
     assert cfg.param_scheduler[-1].power == 0.9
