@@ -70,7 +70,8 @@ tta_pipeline = [
         [dict(type='PackSegInputs')]]),
 ]
 
-# the schedule of ./schedules/demo_adamw_iters.py
+# the schedule of ./schedules/demo_adamw_iters.py: AdamW, lr 1e-3, weight decay 0.05 by the
+# 'timm' rule, 50-iteration warmup, linear decay
 max_iters = 700
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 param_scheduler = [
