@@ -20,6 +20,13 @@ minutes on one of its cores. ``--clock wall --threads 2`` measures elapsed time 
     nice python -m benchmarks.benchmark_dense_demo --tasks seg --layout vitdet
     # EoMT: the demo EoMT of each family (masks annealed over the same fractions of the budget)
     nice python -m benchmarks.benchmark_dense_demo --tasks eomt --families vit cait xcit convit
+    # Mask2Former in ViT-Adapter's layout (ViT only), on the set and metric of the EoMT rows
+    nice python -m benchmarks.benchmark_dense_demo --tasks mask2former --families vit
+    # panoptic (ViT only): Mask2Former and EoMT on the demo COCO panoptic set, PQ
+    nice python -m benchmarks.benchmark_dense_demo --tasks panoptic eomt-panoptic --families vit
+
+A (task, family) pair without a demo config (ResNet-18 in EoMT, Mask2Former and panoptic
+beyond ViT) is skipped with a line that says so.
 
 Runs go one at a time, each in its own process; results are appended to
 ``benchmarks/results/dense_demo.jsonl`` and summarised in ``dense_demo.md``.
@@ -46,6 +53,13 @@ CONFIGS = {
     for task, prefix, neck, data in (('det', 'mask-rcnn', 'fpn_', 'coco'),
                                      ('seg', 'upernet', '', 'ade'),
                                      ('eomt', 'eomt', '', 'ade'))}
+#: Mask2Former (mmseg's head) in ViT-Adapter's layout on the ADE20k-layout set, and panoptic
+#: Mask2Former and EoMT on the demo COCO panoptic set: ViT only
+CONFIGS.update({
+    'mask2former': {'vit': 'configs/vit/mask2former_vit-adapter-d6-p8_demo-ade.py'},
+    'panoptic': {'vit': 'configs/vit/mask2former_vit-d6-p8_panoptic_demo-coco.py'},
+    'eomt-panoptic': {'vit': 'configs/vit/eomt_vit-d6-p8_panoptic_demo-coco.py'},
+})
 #: the same demo models in ViTDet's layout: the last block through the simple feature
 #: pyramid, window attention and relative positions for the token-attention families
 VITDET_CONFIGS = {
@@ -59,8 +73,18 @@ RESNET18 = {
     'seg': dict(type='mmseg.ResNetV1c', depth=18, norm_cfg=dict(type='BN'), init_cfg=None),
 }
 RESNET18_CHANNELS = [64, 128, 256, 512]
-METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',), 'eomt': ('mIoU',)}
+METRICS = {'det': ('coco/bbox_mAP', 'coco/segm_mAP'), 'seg': ('mIoU',), 'eomt': ('mIoU',),
+           'mask2former': ('mIoU',), 'panoptic': ('coco_panoptic/PQ',),
+           'eomt-panoptic': ('coco_panoptic/PQ',)}
 FAMILIES = (*backbone_families(), 'resnet18')
+
+
+def has_config(task: str, family: str, layout: str = 'multilayer') -> bool:
+    """Whether ``family`` (or ResNet-18, through the det / seg configs) has a demo config of
+    ``task`` in ``layout``."""
+    if family == 'resnet18':
+        return layout == 'multilayer' and task in RESNET18
+    return family in LAYOUTS[layout].get(task, {})
 
 
 def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None = None,
@@ -71,10 +95,10 @@ def demo_config(task: str, family: str, work_dir: Path, cfg_options: dict | None
     from mmengine.config import Config
 
     from vitdense.engine.tool_config import point_at_data_root
-    if family == 'resnet18' and (layout != 'multilayer' or task == 'eomt'):
-        raise ValueError('ResNet-18 runs in the multi-layer layout of det and seg only')
-    if task == 'eomt' and layout != 'multilayer':
-        raise ValueError('EoMT has no ViTDet layout: it reads the last block itself')
+    if not has_config(task, family, layout):
+        raise ValueError(f'no {layout} demo config of {task} for {family}: ResNet-18 runs in '
+                         f'the multi-layer layout of det and seg only, EoMT and Mask2Former have '
+                         f'no ViTDet layout, Mask2Former and panoptic run on ViT only')
     cfg = Config.fromfile(
         str(ROOT / LAYOUTS[layout][task]['xcit' if family == 'resnet18' else family]))
     if family == 'resnet18':
@@ -162,11 +186,13 @@ def table(rows: list[dict]) -> str:
 
 def ensure_data() -> None:
     """Write the demo sets with their default seed if they are missing."""
-    from vitdense.demo_data import make_demo_ade, make_demo_coco
+    from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_panoptic
     if not (ROOT / 'data/demo_coco/annotations/instances_val.json').exists():
         make_demo_coco(ROOT / 'data/demo_coco')
     if not (ROOT / 'data/demo_ade/annotations/validation').exists():
         make_demo_ade(ROOT / 'data/demo_ade')
+    if not (ROOT / 'data/demo_coco_panoptic/annotations/panoptic_val.json').exists():
+        make_demo_panoptic(ROOT / 'data/demo_coco_panoptic')
 
 
 def main() -> None:
@@ -205,6 +231,10 @@ def main() -> None:
     rows = []
     for task in args.tasks:
         for family in args.families:
+            if not has_config(task, family, args.layout):
+                print(f'skipped: no {args.layout} demo config of {task} for {family}',
+                      flush=True)
+                continue
             before = (out / 'dense_demo.jsonl').read_text().splitlines() \
                 if (out / 'dense_demo.jsonl').exists() else []
             subprocess.run([sys.executable, __file__, '--one', task, family,

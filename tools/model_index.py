@@ -129,11 +129,10 @@ def shipped_configs() -> list[Path]:
 
 
 def task_of(name: str) -> str:
-    if name.startswith('eomt_'):
-        return 'Instance Segmentation' if 'coco' in name else 'Semantic Segmentation'
-    if name.startswith('mask2former_'):
+    if name.startswith(('eomt_', 'mask2former_')):
         return 'Panoptic Segmentation' if '_panoptic_' in name else \
-            'Semantic Segmentation' if '_ade20k-' in name else 'Instance Segmentation'
+            'Semantic Segmentation' if ('_ade20k-' in name or name.endswith('_demo-ade')) \
+            else 'Instance Segmentation'
     for prefix, task in (('mask-rcnn_', 'Instance Segmentation'),
                          ('cascade-mask-rcnn_', 'Instance Segmentation'),
                          ('upernet_', 'Semantic Segmentation'),

@@ -38,3 +38,29 @@ def test_eomt_rows_anneal_the_masks_over_the_budget(tmp_path):
     assert annealing == [dict(type='vitdense.EoMTMaskAnnealingHook', power=0.9,
                               start_fractions=[200 / 700, 400 / 700],
                               end_fractions=[400 / 700, 600 / 700])]
+
+
+def test_mask2former_row_runs_the_vit_adapter_demo_and_only_it(tmp_path):
+    """The Mask2Former task is the ViT demo in ViT-Adapter's layout on the set of the EoMT
+    rows; a pair without a demo config is refused, naming what runs."""
+    cfg = tool.build_config('mask2former', 'vit', 2.0, 'process', tmp_path)
+    assert cfg.model.backbone.type == 'vitdense.ColumnarAdapter'
+    assert cfg.model.decode_head.type == 'Mask2FormerHead'
+    eomt = tool.build_config('eomt', 'vit', 2.0, 'process', tmp_path)
+    assert cfg.train_dataloader.dataset.data_root == eomt.train_dataloader.dataset.data_root
+    for task in ('mask2former', 'panoptic', 'eomt-panoptic'):
+        assert [tool.has_config(task, family) for family in tool.FAMILIES] == \
+            [family == 'vit' for family in tool.FAMILIES]
+    assert not tool.has_config('eomt', 'resnet18') and tool.has_config('seg', 'resnet18')
+    with pytest.raises(ValueError, match='Mask2Former and panoptic run on ViT only'):
+        tool.build_config('mask2former', 'xcit', 2.0, 'process', tmp_path)
+
+
+def test_eomt_panoptic_row_anneals_over_the_budget_and_is_scored_by_pq(tmp_path):
+    cfg = tool.build_config('eomt-panoptic', 'vit', 2.0, 'process', tmp_path)
+    assert cfg.model.backbone.type == 'vitdense.EoMT'
+    assert cfg.test_evaluator.type == 'CocoPanopticMetric'
+    assert tool.METRICS['eomt-panoptic'] == tool.METRICS['panoptic'] == ('coco_panoptic/PQ',)
+    annealing = [hook for hook in cfg.custom_hooks
+                 if hook['type'] == 'vitdense.EoMTMaskAnnealingHook']
+    assert annealing[0]['start_fractions'] == [200 / 700, 400 / 700]

@@ -87,3 +87,27 @@ def test_demo_adapter_config_trains_and_is_evaluated(family, task, make, metrics
     scores = runner.val_loop.run()
     for name in metrics:
         assert 0 <= scores[name] <= 100
+
+
+MASK2FORMER_DEMO = 'configs/vit/mask2former_vit-adapter-d6-p8_demo-ade.py'
+
+
+def test_mask2former_demo_adapter_config_trains_and_is_evaluated(tmp_path):
+    """Two iterations of the shipped Mask2Former demo in the adapter's layout: finite losses
+    for the final prediction and each of the 3 decoder layers' (mmseg's ``d<i>.`` keys), then
+    mmseg's IoUMetric."""
+    data_root = make_demo_ade(tmp_path / 'data', num_train=2, num_val=1, size=96)
+    cfg = _demo_run(MASK2FORMER_DEMO, data_root, tmp_path / 'work')
+    cfg.model.data_preprocessor.size = (96, 96)
+    runner = Runner.from_cfg(cfg)
+    assert cfg.model.backbone.vit_features == 'per_interaction'
+    runner.train()
+    losses = np.array(runner.message_hub.get_scalar('train/loss').data[0])
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    logged = runner.message_hub.log_scalars
+    # the pixel decoder's query before the first layer is scored as d0 (mmdet's Mask2Former)
+    names = [f'train/decode.{stage}{loss}' for stage in ('', 'd0.', 'd1.', 'd2.')
+             for loss in ('loss_cls', 'loss_mask', 'loss_dice')]
+    assert all(np.isfinite(logged[name].current()) for name in names)
+    scores = runner.val_loop.run()
+    assert 0 <= scores['mIoU'] <= 100 and 0 <= scores['aAcc'] <= 100

@@ -251,6 +251,13 @@ def test_layer_decay_ids_follow_the_official_groups():
     for name in ('backbone.norm.weight', 'queries.weight', 'class_head.bias',
                  'upscale.0.0.weight'):
         assert depth[name] == (DEPTH - 1, DEPTH)
+    # the official llrd_l2_enabled=False (its DINOv3 recipes): the query blocks at the full rate
+    full = EoMT(ours.backbone, NUM_CLASSES, NUM_QUERIES, NUM_BLOCKS, decay_query_blocks=False)
+    for block in range(DEPTH):
+        expected = DEPTH - 1 if block >= DEPTH - NUM_BLOCKS else block
+        name = f'backbone.blocks.{block}.mlp.fc1.weight'
+        assert full.get_layer_depth(name, '') == (expected, DEPTH)
+    assert full.get_layer_depth('backbone.patch_embed.proj.weight', '') == (0, DEPTH)
 
 
 @pytest.mark.parametrize('options, message', [

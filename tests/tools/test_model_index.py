@@ -160,11 +160,13 @@ def test_index_flops_round_to_the_papers(name):
     ('configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py', [160, 160]),
     ('configs/xcit/upernet_xcit-d6-p8_demo-ade.py', [128, 128]),
     ('configs/vit/mask2former_vit-d6-p8_panoptic_demo-coco.py', [128, 128]),
+    ('configs/vit/eomt_vit-d6-p8_panoptic_demo-coco.py', [128, 128]),
     ('configs/vit/mask2former_vit-adapter-s-p16-dinov3_8xb2-160k_ade20k-512x512.py', [512, 512]),
 ])
 def test_get_flops_counts_the_model_of_a_config(config, shape):
-    """The tool itself on a classifier of each family, a detector, a segmentor and
-    Mask2Former (mmdet's and mmseg's): the index holds what it measures, at the input size of
+    """The tool itself on a classifier of each family, a detector, a segmentor,
+    Mask2Former (mmdet's and mmseg's) and EoMT in mmdet's Mask2Former (its backbone makes the
+    predictions): the index holds what it measures, at the input size of
     the config's test data."""
     result = complexity.analyse(str(REPO_ROOT / config))
     entry = _entries()[config]['Metadata']

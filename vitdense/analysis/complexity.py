@@ -195,9 +195,11 @@ def forward_multiply_adds(model: torch.nn.Module, cfg: Config, shape: tuple[int,
     images = torch.randn(1, 3, *shape, device=device)
     tables = position_tables(model)
     model_cfg = cfg.get('model', {})  # a bare backbone's count has no model config
+    # EoMT's backbone makes the predictions its Mask2Former head only scores
+    eomt = model_cfg.get('backbone', {}).get('type') == 'vitdense.EoMT'
     with forced_path(model, 'maps'):
-        if 'panoptic_head' in model_cfg or \
-                model_cfg.get('decode_head', {}).get('type') == 'Mask2FormerHead':
+        if not eomt and ('panoptic_head' in model_cfg or
+                         model_cfg.get('decode_head', {}).get('type') == 'Mask2FormerHead'):
             features = []
             backbone = count_multiply_adds(
                 lambda: features.extend(model.extract_feat(images)), tables)

@@ -80,6 +80,9 @@ class EoMT(BaseModule):
         masked_attn: masked attention in those blocks, and a prediction from the output of
             every block before them (each trained by the loss as Mask2Former's decoder
             layers); False: queries attend freely and only the final prediction is made.
+        decay_query_blocks: layer-wise lr decay reaches the last ``num_blocks`` blocks too
+            (the official default); False: they train at the full rate, as the heads (the
+            official ``llrd_l2_enabled=False`` of its DINOv3 recipes).
         init_cfg: mmengine initialisation; the backbone keeps its own ``init_cfg``.
 
     ``forward(images)`` returns :data:`Predictions`: a prediction before each of the last
@@ -89,8 +92,10 @@ class EoMT(BaseModule):
 
     def __init__(self, backbone: Union[dict, ColumnarBackbone], num_classes: int,
                  num_queries: int = 100, num_blocks: int = 4, masked_attn: bool = True,
+                 decay_query_blocks: bool = True,
                  init_cfg: Optional[Union[dict, list]] = None) -> None:
         super().__init__(init_cfg=init_cfg)
+        self.decay_query_blocks = decay_query_blocks
         self.backbone = MODELS.build(backbone) if isinstance(backbone, dict) else backbone
         self._check_backbone(self.backbone, num_blocks)
         dim = self.backbone.embed_dims
@@ -237,13 +242,17 @@ class EoMT(BaseModule):
     def get_layer_depth(self, param_name: str, prefix: str = '') -> tuple[int, int]:
         """Layer id for layer-wise lr decay as the official EoMT counts it: block i of L is
         layer i, the embeddings are layer 0 with the first block, the final norm, queries
-        and mask module layer L - 1 (the full learning rate)."""
+        and mask module layer L - 1 (the full learning rate); so are the query blocks
+        without ``decay_query_blocks``."""
         num_layers = self.backbone.num_layers
         inner = f'{prefix}backbone.'
         if not param_name.startswith(inner):
             return num_layers - 1, num_layers
         depth, _ = self.backbone.get_layer_depth(param_name, inner)
-        return min(max(depth - 1, 0), num_layers - 1), num_layers
+        layer = min(max(depth - 1, 0), num_layers - 1)
+        if not self.decay_query_blocks and layer >= num_layers - self.num_blocks:
+            return num_layers - 1, num_layers
+        return layer, num_layers
 
     def no_weight_decay(self) -> set[str]:
         """The backbone's parameters trained without weight decay, by their names here."""

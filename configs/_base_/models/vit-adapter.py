@@ -25,3 +25,13 @@ deit_trunk = dict(type='vitdense.ViT', patch_size=16, pyramid=False, dense_class
                   pos_antialias=False, layer_scale=1.0)
 #: the paper's detection trunk: 14×14 windows, global attention in every third block
 deit_windows = dict(window_size=14, window_block_indexes=(0, 1, 3, 4, 6, 7, 9, 10))
+#: the demo segmentation recipes' adapter around a small trunk (6 blocks, 128 wide, 8×8
+#: patches): a 32-wide spatial prior, four interactions (blocks 0-1, 2-3, 4, 5), each level given
+#: the trunk's map after its interaction as in the official segmentation code, 4 heads of
+#: deformable attention, BN. Family leaves set the trunk's type and options.
+demo_seg_adapter = dict(
+    vit_adapter, conv_inplane=32, deform_num_heads=4,
+    interaction_indexes=((0, 1), (2, 3), (4, 4), (5, 5)), vit_features='per_interaction',
+    norm_cfg=dict(type='BN'),
+    backbone=dict(arch=dict(embed_dims=128, num_layers=6, num_heads=4), patch_size=8,
+                  pyramid=False, drop_path_rate=0.0, norm_cfg=dict(type='BN'), init_cfg=None))
