@@ -28,13 +28,18 @@ def ms_deform_attn_backward(value: Tensor, value_spatial_shapes: Tensor,
                             grad_sampling_loc: Tensor, grad_attn_weight: Tensor,
                             im2col_step: int) -> None:
     """Adds the gradients by the value, the sampling locations and the attention weights to
-    the buffers: the forward recomputed and differentiated (it keeps a row index and a weight
-    per corner, no samples)."""
-    inputs = [t.detach().requires_grad_()
-              for t in (value, sampling_locations, attention_weights)]
-    with torch.enable_grad():
-        output = deformable_sampling(inputs[0], value_spatial_shapes, value_level_start_index,
-                                     inputs[1], inputs[2])
-    grads = torch.autograd.grad(output, inputs, grad_output)
-    for buffer, grad in zip((grad_value, grad_sampling_loc, grad_attn_weight), grads):
-        buffer += grad
+    the buffers, level by level: each level's forward is recomputed and differentiated alone,
+    so the largest intermediate is one level's corners."""
+    value = value.detach().requires_grad_()
+    for level in range(len(value_spatial_shapes)):
+        locations, weights = (t[:, :, :, level:level + 1].detach().requires_grad_()
+                              for t in (sampling_locations, attention_weights))
+        with torch.enable_grad():
+            share = deformable_sampling(value, value_spatial_shapes[level:level + 1],
+                                        value_level_start_index[level:level + 1], locations,
+                                        weights)
+        by_value, by_locations, by_weights = torch.autograd.grad(
+            share, (value, locations, weights), grad_output)
+        grad_value += by_value
+        grad_sampling_loc[:, :, :, level:level + 1] += by_locations
+        grad_attn_weight[:, :, :, level:level + 1] += by_weights

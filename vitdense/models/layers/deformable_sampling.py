@@ -72,26 +72,38 @@ def corners(shapes: Tensor, starts: Tensor, locations: Tensor, weights: Tensor,
     return index.flatten(3), (attention * bilinear * on_map).flatten(3)
 
 
+def level_samples(values: Tensor, keys: int, shapes: Tensor, starts: Tensor,
+                  locations: Tensor, weights: Tensor) -> Tensor:
+    """The weighted sum of the samples on the levels of ``shapes`` and ``starts``,
+    (batch * heads * queries, dims), read from ``values``, the value flattened to (batch *
+    heads * keys, dims), each head's keys together; ``locations`` and ``weights`` as in
+    :func:`deformable_sampling`, of these levels, all in ``values``' dtype."""
+    batch, queries, heads = locations.shape[:3]
+    index, corner_weights = corners(shapes, starts, locations, weights, keys)
+    index = index.reshape(batch * heads * queries, -1)
+    corner_weights = corner_weights.reshape(batch * heads * queries, -1)
+    if torch.compiler.is_exporting():
+        # ONNX has no weighted bag sum (onnxscript's embedding_bag loops over the bags)
+        return (values[index] * corner_weights[..., None]).sum(1)
+    return F.embedding_bag(index, values, mode='sum', per_sample_weights=corner_weights)
+
+
 def deformable_sampling(value: Tensor, shapes: Tensor, starts: Tensor, locations: Tensor,
                         weights: Tensor) -> Tensor:
     """Bilinear samples of ``value`` (B, keys, heads, d; the levels of ``shapes`` (levels, 2:
     h, w), starting at ``starts`` (levels,), one after another) at ``locations`` (B, Q, heads,
     levels, points, x y in [0, 1]), weighted by ``weights`` (B, Q, heads, levels, points) and
     summed: (B, Q, heads · d), in the widest dtype of the three (under autocast the value is
-    half precision and the locations and weights float32, which the sum keeps)."""
+    half precision and the locations and weights float32, which the sum keeps).  Level by
+    level, so the largest intermediate is one level's corners."""
     batch, keys, heads, dims = value.shape
     queries = locations.shape[1]
     dtype = torch.promote_types(value.dtype,
                                 torch.promote_types(locations.dtype, weights.dtype))
     values = value.to(dtype).permute(0, 2, 1, 3).reshape(-1, dims)
-    index, corner_weights = corners(shapes, starts, locations.to(dtype), weights.to(dtype),
-                                    keys)
-    index = index.reshape(batch * heads * queries, -1)
-    corner_weights = corner_weights.reshape(batch * heads * queries, -1)
-    if torch.compiler.is_exporting():
-        # ONNX has no weighted bag sum (onnxscript's embedding_bag loops over the bags)
-        samples = (values[index] * corner_weights[..., None]).sum(1)
-    else:
-        samples = F.embedding_bag(index, values, mode='sum', per_sample_weights=corner_weights)
-    return samples.view(batch, heads, queries, dims).transpose(1, 2).reshape(
+    output = sum(level_samples(values, keys, shapes[level:level + 1], starts[level:level + 1],
+                               locations[:, :, :, level:level + 1].to(dtype),
+                               weights[:, :, :, level:level + 1].to(dtype))
+                 for level in range(len(shapes)))
+    return output.view(batch, heads, queries, dims).transpose(1, 2).reshape(
         batch, queries, heads * dims)
