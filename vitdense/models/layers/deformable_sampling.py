@@ -56,20 +56,23 @@ def corners(shapes: Tensor, starts: Tensor, locations: Tensor, weights: Tensor,
     y = torch.where(inside, y, OUTSIDE)
     x = torch.where(inside, x, OUTSIDE)
     y_low, x_low = y.floor(), x.floor()
-    frac_y, frac_x = y - y_low, x - x_low
-    # corner (i, j): row y_low + i, column x_low + j, as (..., 2, 1) and (..., 1, 2)
-    row = torch.stack([y_low, y_low + 1], -1)[..., :, None]
-    col = torch.stack([x_low, x_low + 1], -1)[..., None, :]
-    bilinear = (torch.stack([1 - frac_y, frac_y], -1)[..., :, None]
-                * torch.stack([1 - frac_x, frac_x], -1)[..., None, :])
-    on_map = ((row >= 0) & (row <= height[..., None, None] - 1)
-              & (col >= 0) & (col <= width[..., None, None] - 1))
+    # the corners' two rows and two columns, each weighing 0 off the map, where it reads a
+    # row on the map instead (any: its weight is 0)
+    row = torch.stack([y_low, y_low + 1], -1)                    # (B, heads, Q, L, P, 2)
+    col = torch.stack([x_low, x_low + 1], -1)
+    weight_y = (torch.stack([1 - (y - y_low), y - y_low], -1)
+                * ((row >= 0) & (row <= height[..., None] - 1)))
+    weight_x = (torch.stack([1 - (x - x_low), x - x_low], -1)
+                * ((col >= 0) & (col <= width[..., None] - 1)))
+    row = torch.clamp(row, min=0).minimum(height[..., None] - 1).long()
+    col = torch.clamp(col, min=0).minimum(width[..., None] - 1).long()
     first = (torch.arange(batch * heads, device=locations.device) * keys).view(
-        batch, heads, 1, 1, 1, 1, 1)
-    key = starts.view(-1, 1, 1, 1) + row.long() * cols.view(-1, 1, 1, 1) + col.long()
-    index = first + torch.where(on_map, key, 0)
-    attention = weights.permute(0, 2, 1, 3, 4)[..., None, None]  # (B, heads, Q, L, P, 1, 1)
-    return index.flatten(3), (attention * bilinear * on_map).flatten(3)
+        batch, heads, 1, 1, 1, 1)
+    start = first + starts.view(-1, 1, 1) + row * cols.view(-1, 1, 1)
+    index = start[..., :, None] + col[..., None, :]             # corner (i, j): row i, col j
+    attention = weights.permute(0, 2, 1, 3, 4)[..., None]        # (B, heads, Q, L, P, 1)
+    corner_weights = (attention * weight_y)[..., :, None] * weight_x[..., None, :]
+    return index.flatten(3), corner_weights.flatten(3)
 
 
 def level_samples(values: Tensor, keys: int, shapes: Tensor, starts: Tensor,
