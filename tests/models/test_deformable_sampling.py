@@ -51,3 +51,16 @@ def test_backward_keeps_no_samples():
         deformable_sampling(value, sizes, starts, locations, weights)
     samples = locations[..., 0].numel() * value.shape[-1]
     assert saved and max(t.numel() for t in saved) < samples / 4
+
+
+def test_under_autocast_the_samples_are_summed_in_float32():
+    """ViT-Adapter under autocast: the value comes in bfloat16, the locations and weights in
+    float32, and the sum is taken in float32."""
+    value, locations, weights = _inputs(torch.float32)
+    sizes, starts = level_sizes(SHAPES, value.device)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = deformable_sampling(value.bfloat16(), sizes, starts, locations, weights)
+    assert out.dtype == torch.float32
+    reference = deformable_sampling(value.bfloat16().float(), sizes, starts, locations,
+                                    weights)
+    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-6)
