@@ -55,7 +55,8 @@ def corners(shapes: Tensor, starts: Tensor, locations: Tensor, weights: Tensor,
     inside = (y > -1) & (x > -1) & (y < height) & (x < width)
     y = torch.where(inside, y, OUTSIDE)
     x = torch.where(inside, x, OUTSIDE)
-    y_low, x_low = y.floor(), x.floor()
+    # floor passes no gradient: detached, the corners' rows build no graph
+    y_low, x_low = y.detach().floor(), x.detach().floor()
     # the corners' two rows and two columns, each weighing 0 off the map, where it reads a
     # row on the map instead (any: its weight is 0)
     row = torch.stack([y_low, y_low + 1], -1)                    # (B, heads, Q, L, P, 2)
