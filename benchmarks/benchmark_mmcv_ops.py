@@ -375,11 +375,12 @@ def measure_one(case: str, path: str, device: str, repeats: int) -> dict:
         times[1:]), peak_mib_over_inputs=(peak - base) / 2**20)
 
 
-def pure_torch_comparison(device: str, repeats: int) -> list[dict]:
-    """Each case's two paths, each in a fresh interpreter (see :func:`measure_one`)."""
+def pure_torch_comparison(device: str, repeats: int, only: str = '') -> list[dict]:
+    """Each case's two paths (the cases whose name holds ``only``), each in a fresh
+    interpreter (see :func:`measure_one`)."""
     import subprocess
     rows = []
-    for case in _pure_torch_cases():
+    for case in (name for name in _pure_torch_cases() if only in name):
         for path in ('served', 'pure_torch'):
             command = [sys.executable, '-m', 'benchmarks.benchmark_mmcv_ops', '--measure-one',
                        case, path, '--device', device, '--repeats', str(repeats)]
@@ -504,12 +505,12 @@ def measure_revision_one(case: str, rev: str | None, device: str, repeats: int) 
     return row
 
 
-def revision_comparison(rev: str, device: str, repeats: int) -> list[dict]:
-    """Each case served by this tree and by revision ``rev``, alternately, each in a fresh
-    interpreter (see :func:`measure_revision_one`)."""
+def revision_comparison(rev: str, device: str, repeats: int, only: str = '') -> list[dict]:
+    """Each case (whose name holds ``only``) served by this tree and by revision ``rev``,
+    alternately, each in a fresh interpreter (see :func:`measure_revision_one`)."""
     import subprocess
     rows = []
-    for case in _revision_cases():
+    for case in (name for name in _revision_cases() if only in name):
         for path in ('served', rev):
             command = [sys.executable, '-m', 'benchmarks.benchmark_mmcv_ops',
                        '--measure-revision-one', case, path, '--device', device,
@@ -538,6 +539,8 @@ def main() -> None:
     parser.add_argument('--against', metavar='REV',
                         help='only 5: soft-NMS, deformable attention and PSAMask served by '
                              'this tree and by git revision REV')
+    parser.add_argument('--only', default='', metavar='TEXT',
+                        help='4 and 5: only the cases whose name holds TEXT')
     parser.add_argument('--measure-revision-one', nargs=2, metavar=('CASE', 'PATH'),
                         help=argparse.SUPPRESS)  # one path of 5, in a process of its own
     args = parser.parse_args()
@@ -550,14 +553,14 @@ def main() -> None:
                                               args.device, args.repeats)))
         return
     if args.against:
-        rows = revision_comparison(args.against, args.device, args.repeats)
+        rows = revision_comparison(args.against, args.device, args.repeats, args.only)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(dict(torch=torch.__version__, against=args.against,
                                             rows=rows), indent=1))
         print(f'wrote {args.out}')
         return
     if args.pure_torch:
-        rows = pure_torch_comparison(args.device, args.repeats)
+        rows = pure_torch_comparison(args.device, args.repeats, args.only)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(dict(torch=torch.__version__, pure_torch=rows), indent=1))
         print(f'wrote {args.out}')

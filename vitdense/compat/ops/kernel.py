@@ -34,10 +34,11 @@ def kernel(op: _Op) -> _Op:
 def atomic_adds_allowed(device: torch.device) -> Iterator[None]:
     """Under ``torch.use_deterministic_algorithms(True)``, warn instead of failing on CUDA.
 
-    The backward kernels of RoIAlign, deformable attention (``index_select``'s) and deformable
-    convolution scatter with atomic adds on CUDA, mmcv's as well as torch's and
-    torchvision's; mmcv's run regardless, torch's and torchvision's raise in deterministic
-    mode.  Here they run like mmcv's, and torch warns that the result is not deterministic.
+    The backward kernels of RoIAlign and deformable convolution scatter with atomic adds on
+    CUDA, mmcv's as well as torch's and torchvision's; mmcv's run regardless, torch's and
+    torchvision's raise in deterministic mode.  Here they run like mmcv's, and torch warns
+    that the result is not deterministic.  (Deformable attention needs none of it: its
+    ``embedding_bag`` sums by sorted index, deterministically.)
     """
     relax = (device.type == 'cuda' and torch.are_deterministic_algorithms_enabled()
              and not torch.is_deterministic_algorithms_warn_only_enabled())

@@ -2,21 +2,22 @@
 the transformer, and injectors / extractors exchanging features with it through multi-scale
 deformable attention (Zhu et al. 2021, Deformable DETR, §4.1).
 
-The deformable sampling is written with ``F.grid_sample`` (bilinear, zeros outside the map,
-half-pixel centres: the compiled kernel's arithmetic), so no compiled op is needed on any
-device. Every level's shape is taken from the maps themselves, so inputs of any size work
-(the official code assumes multiples of 32). Parameter names follow the official
-release, so its checkpoints map one to one (``tools/model_converters/vit_adapter_official.py``).
+The deformable sampling is :func:`~vitdense.models.layers.deformable_sampling.
+deformable_sampling` (the compiled kernel's arithmetic in torch, the one the served
+``ms_deform_attn`` op computes), so no compiled op is needed on any device. Every level's
+shape is taken from the maps themselves, so inputs of any size work (the official code
+assumes multiples of 32). Parameter names follow the official release, so its checkpoints
+map one to one (``tools/model_converters/vit_adapter_official.py``).
 """
 import math
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import DropPath
 from torch.utils.checkpoint import checkpoint
 
+from .deformable_sampling import deformable_sampling, level_sizes
 from .norm import build_norm2d
 
 #: LayerNorm epsilon of the injectors and extractors (the official release's)
@@ -35,30 +36,6 @@ def reference_points(shapes: Shapes, device: torch.device) -> torch.Tensor:
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing='ij')
         points.append(torch.stack((grid_x.reshape(-1), grid_y.reshape(-1)), -1))
     return torch.cat(points)[None, :, None]
-
-
-def deformable_sampling(value: torch.Tensor, shapes: Shapes, locations: torch.Tensor,
-                        weights: torch.Tensor) -> torch.Tensor:
-    """Multi-scale deformable attention's core: bilinear samples of ``value`` (B, keys,
-    heads, d; levels of ``shapes`` one after another) at ``locations`` (B, Q, heads, levels,
-    points, x y in [0, 1]), weighted by ``weights`` (B, Q, heads, levels, points) and summed:
-    (B, Q, heads · d). Level by level, so the largest intermediate is one level's samples."""
-    batch, _, heads, dims = value.shape
-    queries, points = locations.shape[1], locations.shape[4]
-    output = value.new_zeros(batch * heads, dims, queries)
-    start = 0
-    for level, (h, w) in enumerate(shapes):
-        maps = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(batch * heads, dims,
-                                                                        h, w)
-        start += h * w
-        grid = 2 * locations[:, :, :, level].transpose(1, 2).reshape(
-            batch * heads, queries, points, 2) - 1
-        samples = F.grid_sample(maps, grid, mode='bilinear', padding_mode='zeros',
-                                align_corners=False)                 # (B·heads, d, Q, P)
-        level_weights = weights[:, :, :, level].transpose(1, 2).reshape(
-            batch * heads, 1, queries, points)
-        output = output + (samples * level_weights).sum(-1)
-    return output.view(batch, heads * dims, queries).transpose(1, 2)
 
 
 class MultiScaleDeformableAttention(nn.Module):
@@ -120,14 +97,13 @@ class MultiScaleDeformableAttention(nn.Module):
                                                     num_points, 2)
         weights = self.attention_weights(query).view(batch, queries, heads, -1).softmax(-1)
         weights = weights.view(batch, queries, heads, levels, num_points)
-        # offsets are in pixels of each level: (x, y) divided by (w, h), symbolic sizes kept
-        # symbolic (a tensor made of the sizes would fix them in an exported graph)
-        normaliser = torch.stack([torch.stack([torch.full((), size, device=query.device)
-                                               for size in (w, h)])
-                                  for h, w in shapes]).to(offsets.dtype)
+        sizes, starts = level_sizes(shapes, query.device)
+        # offsets are in pixels of each level: (x, y) divided by (w, h)
+        normaliser = sizes.flip(-1).to(offsets.dtype)
         locations = (points[:, :, None, :, None, :]
                      + offsets / normaliser[None, None, None, :, None, :])
-        return self.output_proj(deformable_sampling(value, shapes, locations, weights))
+        return self.output_proj(deformable_sampling(value, sizes, starts, locations,
+                                                    weights))
 
 
 class DepthwiseConv(nn.Module):
