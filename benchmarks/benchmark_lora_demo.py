@@ -5,9 +5,10 @@
    ``--pretrain-minutes`` and is scored (top-1); its checkpoint is the trunk both
    fine-tunings start from (the position table resampled from 8×8 to 16×16 tokens on load).
 2. ``lora`` and ``full``: the LoRA demo UperNet (``configs/vit/upernet_vit-d6-p8_lora_demo-ade.py``:
-   rank-8 adapters, frozen trunk, ``PeftCheckpointHook``) and the same config without ``peft``
-   (every weight trains) fine-tune from that checkpoint with fresh heads for ``--minutes``
-   each and are scored with mmseg's IoU metric on the 100 validation images.
+   rank-8 adapters at 3x the recipe's learning rate, frozen trunk, ``PeftCheckpointHook``) and
+   the same config without ``peft`` (every weight trains, all at the recipe's learning rate:
+   its ``lora_`` key matches nothing) fine-tune from that checkpoint with fresh heads for
+   ``--minutes`` each and are scored with mmseg's IoU metric on the 100 validation images.
 
 Every stage runs in its own process on a budget of that process's CPU time, one torch thread
 and data loading in the process (``TimeBudgetHook``: the learning rate anneals linearly over
@@ -21,6 +22,9 @@ Each row gives the metric, the trainable parameters, the CPU milliseconds of a t
     # an ablation: one fine-tuning from the pretrained checkpoint with a recipe change
     python -m benchmarks.benchmark_lora_demo --stage lora --base CKPT \
         --cfg-options "model.backbone.peft.train=['norms','biases']"
+    # the adapters' learning rate multiplier (the shipped demo's is 3)
+    python -m benchmarks.benchmark_lora_demo --stage lora --base CKPT \
+        --cfg-options optim_wrapper.paramwise_cfg.custom_keys.lora_.lr_mult=1
 
 Rows are appended to ``OUT/lora_demo.jsonl`` and the table written to ``OUT/lora_demo.md``.
 """

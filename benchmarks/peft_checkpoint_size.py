@@ -27,8 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: ViTDet's ViT-L setting: 14×14 windows in all blocks but 5, 11, 17, 23
 VITDET_L = dict(arch='large', window_block_indexes=tuple(
     i for i in range(24) if i % 6 != 5))
-#: recipe name -> (shipped config, changes making it the L-size recipe)
+#: recipe name -> (shipped config, changes making it the L-size recipe); the first is the
+#: full fine-tuning recipe beside the shipped DINOv3-L LoRA recipe, at its rank-16 LoRA
 RECIPES = {
+    'mask-rcnn-vitdet-dinov3-L': (
+        'configs/vit/mask-rcnn_vit-l-p16-dinov3_vitdet_16xb4-lsj-100e_coco-1024x1024.py', {}),
     'mask-rcnn-vitdet-L': ('configs/vit/mask-rcnn_vit-b-p16_vitdet_16xb4-lsj-100e_coco-1024x1024.py',
                            dict(backbone=VITDET_L, neck=dict(in_channels=1024))),
     'upernet-vitdet-L': ('configs/vit/upernet_vit-b-p16_vitdet_8xb2-160k_ade20k-512x512.py',

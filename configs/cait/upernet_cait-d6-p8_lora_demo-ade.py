@@ -6,3 +6,4 @@ model = dict(backbone=dict(
     peft={{_base_.demo_lora}},
     init_cfg=dict(_delete_=True, type='Pretrained', prefix='backbone.',
                   checkpoint='work_dirs/upernet_cait-d6-p8_demo-ade/iter_700.pth')))
+optim_wrapper = dict(paramwise_cfg={{_base_.demo_lora_lr}})

@@ -1,23 +1,28 @@
 """The demo recipes: XCiT Mask R-CNN and UperNet learn on the generated sets (loss goes down
 over a few iterations) and are scored by the real evaluators, so is ViT Mask2Former panoptic
 (PQ by mmdet's CocoPanopticMetric); missing data and unknown backbones fail with messages
-that name them."""
+that name them; the LoRA demos train their adapters at their own learning rate."""
 from pathlib import Path
 
 import numpy as np
 import pytest
 from mmengine.config import Config
+from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DATASETS, MODELS, DefaultScope
 from mmengine.runner import Runner
 
+from vitdense.analysis.complexity import load_config
 from vitdense.demo_data import make_demo_ade, make_demo_coco, make_demo_panoptic
 from vitdense.engine.tool_config import point_at_data_root
+from vitdense.model_factory import build_model
 
 from common import REPO_ROOT, load_tool_config
 
 DET = 'configs/xcit/mask-rcnn_xcit-d6-p8_fpn_demo-coco.py'
 SEG = 'configs/xcit/upernet_xcit-d6-p8_demo-ade.py'
 PANOPTIC = 'configs/vit/mask2former_vit-d6-p8_panoptic_demo-coco.py'
+LORA_DEMOS = sorted(str(path.relative_to(REPO_ROOT))
+                    for path in REPO_ROOT.glob('configs/*/upernet_*-d6-p8_lora_demo-ade.py'))
 
 
 def _short_run(config: str, data_root: Path, work_dir: Path, iters: int) -> Config:
@@ -97,3 +102,28 @@ def test_unknown_backbone_names_it(backbone, message, tmp_path):
     with DefaultScope.overwrite_default_scope(cfg.default_scope), \
             pytest.raises(KeyError, match=message):
         MODELS.build(cfg.model)
+
+
+
+def test_every_family_has_a_lora_demo():
+    assert [Path(config).parent.name for config in LORA_DEMOS] == [
+        'cait', 'convit', 'vit', 'xcit']
+
+
+@pytest.mark.parametrize('config', LORA_DEMOS)
+def test_lora_demo_trains_its_adapters_at_three_times_the_learning_rate(config):
+    """The shipped optimizer (meta device): each adapter tensor at 3x the recipe's rate, every
+    other trained tensor (pyramid, heads) at the recipe's own."""
+    cfg = load_config(str(REPO_ROOT / config))
+    model = build_model(cfg, 'count', device='meta')
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        optimizer = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
+    base_lr = cfg.optim_wrapper.optimizer.lr
+    names = {id(param): name for name, param in model.named_parameters()}
+    lrs = {names[id(param)]: group['lr'] for group in optimizer.param_groups
+           for param in group['params']}
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    adapters = {name for name in trained if '.lora_' in name}
+    assert adapters and all(name.startswith('backbone.blocks.') for name in adapters)
+    assert all(lrs[name] == pytest.approx(3 * base_lr) for name in adapters)
+    assert all(lrs[name] == pytest.approx(base_lr) for name in trained - adapters)
