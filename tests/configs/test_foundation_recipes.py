@@ -23,7 +23,9 @@ TASKS = {  # file-name tail: the Mask2Former head's key
     '8xb2-lsj-50e_coco': 'panoptic_head',
     'panoptic_8xb2-lsj-50e_coco-panoptic': 'panoptic_head',
 }
-ADAPTER = sorted(p.name for p in (CONFIGS / 'vit').glob('mask2former_vit-adapter-*.py'))
+#: the foundation recipes (the demo's small trunk from scratch: test_adapter_configs.py)
+ADAPTER = sorted(p.name for p in (CONFIGS / 'vit').glob('mask2former_vit-adapter-*.py')
+                 if '_demo' not in p.name)
 LORA_CONFIGS = sorted(p.name for p in (CONFIGS / 'vit').glob('*_lora_*.py')
                       if '_demo' not in p.name)
 NAME = re.compile(r'mask2former_vit-adapter-(?P<size>[sbl])-p16-(?P<source>\w+?)(_lora)?_')
