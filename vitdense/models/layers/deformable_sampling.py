@@ -9,8 +9,8 @@ MultiScaleDeformableAttention` and the torch-native ``ms_deform_attn`` op that
 one-sided one at exactly -1); a corner beyond the map reads 0.  Each point's four corners
 are rows of the flat value with a weight each (attention × bilinear), summed by
 ``F.embedding_bag``: no sample is kept for the backward, only a row index and a weight per
-corner, which made ViT-Adapter's attention faster and smaller than with ``grid_sample``
-on CPU (docs/adapter.md).  The levels' shapes and starts are tensors read on the device, so
+corner: ViT-Adapter's attention runs faster and keeps less than with ``grid_sample`` on
+CPU (docs/adapter.md).  The levels' shapes and starts are tensors read on the device, so
 nothing waits for it and an exported graph keeps them symbolic.  This module imports torch
 alone: the served op loads it without the package.
 """
