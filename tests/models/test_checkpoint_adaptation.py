@@ -10,6 +10,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from vitdense.models import CaiT, ConViT, ViT, XCiT, adapt_checkpoint
+from vitdense.models.backbones.checkpoint_diagnosis import forward_refusal
 
 from common import (TINY_ARCH, TINY_BACKBONES, TINY_CONVIT_ARCH, assert_features_match,
                     dinov3_hub_layout, eva02_official_rotary_tables, perturb_)
@@ -356,6 +357,13 @@ ADVICE_CASES = {
        for m, mode, extra in (('cls', CLS, ["class_token=False, out_type='avg_featmap'",
                                             'fc_norm=True']),
                               ('dense', DENSE, ['dense_class_token=False']))},
+    # its tensors with their keys sorted (as safetensors writes them): the block kind,
+    # which no tensor shows, named as a choice
+    'timm-rpn-sorted-dense': (
+        lambda: dict(sorted(_timm_published('vit_base_patch16_rpn_224', img_size=64)
+                            .state_dict().items())), ViT, DENSE,
+        ['qkv_bias=False', 'dense_class_token=False',
+         'res_post_norm=True or res_post_norm=False']),
     # the other sources whose refusal advises: DeiT-distilled (read as a state dict: its
     # classifier averages two tokens), OpenAI's CLIP (QuickGELU, which no tensor shows: the
     # load alone is checked), a hidden width whose ratio truncates, deeper and shallower
@@ -477,7 +485,7 @@ def test_the_order_of_a_files_keys_tells_res_post_norm_blocks(tmp_path):
     """timm's res-post-norm ViT has a plain ViT's tensors, its blocks' keys saved ``attn``
     before ``norm1``: a pre-norm model refuses it, advising ``res_post_norm=True``, and a
     res-post-norm model refuses a pre-norm file, advising ``res_post_norm=False``, and loads
-    its own; a file whose keys are sorted shows no order and loads into either."""
+    its own; a file whose keys are sorted shows no order and loads into the kind chosen."""
     options = dict(img_size=64, qkv_bias=False, dense_class_token=False, **DENSE)
     rpn = _timm_published('vit_base_patch16_rpn_224', img_size=64).state_dict()
     plain = _timm_source(qkv_bias=False, class_token=False, global_pool='avg').state_dict()
@@ -493,6 +501,34 @@ def test_the_order_of_a_files_keys_tells_res_post_norm_blocks(tmp_path):
         _pretrained(ViT, TINY_ARCH, path, res_post_norm=ours, **options)
     ours = ViT(TINY_ARCH, res_post_norm=True, **options)
     assert adapt_checkpoint(ours, ours.state_dict()).keys() == ours.state_dict().keys()
+
+
+def test_a_sorted_res_post_norm_file_is_refused_until_the_block_kind_is_chosen(tmp_path):
+    """safetensors sorts a file's keys: timm's res-post-norm tensors (no class token, no qkv
+    bias or LayerScale) then show no block kind, and a model not given ``res_post_norm``
+    refuses them, naming it; the advice applied as written computes timm's maps at the
+    file's size and a non-square one. A plain timm ViT's safetensors file (class token, qkv
+    bias) and a sorted file into a model given the kind load without it."""
+    from safetensors.torch import save_file
+    rpn = _timm_published('vit_base_patch16_rpn_224', img_size=64, dynamic_img_size=True)
+    path = tmp_path / 'rpn.safetensors'
+    save_file(rpn.state_dict(), path)
+    options = dict(img_size=64, qkv_bias=False, dense_class_token=False, **DENSE)
+    with pytest.raises(ValueError, match=r'to load it: res_post_norm=True or res_post_norm='
+                                         r'False \(whether the blocks normalise the outputs '
+                                         r'or the inputs') as refused:
+        _pretrained(ViT, TINY_ARCH, path, **options)
+    advised, _ = apply_advice(str(refused.value), options, {})
+    assert advised['res_post_norm'] is True
+    model = _pretrained(ViT, TINY_ARCH, path, **advised)
+    for size in ((64, 64), (48, 80)):
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            assert_features_match(model(images), _dense_reference(rpn, images))
+    _pretrained(ViT, TINY_ARCH, path, res_post_norm=False, **options)
+    plain = tmp_path / 'plain.safetensors'
+    save_file(_timm_source().state_dict(), plain)
+    _pretrained(ViT, TINY_ARCH, plain, img_size=64, **DENSE)
 
 
 def test_an_advice_that_does_not_load_is_not_printed(tmp_path):
@@ -532,6 +568,32 @@ def test_an_advice_whose_model_does_not_compute_with_the_file_is_not_printed(
                                          r"its tensors imply \(layer_scale=1e-5 .*\) load it, "
                                          r"but " + failure):
         _pretrained(ViT, TINY_ARCH, path, img_size=64, **CLS)
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_the_advice_check_computes_on_a_half_precision_files_own_tensors(family, dtype):
+    """A 16-bit file (a 7B model's: 14 GB in bfloat16) is checked in bfloat16 on its own
+    tensors, not on a float32 copy twice their size: every family's model takes them
+    without a copy (bfloat16) and computes with all of them; a file whose branch is
+    silenced is still named."""
+    options = dict(arch=TINY_BACKBONES[family]['arch'], img_size=64, **DENSE)
+    torch.manual_seed(0)
+    saved = {k: v.to(dtype) if v.is_floating_point() else v for k, v in
+             perturb_(FAMILIES[family](**options)).state_dict().items()}
+    with torch.device('meta'):
+        model = FAMILIES[family](**options)
+    assert forward_refusal(model, saved) is None
+    taken = model.state_dict()
+    for key, tensor in saved.items():
+        if dtype == torch.bfloat16 and tensor.is_floating_point():
+            assert taken[key].data_ptr() == tensor.data_ptr(), key
+    silenced = {k: torch.zeros_like(v) if k.startswith('blocks.1.mlp.fc2.') else v
+                for k, v in saved.items()}
+    with torch.device('meta'):
+        model = FAMILIES[family](**options)
+    assert re.match(r'\d+ of its tensors have no effect on the forward: .*blocks\.1\.mlp\.fc1',
+                    forward_refusal(model, silenced))
 
 
 def test_an_mlp_width_whose_ratio_truncates_is_advised_a_ratio_that_builds_it(tmp_path):

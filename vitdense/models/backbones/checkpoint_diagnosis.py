@@ -146,20 +146,31 @@ def _listed(keys: Sequence[str], shown: int = 6) -> str:
 CHECK_GRID = 4
 
 
+def check_dtype(tensors: dict) -> torch.dtype:
+    """The precision the advice's check computes in: bfloat16 for a file of 16-bit floats
+    (its own tensors, not a float32 copy twice their size: 28 GB for a 7B release;
+    float16's in bfloat16's range), else float32."""
+    half = any(v.dtype in (torch.float16, torch.bfloat16) for v in tensors.values())
+    return torch.bfloat16 if half else torch.float32
+
+
 def forward_refusal(model: torch.nn.Module, adapted: dict) -> Optional[str]:
     """Whether ``model`` (built on the meta device) computes with the tensors ``adapted`` to
-    it: they are assigned (float32; what the checkpoint lacks, new in fine-tuning, zero),
-    one image of at most ``CHECK_GRID`` patches a side goes forward and a random projection
-    of the outputs backward (each gradient read as it is accumulated, then dropped). None where the outputs are finite and every checkpoint
-    parameter gets a gradient that is not all zero; else what fails: the forward, or the
-    tensors that have no effect on it (a load that is exact but computes without them)."""
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v
+    it: they are assigned (in :func:`check_dtype`; what the checkpoint lacks, new in
+    fine-tuning, zero), one image of at most ``CHECK_GRID`` patches a side goes forward and a
+    random projection of the outputs backward (each gradient read as it is accumulated,
+    then dropped). None where the outputs are finite and every checkpoint parameter gets a
+    gradient that is not all zero; else what fails: the forward, or the tensors that have
+    no effect on it (a load that is exact but computes without them)."""
+    dtype = check_dtype(adapted)
+    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v
                            for k, v in adapted.items()}, strict=False, assign=True)
     for module in model.modules():
         for slots in (module._parameters, module._buffers):
             for slot, tensor in slots.items():
                 if tensor is not None and tensor.is_meta:
-                    zeros = torch.zeros(tensor.shape, dtype=tensor.dtype)
+                    zeros = torch.zeros(tensor.shape, dtype=dtype if tensor.is_floating_point()
+                                        else tensor.dtype)
                     slots[slot] = torch.nn.Parameter(zeros) if isinstance(
                         tensor, torch.nn.Parameter) else zeros
     tensors = model.state_dict(keep_vars=True)
@@ -174,12 +185,13 @@ def forward_refusal(model: torch.nn.Module, adapted: dict) -> Optional[str]:
         parameter.register_post_accumulate_grad_hook(_effect_recorder(key, effective))
     generator = torch.Generator().manual_seed(0)
     side = [min(cells, CHECK_GRID) * model.patch_size for cells in model.pretrain_grid]
-    image = torch.randn(1, model.in_channels, *side, generator=generator)
+    image = torch.randn(1, model.in_channels, *side, generator=generator).to(dtype)
     with torch.enable_grad():
         outputs = [o for out in model(image) for o in (out if isinstance(out, tuple) else (out,))]
         if not all(bool(o.isfinite().all()) for o in outputs):
             return 'its forward is not finite'
-        sum((o * torch.randn(o.shape, generator=generator)).sum() for o in outputs).backward()
+        sum((o.float() * torch.randn(o.shape, generator=generator)).sum()
+            for o in outputs).backward()
     inert = sorted(parameters.keys() - effective)
     if not inert:
         return None

@@ -162,6 +162,15 @@ class CheckpointLayout:
         return [advice for pattern, option, advice in self.unshown_options
                 if option not in given and any(re.search(pattern, k) for k in saved_keys)]
 
+    @staticmethod
+    def chosen(model: nn.Module, option: str) -> bool:
+        """Whether ``model`` was given ``option`` (a keyword, ``arch_overrides`` or an arch
+        dict) rather than taking its arch's or the family's default."""
+        given = model.given_options()
+        arch = given.get('arch')
+        return given.get(option) is not None or option in (given.get('arch_overrides') or {}) \
+            or isinstance(arch, dict) and option in arch
+
     def family_options(self, model: nn.Module, found: dict) -> list[str]:
         """Options beyond the shared ones that the checkpoint's facts (``found``) name for
         ``model`` (none here; ViT's rotary reference grid)."""

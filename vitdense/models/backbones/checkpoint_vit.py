@@ -3,12 +3,13 @@
 EVA-02, CLIP, BEiT, SAM, DeiT III, detectron2's ViTDet), the layouts whose options no shape
 shows, and the rules beyond tables: BEiT's tables and EVA-02's rotary tables fitted to the
 model, DINOv3's untied class-token norm, learned rotary frequencies refused, res-post-norm
-blocks told by the order of a file's keys.
+blocks told by the order of a file's keys (or, for a sorted file of timm's res-post-norm
+tensors, chosen). DeiT III's parallel blocks: ``checkpoint_parallel``.
 """
 import math
 import re
 from dataclasses import dataclass
-from typing import Collection
+from typing import Collection, Optional
 
 import torch
 import torch.nn as nn
@@ -21,6 +22,8 @@ from ..layers.rotary import RotaryPositionEmbedding
 from ..layers.swiglu import merge_swiglu_tensors
 from .checkpoint_keys import Alias, KeyTable, TensorRule
 from .checkpoint_layout import CheckpointLayout, checkpoint_weights
+from .checkpoint_parallel import (name_official_parallel_branches, split_parallel_branches,
+                                  stack_parallel_branches)
 
 #: timm's EVA attention keeps q and v biases beside a bias-free fused qkv (``q_bias``,
 #: ``v_bias``) or three maps (``q_proj``, ``k_proj`` without bias, ``v_proj``)
@@ -30,10 +33,6 @@ BLOCK = re.compile(r'^blocks\.(\d+)\.')
 #: EVA-02's rotary tables as saved against ours: cosines and sines of the same angles,
 #: computed in float32 in another order of operations
 ROTARY_TABLE_TOLERANCE = 1e-5
-#: timm's per-branch modules of a parallel block (``attns.<b>.norm``, ...) -> ours
-TIMM_PARALLEL_MODULES = {('attns', 'norm'): 'norm1', ('attns', 'attn'): 'attn',
-                         ('attns', 'ls'): 'ls1', ('ffns', 'norm'): 'norm2',
-                         ('ffns', 'mlp'): 'mlp', ('ffns', 'ls'): 'ls2'}
 #: detectron2's ViTDet detector keys (``ViT`` in ``backbone.net``, ``SimpleFeaturePyramid``
 #: stages ``backbone.simfp_<log2 stride>.<index>``) -> ours (``backbone.`` ViT built with
 #: ``dense_class_token=False``, ``neck.`` :class:`SimpleFeaturePyramid`)
@@ -133,23 +132,15 @@ LEARNED_ROTARY = re.compile(r'^(rope\.)?freqs$')
 #: the first block's norm and attention as saved in timm's layout (their order shows where
 #: the block normalises)
 BLOCK_MODULE_AS_SAVED = re.compile(r'^blocks\.0\.(norm1|attn)\.')
+#: the first block's tensors (our layout) in timm's res-post-norm release (``vit_*_rpn_*``:
+#: no qkv bias, LayerScale or other norms), which a pre-norm block of the same options has too
+RES_POST_NORM_BLOCK = frozenset((
+    'attn.qkv.weight', 'attn.proj.weight', 'attn.proj.bias', 'norm1.weight', 'norm1.bias',
+    'mlp.fc1.weight', 'mlp.fc1.bias', 'mlp.fc2.weight', 'mlp.fc2.bias', 'norm2.weight',
+    'norm2.bias'))
 #: EVA-02's rotary tables, which its official code keeps as buffers, once for the model and
 #: once in every block: checked against what the model computes, then dropped
 EVA_ROTARY_TABLE = re.compile(r'^(|blocks\.\d+\.attn\.)rope\.freqs_(cos|sin)$')
-#: the official DeiT III parallel block's modules (after the LayerScale renames) -> timm's
-#: per-branch modules; a block is parallel when it has the second branch's first norm
-OFFICIAL_PARALLEL_MODULES = {
-    'norm1': 'attns.0.norm', 'attn': 'attns.0.attn', 'ls1.gamma': 'attns.0.ls.gamma',
-    'norm11': 'attns.1.norm', 'attn1': 'attns.1.attn', 'gamma_1_1': 'attns.1.ls.gamma',
-    'norm2': 'ffns.0.norm', 'mlp': 'ffns.0.mlp', 'ls2.gamma': 'ffns.0.ls.gamma',
-    'norm21': 'ffns.1.norm', 'mlp1': 'ffns.1.mlp', 'gamma_2_1': 'ffns.1.ls.gamma'}
-OFFICIAL_PARALLEL_MODULE = re.compile(
-    rf'^(blocks\.\d+)\.({"|".join(re.escape(m) for m in OFFICIAL_PARALLEL_MODULES)})(\..+|$)')
-OFFICIAL_SECOND_BRANCH = re.compile(r'^(blocks\.\d+)\.norm11\.')
-#: timm's per-branch modules of a parallel block: block, group, branch, module, parameter
-PARALLEL_BRANCH = re.compile(r'^(blocks\.\d+)\.(attns|ffns)\.(\d+)\.(\w+)\.(.+)$')
-#: our modules of a block, which a parallel block branches
-BLOCK_MODULE = re.compile(r'^(blocks\.\d+)\.(norm1|attn|ls1|norm2|mlp|ls2)\.(.+)$')
 
 
 def merge_eva_attention(state_dict: dict) -> dict:
@@ -224,55 +215,6 @@ def add_zero_patch_bias(state_dict: dict) -> dict:
     if weight is not None and 'patch_embed.proj.bias' not in state_dict:
         state_dict['patch_embed.proj.bias'] = weight.new_zeros(weight.shape[0])
     return state_dict
-
-
-def name_official_parallel_branches(state_dict: dict) -> dict:
-    """The official DeiT III parallel blocks (``Layer_scale_init_Block_paralx2``: a second
-    branch's ``norm11``, ``attn1``, ``gamma_1_1``, ``norm21``, ``mlp1``, ``gamma_2_1``) named
-    as timm's per-branch modules, which :func:`stack_parallel_branches` then stacks."""
-    parallel = {match.group(1) for match in map(OFFICIAL_SECOND_BRANCH.match, state_dict)
-                if match}
-    for key in list(state_dict):
-        match = OFFICIAL_PARALLEL_MODULE.match(key)
-        if match and match.group(1) in parallel:
-            block, module, rest = match.groups()
-            state_dict[f'{block}.{OFFICIAL_PARALLEL_MODULES[module]}{rest}'] = state_dict.pop(key)
-    return state_dict
-
-
-def stack_parallel_branches(state_dict: dict) -> dict:
-    """timm's per-branch modules of parallel blocks (``attns.<b>`` / ``ffns.<b>``) stacked
-    into our branched parameters."""
-    branches: dict[str, dict[int, torch.Tensor]] = {}
-    for key in [k for k in state_dict if PARALLEL_BRANCH.match(k)]:
-        block, group, branch, module, param = PARALLEL_BRANCH.match(key).groups()
-        target = f'{block}.{TIMM_PARALLEL_MODULES[group, module]}.{param}'
-        branches.setdefault(target, {})[int(branch)] = state_dict.pop(key)
-    for target, tensors in branches.items():
-        stacked = torch.stack([tensors[b] for b in sorted(tensors)])
-        if target.split('.')[2].startswith('ls'):
-            stacked = stacked.view(len(tensors), 1, 1, -1)
-        state_dict[target] = stacked
-    return state_dict
-
-
-def split_parallel_branches(state_dict: dict) -> dict:
-    """Our branched parameters (blocks whose norms hold one row per branch) as timm's
-    per-branch modules: the inverse of :func:`stack_parallel_branches`."""
-    branched = {key[:-len('.norm1.weight')] for key, value in state_dict.items()
-                if re.match(r'^blocks\.\d+\.norm1\.weight$', key) and value.dim() == 2}
-    timm_modules = {ours: theirs for theirs, ours in TIMM_PARALLEL_MODULES.items()}
-    for key in list(state_dict):
-        match = BLOCK_MODULE.match(key)
-        if not match or match.group(1) not in branched:
-            continue
-        block, module, param = match.groups()
-        group, name = timm_modules[module]
-        for branch, tensor in enumerate(state_dict.pop(key)):
-            tensor = tensor.reshape(-1) if module.startswith('ls') else tensor
-            state_dict[f'{block}.{group}.{branch}.{name}.{param}'] = tensor.clone()
-    return state_dict
-
 
 
 def convert_detectron2_vitdet(state_dict: dict) -> dict:
@@ -386,24 +328,46 @@ class ViTCheckpointLayout(CheckpointLayout):
             return ['learned rotary frequencies (rope.freqs: the rope-mixed ViTs)']
         return []
 
-    def order_options(self, model: nn.Module, saved_keys: list[str]) -> list[str]:
-        """``res_post_norm`` as the order of the first block's keys as saved shows it
-        (timm's ``ResPostBlock`` and ours save ``attn`` before ``norm1``, pre-norm blocks
-        ``norm1`` first), where the model's differs; a file whose keys are sorted (as
-        safetensors writes them) shows no order."""
+    @staticmethod
+    def saved_post_norm(saved_keys: list[str]) -> Optional[bool]:
+        """Whether the first block's keys as saved put ``attn`` before ``norm1`` (timm's
+        ``ResPostBlock`` and ours do, pre-norm blocks save ``norm1`` first); None where the
+        keys show no order (sorted, as safetensors writes them)."""
         first: dict[str, int] = {}
         for index, key in enumerate(saved_keys):
             match = BLOCK_MODULE_AS_SAVED.match(key)
             if match:
                 first.setdefault(match.group(1), index)
         if saved_keys == sorted(saved_keys) or len(first) < 2:
-            return []
-        post_norm = first['attn'] < first['norm1']
-        if post_norm == model.arch['res_post_norm']:
+            return None
+        return first['attn'] < first['norm1']
+
+    def order_options(self, model: nn.Module, saved_keys: list[str]) -> list[str]:
+        """``res_post_norm`` as the order of the first block's keys shows it, where the
+        model's differs."""
+        post_norm = self.saved_post_norm(saved_keys)
+        if post_norm is None or post_norm == model.arch['res_post_norm']:
             return []
         return [f'res_post_norm={post_norm} (the file\'s blocks normalise the '
                 f'{"outputs" if post_norm else "inputs"} of attention and FFN: its keys put '
                 f'{"attn before norm1" if post_norm else "norm1 before attn"})']
+
+    def unchosen_options(self, model: nn.Module, saved_keys: list[str], converted: dict
+                         ) -> list[str]:
+        """As the base's, and ``res_post_norm`` for a model not given it and a file whose
+        keys show no order but whose tensors are those of timm's res-post-norm release: no
+        class token and a first block of exactly ``RES_POST_NORM_BLOCK``'s tensors, which
+        either block kind loads. Files of other tensors come from sources of pre-norm
+        blocks only, and load as such."""
+        advice = super().unchosen_options(model, saved_keys, converted)
+        block = {key[len('blocks.0.'):] for key in converted if key.startswith('blocks.0.')}
+        if self.saved_post_norm(saved_keys) is not None or 'cls_token' in converted or \
+                block != RES_POST_NORM_BLOCK or self.chosen(model, 'res_post_norm'):
+            return advice
+        return ['res_post_norm=True or res_post_norm=False (whether the blocks normalise the '
+                'outputs or the inputs of attention and FFN, which neither the tensors nor '
+                'their sorted keys show: timm\'s vit_*_rpn_* files, which have these tensors, '
+                'normalise outputs: set the file\'s)'] + advice
 
     def family_options(self, model: nn.Module, found: dict) -> list[str]:
         """EVA-02's rotary reference grid where the checkpoint's rotary tables show another

@@ -53,13 +53,10 @@ class XCiTCheckpointLayout(CheckpointLayout):
         (a keyword, ``arch_overrides`` or an arch dict): the released size's where the
         model's differs; for a file of no released size, either (timm's and mmpretrain's
         class default is False, ours True), which the file's config must choose."""
-        given = model.given_options()
-        arch = given.get('arch')
-        chosen = 'tokens_norm' in given or 'tokens_norm' in (
-            given.get('arch_overrides') or {}) or isinstance(arch, dict) and 'tokens_norm' in arch
         norm = converted.get('blocks.0.norm1.weight')
         foreign = any(re.match(FOREIGN_CLASS_ATTENTION, key) for key in saved_keys)
-        if model.cls_blocks is None or chosen or norm is None or not foreign:
+        if model.cls_blocks is None or self.chosen(model, 'tokens_norm') or norm is None or \
+                not foreign:
             return super().unchosen_options(model, saved_keys, converted)
         depth = len({key.split('.')[1] for key in converted if key.startswith('blocks.')})
         released = RELEASED_TOKENS_NORM.get((norm.shape[-1], depth))
