@@ -83,3 +83,12 @@ def converter_main(parser: argparse.ArgumentParser,
     result = convert(args)
     save_plain(result.checkpoint, args.dst)
     print(f'wrote {result.tensors} tensors to {args.dst}{result.note}')
+
+
+def converter_entry(convert: Callable[[argparse.Namespace], Converted], description: str,
+                    src_help: str, config_help: str) -> Callable[[], None]:
+    """The ``main`` of a converter whose command line is :func:`converter_parser`'s:
+    :func:`converter_main` with that parser and ``convert``."""
+    def main() -> None:
+        converter_main(converter_parser(description, src_help, config_help), convert)
+    return main

@@ -21,8 +21,7 @@ class ToyFormer(ColumnarBackbone):
     arch_zoo = {'mini': dict(embed_dims=32, num_layers=4, num_heads=2)}
     arch_defaults = dict(mlp_ratio=2., layer_scale=1e-4, qkv_bias=True, num_cls_layers=2)
 
-    def __init__(self, arch: Union[str, dict] = 'mini', *, mlp_ratio: Optional[float] = None,
-                 qkv_bias: Optional[bool] = None, num_cls_layers: Optional[int] = None,
+    def __init__(self, arch: Union[str, dict] = 'mini', *, num_cls_layers: Optional[int] = None,
                  arch_overrides: Optional[dict] = None, **kwargs) -> None:
         options = {key: value for key, value in locals().items() if key in self.arch_defaults}
         super().__init__(arch, arch_overrides=self.with_options(arch_overrides, options),

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from vitdense.checkpoint_convert import (Converted, converter_main, converter_parser,
-                                         require_dict)
+from vitdense.checkpoint_convert import Converted, converter_entry, require_dict
 from vitdense.checkpoint_io import safe_load
 from vitdense.model_factory import build_model
 from vitdense.models.backbones.checkpoint_vit import convert_detectron2_vitdet
@@ -83,10 +82,8 @@ def convert_file(args: argparse.Namespace) -> Converted:
                      f' ({len(source) - len(converted)} head tensors of detectron2 left out)')
 
 
-def main() -> None:
-    converter_main(converter_parser(__doc__, 'detectron2 ViTDet checkpoint (.pkl or .pth)',
-                                    'our config whose backbone and neck must load it'),
-                   convert_file)
+main = converter_entry(convert_file, __doc__, 'detectron2 ViTDet checkpoint (.pkl or .pth)',
+                       'our config whose backbone and neck must load it')
 
 
 if __name__ == '__main__':

@@ -22,8 +22,7 @@ from mmengine.config import Config
 
 import vitdense  # noqa: F401  (vitdense registries)
 from vitdense.checkpoint_convert import (Converted, convert_prefixed, converted_meta,
-                                         converter_main, converter_parser,
-                                         read_checkpoint)
+                                         converter_entry, read_checkpoint)
 from vitdense.model_factory import build_model
 from vitdense.models import XCiT
 
@@ -54,10 +53,8 @@ def convert_file(args: argparse.Namespace) -> Converted:
                      len(converted))
 
 
-def main() -> None:
-    converter_main(converter_parser(__doc__, 'official checkpoint (.pth)',
-                                    'our config whose model must load it strictly'),
-                   convert_file)
+main = converter_entry(convert_file, __doc__, 'official checkpoint (.pth)',
+                       'our config whose model must load it strictly')
 
 
 if __name__ == '__main__':

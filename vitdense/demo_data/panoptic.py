@@ -15,13 +15,14 @@ Categories list the things first, as COCO panoptic and mmdet's heads (labels bel
 """
 from __future__ import annotations
 
-import json
+from functools import partial
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from .shapes import ADE_CLASSES, CLASS_COLOURS, SHAPE_CLASSES, render_scene, scene_rng, write_jpg
+from .shapes import (ADE_CLASSES, CLASS_COLOURS, SHAPE_CLASSES, render_scene, scene_rng,
+                     write_coco_layout, write_jpg)
 
 STUFF_CLASSES = ('wall', 'floor')
 #: things (the demo shapes) then stuff; category id = index + 1
@@ -68,8 +69,9 @@ def id_to_rgb(ids: np.ndarray) -> np.ndarray:
 
 
 def _panoptic_split(out_dir: Path, split: str, count: int, size: int, seed: int,
-                    max_objects: int, class_colours: bool) -> Path:
-    """Write one split's images, PNGs and ``panoptic_<split>.json``; return the json path."""
+                    max_objects: int, class_colours: bool) -> tuple[list[dict], list[dict]]:
+    """Write one split's images and segment-id PNGs; return its COCO panoptic ``images`` and
+    ``annotations``."""
     png_dir = out_dir / 'annotations' / f'panoptic_{split}'
     png_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / split).mkdir(parents=True, exist_ok=True)
@@ -84,21 +86,17 @@ def _panoptic_split(out_dir: Path, split: str, count: int, size: int, seed: int,
         images.append(dict(id=index + 1, file_name=f'{stem}.jpg', width=size, height=size))
         annotations.append(dict(image_id=index + 1, file_name=f'{stem}.png',
                                 segments_info=segments))
-    categories = [dict(id=i + 1, name=name, supercategory='shape' if i < len(SHAPE_CLASSES)
-                       else 'background', isthing=int(i < len(SHAPE_CLASSES)),
-                       color=list(PANOPTIC_PALETTE[i]))
-                  for i, name in enumerate(PANOPTIC_CLASSES)]
-    ann_file = out_dir / 'annotations' / f'panoptic_{split}.json'
-    ann_file.write_text(json.dumps(dict(images=images, annotations=annotations,
-                                        categories=categories)))
-    return ann_file
+    return images, annotations
 
 
 def make_demo_panoptic(out_dir: str | Path = 'data/demo_coco_panoptic', num_train: int = 400,
                        num_val: int = 100, size: int = 128, seed: int = 0,
                        max_objects: int = 4, class_colours: bool = True) -> Path:
     """Write the demo COCO panoptic set under ``out_dir``; return ``out_dir``."""
-    out_dir = Path(out_dir)
-    for split, count in (('train', num_train), ('val', num_val)):
-        _panoptic_split(out_dir, split, count, size, seed, max_objects, class_colours)
-    return out_dir
+    categories = [dict(id=i + 1, name=name, supercategory='shape' if i < len(SHAPE_CLASSES)
+                       else 'background', isthing=int(i < len(SHAPE_CLASSES)),
+                       color=list(PANOPTIC_PALETTE[i]))
+                  for i, name in enumerate(PANOPTIC_CLASSES)]
+    write_split = partial(_panoptic_split, size=size, seed=seed, max_objects=max_objects,
+                          class_colours=class_colours)
+    return write_coco_layout(out_dir, 'panoptic', categories, write_split, num_train, num_val)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import cv2
 import numpy as np
@@ -198,9 +200,25 @@ def write_jpg(path: Path, rgb: np.ndarray) -> None:
     cv2.imwrite(str(path), rgb[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
 
 
+def write_coco_layout(out_dir: str | Path, kind: str, categories: list[dict],
+                      write_split: Callable[[Path, str, int], tuple[list[dict], list[dict]]],
+                      num_train: int, num_val: int) -> Path:
+    """The COCO layout the demo COCO sets share: ``write_split(out_dir, split, count)`` writes
+    a split's files and returns its ``images`` and ``annotations`` entries, written with
+    ``categories`` to ``annotations/<kind>_<split>.json``; return ``out_dir``."""
+    out_dir = Path(out_dir)
+    for split, count in (('train', num_train), ('val', num_val)):
+        images, annotations = write_split(out_dir, split, count)
+        ann_file = out_dir / 'annotations' / f'{kind}_{split}.json'
+        ann_file.parent.mkdir(parents=True, exist_ok=True)
+        ann_file.write_text(json.dumps(dict(images=images, annotations=annotations,
+                                            categories=categories)))
+    return out_dir
+
+
 def _coco_split(out_dir: Path, split: str, count: int, size: int, seed: int,
-                max_objects: int, class_colours: bool) -> Path:
-    """Write one split's images and its ``instances_<split>.json``; return the json path."""
+                max_objects: int, class_colours: bool) -> tuple[list[dict], list[dict]]:
+    """Write one split's images; return its COCO ``images`` and ``annotations``."""
     (out_dir / split).mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
     for index in range(count):
@@ -216,23 +234,18 @@ def _coco_split(out_dir: Path, split: str, count: int, size: int, seed: int,
                 segmentation=dict(size=rle['size'], counts=rle['counts'].decode('ascii')),
                 area=float(mask_utils.area(rle)),
                 bbox=[float(v) for v in mask_utils.toBbox(rle)]))
-    categories = [dict(id=i + 1, name=name, supercategory='shape')
-                  for i, name in enumerate(SHAPE_CLASSES)]
-    ann_file = out_dir / 'annotations' / f'instances_{split}.json'
-    ann_file.parent.mkdir(parents=True, exist_ok=True)
-    ann_file.write_text(json.dumps(dict(images=images, annotations=annotations,
-                                        categories=categories)))
-    return ann_file
+    return images, annotations
 
 
 def make_demo_coco(out_dir: str | Path = 'data/demo_coco', num_train: int = 400,
                    num_val: int = 100, size: int = 160, seed: int = 0,
                    max_objects: int = 4, class_colours: bool = True) -> Path:
     """Write the demo COCO instance-segmentation set under ``out_dir``; return ``out_dir``."""
-    out_dir = Path(out_dir)
-    for split, count in (('train', num_train), ('val', num_val)):
-        _coco_split(out_dir, split, count, size, seed, max_objects, class_colours)
-    return out_dir
+    categories = [dict(id=i + 1, name=name, supercategory='shape')
+                  for i, name in enumerate(SHAPE_CLASSES)]
+    write_split = partial(_coco_split, size=size, seed=seed, max_objects=max_objects,
+                          class_colours=class_colours)
+    return write_coco_layout(out_dir, 'instances', categories, write_split, num_train, num_val)
 
 
 def make_demo_ade(out_dir: str | Path = 'data/demo_ade', num_train: int = 400,

@@ -9,50 +9,61 @@ applied to the prediction EoMT makes before each masked block and after the last
 """
 from typing import Optional, Union
 
-import torch
 from mmdet.models.dense_heads import Mask2FormerHead
 from mmdet.models.dense_heads.base_dense_head import BaseDenseHead
 from mmdet.registry import MODELS as MMDET_MODELS
 from mmdet.registry import TASK_UTILS
-from mmdet.structures import SampleList
 
+from ..models.eomt import Predictions
 from ..registry import MODELS
 
-#: EoMT's predictions: class logits and mask logits, one of each per prediction point
-Predictions = tuple[list[torch.Tensor], list[torch.Tensor]]
 
+class EoMTPredictionHead:
+    """What the mmdet and mmseg EoMT heads share, before the host's ``Mask2FormerHead``
+    among their bases: the host's losses and matching built without its decoders, nothing
+    to initialise, and EoMT's predictions passed on as the host's decoder would give
+    them."""
 
-def build_mask_classification_training(head: BaseDenseHead, loss_cls: dict, loss_mask: dict,
-                                       loss_dice: dict, train_cfg: Optional[dict]) -> None:
-    """Give ``head`` what mmdet's ``Mask2FormerHead.loss_by_feat`` reads: its matcher and
-    sampler, point sampling ratios and the three losses, built as that head builds them
-    (without its decoders)."""
-    head.train_cfg = train_cfg
-    if train_cfg:
-        head.assigner = TASK_UTILS.build(train_cfg['assigner'])
-        head.sampler = TASK_UTILS.build(train_cfg['sampler'], default_args=dict(context=head))
-        head.num_points = train_cfg.get('num_points', 12544)
-        head.oversample_ratio = train_cfg.get('oversample_ratio', 3.0)
-        head.importance_sample_ratio = train_cfg.get('importance_sample_ratio', 0.75)
-    head.class_weight = loss_cls.get('class_weight')
-    head.loss_cls = MMDET_MODELS.build(loss_cls)
-    head.loss_mask = MMDET_MODELS.build(loss_mask)
-    head.loss_dice = MMDET_MODELS.build(loss_dice)
+    num_queries: int
 
+    def build_without_decoders(self, num_queries: int, loss_cls: dict, loss_mask: dict,
+                               loss_dice: dict, train_cfg: Optional[dict],
+                               test_cfg: Optional[dict],
+                               init_cfg: Optional[Union[dict, list]]) -> None:
+        """What mmdet's ``Mask2FormerHead.loss_by_feat`` reads: its matcher and sampler,
+        point sampling ratios and the three losses, built as that head builds them (the
+        hosts' constructors build the decoders EoMT does without)."""
+        BaseDenseHead.__init__(self, init_cfg=init_cfg)
+        self.num_queries, self.test_cfg, self.train_cfg = num_queries, test_cfg, train_cfg
+        if train_cfg:
+            self.assigner = TASK_UTILS.build(train_cfg['assigner'])
+            self.sampler = TASK_UTILS.build(train_cfg['sampler'],
+                                            default_args=dict(context=self))
+            self.num_points = train_cfg.get('num_points', 12544)
+            self.oversample_ratio = train_cfg.get('oversample_ratio', 3.0)
+            self.importance_sample_ratio = train_cfg.get('importance_sample_ratio', 0.75)
+        self.class_weight = loss_cls.get('class_weight')
+        self.loss_cls = MMDET_MODELS.build(loss_cls)
+        self.loss_mask = MMDET_MODELS.build(loss_mask)
+        self.loss_dice = MMDET_MODELS.build(loss_dice)
 
-def eomt_predictions(head: BaseDenseHead, x: Predictions) -> Predictions:
-    """EoMT's (class logits, mask logits) per prediction, checked against the head's
-    ``num_queries``."""
-    class_logits, mask_logits = x
-    if class_logits[-1].shape[1] != head.num_queries:
-        raise ValueError(f'{type(head).__name__} has num_queries={head.num_queries} but the '
-                         f'backbone predicts {class_logits[-1].shape[1]} queries: set the '
-                         f'same number in both')
-    return class_logits, mask_logits
+    def init_weights(self) -> None:
+        """Nothing to initialise (Mask2FormerHead's initialises its decoders)."""
+        BaseDenseHead.init_weights(self)
+
+    def forward(self, x: Predictions, batch_data_samples: Optional[list] = None) -> Predictions:
+        """EoMT's (class logits, mask logits) per prediction, as they come, checked against
+        the head's ``num_queries`` (mmseg's ``mode='tensor'`` passes no samples)."""
+        class_logits, mask_logits = x
+        if class_logits[-1].shape[1] != self.num_queries:
+            raise ValueError(f'{type(self).__name__} has num_queries={self.num_queries} but '
+                             f'the backbone predicts {class_logits[-1].shape[1]} queries: set '
+                             f'the same number in both')
+        return class_logits, mask_logits
 
 
 @MODELS.register_module()
-class EoMTDetHead(Mask2FormerHead):
+class EoMTDetHead(EoMTPredictionHead, Mask2FormerHead):
     """mmdet's Mask2Former losses and inference on EoMT's predictions; no layers of its own.
 
     Args:
@@ -68,18 +79,7 @@ class EoMTDetHead(Mask2FormerHead):
                  loss_cls: dict, loss_mask: dict, loss_dice: dict,
                  train_cfg: Optional[dict] = None, test_cfg: Optional[dict] = None,
                  init_cfg: Optional[Union[dict, list]] = None) -> None:
-        # mmdet's constructor builds the decoders EoMT does without
-        BaseDenseHead.__init__(self, init_cfg=init_cfg)
+        self.build_without_decoders(num_queries, loss_cls, loss_mask, loss_dice, train_cfg,
+                                    test_cfg, init_cfg)
         self.num_things_classes, self.num_stuff_classes = num_things_classes, num_stuff_classes
         self.num_classes = num_things_classes + num_stuff_classes
-        self.num_queries, self.test_cfg = num_queries, test_cfg
-        build_mask_classification_training(self, loss_cls, loss_mask, loss_dice, train_cfg)
-
-    def init_weights(self) -> None:
-        """Nothing to initialise (Mask2FormerHead's initialises its decoders)."""
-        BaseDenseHead.init_weights(self)
-
-    def forward(self, x: Predictions,
-                batch_data_samples: Optional[SampleList] = None) -> Predictions:
-        """EoMT's (class logits, mask logits) per prediction, as they come."""
-        return eomt_predictions(self, x)

@@ -9,16 +9,14 @@ as the official EoMT trains).
 """
 from typing import Optional, Union
 
-from mmdet.models.dense_heads.base_dense_head import BaseDenseHead
 from mmseg.models.decode_heads import Mask2FormerHead
-from mmseg.utils import SampleList
 
-from ..det.eomt import Predictions, build_mask_classification_training, eomt_predictions
+from ..det.eomt import EoMTPredictionHead
 from ..registry import MODELS
 
 
 @MODELS.register_module()
-class EoMTHead(Mask2FormerHead):
+class EoMTHead(EoMTPredictionHead, Mask2FormerHead):
     """mmseg's Mask2Former losses and inference on EoMT's predictions; no layers of its own.
 
     Args:
@@ -36,19 +34,7 @@ class EoMTHead(Mask2FormerHead):
                  loss_dice: dict, train_cfg: dict, test_cfg: Optional[dict] = None,
                  align_corners: bool = False, ignore_index: int = 255,
                  init_cfg: Optional[Union[dict, list]] = None) -> None:
-        # mmseg's and mmdet's constructors build the decoders EoMT does without
-        BaseDenseHead.__init__(self, init_cfg=init_cfg)
+        self.build_without_decoders(num_queries, loss_cls, loss_mask, loss_dice, train_cfg,
+                                    test_cfg, init_cfg)
         self.num_classes = self.out_channels = num_classes
-        self.num_queries, self.align_corners = num_queries, align_corners
-        self.ignore_index, self.test_cfg = ignore_index, test_cfg
-        build_mask_classification_training(self, loss_cls, loss_mask, loss_dice, train_cfg)
-
-    def init_weights(self) -> None:
-        """Nothing to initialise (Mask2FormerHead's initialises its decoders)."""
-        BaseDenseHead.init_weights(self)
-
-    def forward(self, x: Predictions,
-                batch_data_samples: Optional[SampleList] = None) -> Predictions:
-        """EoMT's (class logits, mask logits) per prediction, as they come (mmseg's
-        ``mode='tensor'`` passes no samples)."""
-        return eomt_predictions(self, x)
+        self.align_corners, self.ignore_index = align_corners, ignore_index

@@ -102,8 +102,11 @@ class ColumnarBackbone(TrainingModes, BaseModule):
             ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``, with a warning that
             ``init_cfg`` is the way to say it; giving both is an error.
         depth: the number of blocks (timm's name), replacing ``arch``'s ``num_layers``.
-        layer_scale: LayerScale's initial value (None: no LayerScale), replacing ``arch``'s:
-            an arch key of every family, set by this keyword or in ``arch``.
+        layer_scale: LayerScale's initial value (an arch value of None: no LayerScale).
+        mlp_ratio: FFN hidden width over ``embed_dims``.
+        qkv_bias: biases of the query, key and value maps. These three are arch keys of
+            every family: given, each replaces ``arch``'s value; None keeps it (else the
+            family's ``arch_defaults``).
         arch_overrides: settings that replace those of ``arch``: how a family passes its
             own constructor options (``stem``, ...) to its builders. Its keys, as a custom
             ``arch`` dict's, are checked: an unknown one raises naming the valid ones.
@@ -120,13 +123,16 @@ class ColumnarBackbone(TrainingModes, BaseModule):
     #: arch settings kept under another attribute name, where the setting's name is that of
     #: a module of the model (ViT's ``pos_embed``, 'learn' or 'none', and its position table)
     arch_attributes: dict[str, str] = {}
-    # every arch setting is an attribute of the model (``_set_arch``): the shape and
-    # LayerScale of every family, and the prefix tokens the base builds, whose defaults
-    # hold for a family without such an option (ViT's ``class_token`` and ``reg_tokens``)
+    # every arch setting is an attribute of the model (``_set_arch``): the shape, FFN
+    # width, qkv biases and LayerScale of every family, and the prefix tokens the base
+    # builds, whose defaults hold for a family without such an option (ViT's
+    # ``class_token`` and ``reg_tokens``)
     embed_dims: int
     num_layers: int
     num_heads: int
     layer_scale: Optional[float]
+    mlp_ratio: float
+    qkv_bias: bool
     num_cls_layers: int
     class_token: bool = True
     reg_tokens: int = 0
@@ -188,10 +194,14 @@ class ColumnarBackbone(TrainingModes, BaseModule):
                  pretrained: Optional[str] = None,
                  depth: Optional[int] = None,
                  layer_scale: Optional[float] = None,
+                 mlp_ratio: Optional[float] = None,
+                 qkv_bias: Optional[bool] = None,
                  arch_overrides: Optional[dict] = None,
                  peft: Optional[dict] = None) -> None:
         super().__init__(init_cfg=pretrained_init_cfg(pretrained, init_cfg))
-        self._set_arch(arch, arch_overrides, depth, layer_scale)
+        self._set_arch(arch, self.with_options(arch_overrides, dict(
+            num_layers=depth, layer_scale=layer_scale, mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias)))
         self.patch_size, self.in_channels, self.norm_eps = patch_size, in_channels, norm_eps
         self.img_size = to_pair(img_size)
         self.pretrain_grid = tuple(size // patch_size for size in self.img_size)
@@ -233,8 +243,8 @@ class ColumnarBackbone(TrainingModes, BaseModule):
 
     @staticmethod
     def with_options(arch_overrides: Optional[dict], options: dict) -> dict:
-        """``arch_overrides`` with a family's constructor ``options`` that were given (not
-        None) on top: how the family's keywords reach its arch settings."""
+        """``arch_overrides`` with the constructor ``options`` that were given (not None) on
+        top: how the base's and a family's keywords reach the arch settings."""
         given = {key: value for key, value in options.items() if value is not None}
         return {**(arch_overrides or {}), **given}
 
@@ -297,12 +307,11 @@ class ColumnarBackbone(TrainingModes, BaseModule):
         ``num_layers`` accepted), with family defaults."""
         return arch_settings(cls, arch)
 
-    def _set_arch(self, arch: Union[str, dict], overrides: Optional[dict],
-                  depth: Optional[int], layer_scale: Optional[float]) -> None:
-        """``self.arch``: the resolved ``arch`` with ``overrides`` (checked keys), then the
-        ``depth`` and ``layer_scale`` keywords where given, on top; each of its settings an
-        attribute (``arch_attributes`` renames), which the builders read."""
-        overrides = checked_overrides(type(self), overrides, depth, layer_scale)
+    def _set_arch(self, arch: Union[str, dict], overrides: dict) -> None:
+        """``self.arch``: the resolved ``arch`` with ``overrides`` (checked keys) on top;
+        each of its settings an attribute (``arch_attributes`` renames), which the builders
+        read."""
+        overrides = checked_overrides(type(self), overrides)
         self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.arch = {**self.resolve_arch(arch), **overrides}
         for key, value in self.arch.items():

@@ -32,9 +32,6 @@ class CaiT(ColumnarBackbone):
         'm24': _cait(768, 24, 1e-5), 'm36': _cait(768, 36, 1e-6), 'm48': _cait(768, 48, 1e-6),
     }
     arch_defaults = dict(mlp_ratio=4., layer_scale=1e-5, qkv_bias=True, num_cls_layers=2)
-    # the family's settings as the builders read them (the constructor's options)
-    mlp_ratio: float
-    qkv_bias: bool
     uniform_drop_path = True
     #: timm's CaiT, as the official release: class attention in ``blocks_token_only``,
     #: talking heads' maps ``proj_l`` / ``proj_w``, LayerScale ``gamma_1`` / ``gamma_2``
@@ -57,13 +54,9 @@ class CaiT(ColumnarBackbone):
     )
 
     def __init__(self, arch: Union[str, dict] = 's24', *,
-                 mlp_ratio: Optional[float] = None,
-                 qkv_bias: Optional[bool] = None,
                  num_cls_layers: Optional[int] = None,
                  arch_overrides: Optional[dict] = None, **kwargs) -> None:
         """Family options left None take ``arch``'s value, else ``arch_defaults``'s:
-            ``mlp_ratio``: FFN hidden width over ``embed_dims`` (4);
-            ``qkv_bias``: biases of the query, key and value maps (True);
             ``num_cls_layers``: class-attention blocks (2).
         Other arguments: see :class:`ColumnarBackbone`."""
         options = {key: value for key, value in locals().items() if key in self.arch_defaults}

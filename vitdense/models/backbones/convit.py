@@ -22,7 +22,9 @@ def _convit(num_heads: int, head_dims: int = 48) -> dict:
 
 @MODELS.register_module()
 class ConViT(ColumnarBackbone):
-    """ConViT backbone; ``arch`` in ``arch_zoo`` (e.g. 'small', 'tiny_plus')."""
+    """ConViT backbone; ``arch`` in ``arch_zoo`` (e.g. 'small', 'tiny_plus'); its query, key
+    and value maps have no biases unless ``qkv_bias=True`` (``arch_defaults``, as
+    released)."""
 
     arch_zoo = {
         'tiny': _convit(4), 'small': _convit(9), 'base': _convit(16),
@@ -31,8 +33,6 @@ class ConViT(ColumnarBackbone):
     arch_defaults = dict(mlp_ratio=4., qkv_bias=False, num_local_layers=10,
                          locality_strength=1.0, layer_scale=None)
     # the family's settings as the builders read them (the constructor's options)
-    mlp_ratio: float
-    qkv_bias: bool
     num_local_layers: int
     locality_strength: float
     no_weight_decay_names = ('gating',)  # GPSA's gates
@@ -51,14 +51,10 @@ class ConViT(ColumnarBackbone):
     )
 
     def __init__(self, arch: Union[str, dict] = 'small', *,
-                 mlp_ratio: Optional[float] = None,
-                 qkv_bias: Optional[bool] = None,
                  num_local_layers: Optional[int] = None,
                  locality_strength: Optional[float] = None,
                  arch_overrides: Optional[dict] = None, **kwargs) -> None:
         """Family options left None take ``arch``'s value, else ``arch_defaults``'s:
-            ``mlp_ratio``: FFN hidden width over ``embed_dims`` (4);
-            ``qkv_bias``: biases of the query, key and value maps (False);
             ``num_local_layers``: the first blocks, with gated positional self-attention
             (10);
             ``locality_strength``: GPSA's locality strength α at initialisation (1).

@@ -240,13 +240,8 @@ def apply_peft(model: nn.Module, peft: Optional[dict]) -> Optional['PeftTuning']
     return tuning
 
 
-def checked_overrides(family: type, overrides: Optional[dict], depth: Optional[int],
-                      layer_scale: Optional[float]) -> dict:
-    """``overrides`` with the ``depth`` and ``layer_scale`` keywords, where given, on top;
-    each key checked to be an arch setting of ``family``."""
-    given = dict(num_layers=depth, layer_scale=layer_scale)
-    overrides = {**(overrides or {}),
-                 **{key: value for key, value in given.items() if value is not None}}
+def checked_overrides(family: type, overrides: dict) -> dict:
+    """``overrides``, each key checked to be an arch setting of ``family``."""
     unknown = unknown_arch_keys(family, overrides)
     if unknown:
         raise KeyError(f'{family.__name__}: unknown arch settings {unknown} in '

@@ -49,8 +49,6 @@ class ViT(ColumnarBackbone):
 
     Args (each family option left None takes ``arch``'s value, else ``arch_defaults``'s):
         arch: 'tiny', 'small', 'base', 'large', 'huge' or a dict.
-        mlp_ratio: FFN hidden width over ``embed_dims`` (4).
-        qkv_bias: biases of the query, key and value maps (True).
         num_parallel: parallel attention / FFN branches per block ("Three things" §3).
         stem: 'linear' patch projection or 'hmlp'.
         stem_norm: 'BN' or 'LN' inside the hMLP stem.
@@ -87,8 +85,8 @@ class ViT(ColumnarBackbone):
         class_token: False: a model without class token (SigLIP, timm's ``*_gap`` ViTs; its
             registers, if any, kept), read by ``out_type='avg_featmap'`` or densely; SigLIP's
             attention-pooling head (``attn_pool``) is unused by dense models.
-        Other arguments (``depth``, e.g. 18 for ViT-S18×2, and ``layer_scale`` among them):
-        see :class:`ColumnarBackbone`.
+        Other arguments (``depth``, e.g. 18 for ViT-S18×2, ``layer_scale``, ``mlp_ratio``,
+        ``qkv_bias`` among them): see :class:`ColumnarBackbone`.
     """
 
     arch_zoo = {
@@ -107,8 +105,6 @@ class ViT(ColumnarBackbone):
                          res_post_norm=False)
     arch_attributes = dict(pos_embed='pos_embed_type')
     # the family's settings as the builders read them (the constructor's options)
-    mlp_ratio: float
-    qkv_bias: bool
     num_parallel: int
     stem: str
     stem_norm: str
@@ -166,8 +162,6 @@ class ViT(ColumnarBackbone):
     )
 
     def __init__(self, arch: Union[str, dict] = 'base', *,
-                 mlp_ratio: Optional[float] = None,
-                 qkv_bias: Optional[bool] = None,
                  num_parallel: Optional[int] = None,
                  stem: Optional[str] = None,
                  stem_norm: Optional[str] = None,

@@ -92,9 +92,7 @@ class XCiT(ColumnarBackbone):
     }
     arch_defaults = dict(mlp_ratio=4., layer_scale=1.0, tokens_norm=True, qkv_bias=True,
                          num_cls_layers=2)
-    # the family's settings as the builders read them (the constructor's options)
-    mlp_ratio: float
-    qkv_bias: bool
+    # the family's setting as the builders read it (the constructor's option)
     tokens_norm: bool
     uniform_drop_path = True
     token_attention = False  # XCA attends over channels
@@ -119,14 +117,10 @@ class XCiT(ColumnarBackbone):
                         for arch in arch_zoo for p in (16, 8))
 
     def __init__(self, arch: Union[str, dict] = 'small_12', *,
-                 mlp_ratio: Optional[float] = None,
-                 qkv_bias: Optional[bool] = None,
                  tokens_norm: Optional[bool] = None,
                  num_cls_layers: Optional[int] = None,
                  arch_overrides: Optional[dict] = None, **kwargs) -> None:
         """Family options left None take ``arch``'s value, else ``arch_defaults``'s:
-            ``mlp_ratio``: FFN hidden width over ``embed_dims`` (4);
-            ``qkv_bias``: biases of the query, key and value maps (True);
             ``tokens_norm``: the class-attention blocks normalise all tokens, not the class
             token alone (True; nano: False);
             ``num_cls_layers``: class-attention blocks (2).

@@ -13,6 +13,8 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 
+from .talking_heads_autograd import register_talking_heads_autograd
+
 #: query rows per block where one image's maps exceed :data:`BLOCK_ELEMENTS`: 48-64 were
 #: the fastest on a 2-core server CPU for 4 and 8 heads at 4,200 tokens, 16 and 128 up to
 #: 1.5× and 1.15× slower (``benchmarks/benchmark_attention.py block-rows``)
@@ -139,20 +141,4 @@ def _(queries: Tensor, keys: Tensor, values: Tensor, logit_mix: Tensor,
             queries.new_empty(*rows, 1, dtype=_working_dtype(queries.dtype)))
 
 
-@_talking_heads_cpu_backward.register_fake
-def _(grad: Tensor, queries: Tensor, keys: Tensor, values: Tensor, logit_mix: Tensor,
-      weight_mix: Tensor, log_sum_exp: Tensor) -> tuple[Tensor, ...]:
-    # contiguous, as the operator returns them, whatever the inputs' strides
-    return tuple(t.new_empty(t.shape) for t in (queries, keys, values, logit_mix, weight_mix))
-
-
-def _setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, Tensor]) -> None:
-    ctx.save_for_backward(*inputs, output[1])
-    ctx.mark_non_differentiable(output[1])
-
-
-def _backward(ctx, grad: Tensor, _: Optional[Tensor]) -> tuple[Tensor, ...]:
-    return _talking_heads_cpu_backward(grad.contiguous(), *ctx.saved_tensors)
-
-
-talking_heads_cpu.register_autograd(_backward, setup_context=_setup_context)
+register_talking_heads_autograd(talking_heads_cpu, _talking_heads_cpu_backward)

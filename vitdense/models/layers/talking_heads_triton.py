@@ -17,12 +17,13 @@ with float32 accumulation; the mixes, the softmax and its statistics are float32
 weights are rounded to the operands' precision for the products (as flash attention does);
 float32 inputs multiply in full precision (no TF32).
 """
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import triton
 from torch import Tensor
 
+from .talking_heads_autograd import register_talking_heads_autograd
 from .talking_heads_triton_backward import delta_kernel, dkdv_kernel, dq_kernel
 from .talking_heads_triton_forward import forward_kernel, lse_kernel
 from .talking_heads_triton_tiles import choosable, group_size, precision
@@ -175,19 +176,4 @@ def _(queries: Tensor, keys: Tensor, values: Tensor, logit_mix: Tensor,
             queries.new_empty(rows, dtype=torch.float32))
 
 
-@_talking_heads_triton_backward.register_fake
-def _(grad: Tensor, queries: Tensor, keys: Tensor, values: Tensor, logit_mix: Tensor,
-      weight_mix: Tensor, lse: Tensor) -> tuple[Tensor, ...]:
-    return tuple(t.new_empty(t.shape) for t in (queries, keys, values, logit_mix, weight_mix))
-
-
-def _setup_context(ctx, inputs: tuple[Tensor, ...], output: tuple[Tensor, Tensor]) -> None:
-    ctx.save_for_backward(*inputs, output[1])
-    ctx.mark_non_differentiable(output[1])
-
-
-def _backward(ctx, grad: Tensor, _: Optional[Tensor]) -> tuple[Tensor, ...]:
-    return _talking_heads_triton_backward(grad, *ctx.saved_tensors)
-
-
-talking_heads_triton.register_autograd(_backward, setup_context=_setup_context)
+register_talking_heads_autograd(talking_heads_triton, _talking_heads_triton_backward)
