@@ -213,11 +213,7 @@ class ColumnarBackbone(TrainingModes, BaseModule):
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         self.drop_rate, self.padding = drop_rate, padding
         self._build_embeddings(dense_class_token, pos_antialias)
-        self.output_cls_token = output_cls_token
-        if output_cls_token:
-            check_output_cls_token(type(self).__name__, out_type, self.pyramid_levels,
-                                   self.out_indices, self.class_token_layer
-                                   if self.trunk_has_class_token else None)
+        self._set_output_cls_token(output_cls_token)
         #: how each trunk block attends (window size, relative position tables)
         self.block_layouts = self._attention_layouts(
             window_size, window_block_indexes, use_rel_pos, rel_pos_img_size or img_size)
@@ -229,6 +225,15 @@ class ColumnarBackbone(TrainingModes, BaseModule):
         self._freeze_stages()
 
     constructor_signature = __init__
+
+    def _set_output_cls_token(self, output_cls_token: bool) -> None:
+        """``output_cls_token``, checked against the outputs and the block the class token
+        joins."""
+        self.output_cls_token = output_cls_token
+        if output_cls_token:
+            check_output_cls_token(type(self).__name__, self.out_type, self.pyramid_levels,
+                                   self.out_indices, self.class_token_layer
+                                   if self.trunk_has_class_token else None)
 
     def init_weights(self) -> None:
         """mmengine's initialisation, its ``Pretrained`` entries loaded exactly or refused
