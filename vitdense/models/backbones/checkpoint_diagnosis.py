@@ -148,7 +148,7 @@ CHECK_GRID = 4
 
 def check_dtype(tensors: dict) -> torch.dtype:
     """The precision the advice's check computes in: bfloat16 for a file of 16-bit floats
-    (its own tensors, not a float32 copy twice their size: 28 GB for a 7B release;
+    (its own tensors, not a float32 copy twice their size: 28 GB for a 7B model's;
     float16's in bfloat16's range), else float32."""
     half = any(v.dtype in (torch.float16, torch.bfloat16) for v in tensors.values())
     return torch.bfloat16 if half else torch.float32

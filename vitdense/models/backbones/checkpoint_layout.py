@@ -155,12 +155,12 @@ class CheckpointLayout:
     def unchosen_options(self, model: nn.Module, saved_keys: list[str], converted: dict
                          ) -> list[str]:
         """The advice of each of the ``unshown_options`` whose layout a checkpoint's keys
-        (as saved) have and which ``model`` was not given (``given_options``): a load they
+        (as saved) have and which ``model`` was not given (:meth:`chosen`): a load they
         name is refused, whatever the shapes. ``converted``: its tensors in our layout,
         which a family's rule reads (XCiT's class-attention norm)."""
-        given = model.given_options()
         return [advice for pattern, option, advice in self.unshown_options
-                if option not in given and any(re.search(pattern, k) for k in saved_keys)]
+                if not self.chosen(model, option) and
+                any(re.search(pattern, k) for k in saved_keys)]
 
     @staticmethod
     def chosen(model: nn.Module, option: str) -> bool:
