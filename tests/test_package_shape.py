@@ -12,25 +12,27 @@ PACKAGE = Path(__file__).resolve().parents[1] / 'vitdense'
 LAYERS = (
     ('vitdense.engine', 'vitdense.cls', 'vitdense.det', 'vitdense.seg', 'vitdense.analysis',
      'vitdense.deploy', 'vitdense.demo_data'),
-    ('vitdense.models.backbones', 'vitdense.models.eomt', 'vitdense.models.necks'),
+    ('vitdense.models', 'vitdense.models.backbones', 'vitdense.models.eomt',
+     'vitdense.models.necks'),
     ('vitdense.models.layers',),
 )
 #: what no module of the package imports: the command lines and measuring around it
 EDGES = ('tools', 'benchmarks', 'configs', 'tests')
 
 
-def _modules() -> dict[str, ast.Module]:
+def _modules() -> dict[str, tuple[ast.Module, list[str]]]:
+    """Each module's name -> its tree and the package its relative imports start from (the
+    folder it sits in, for an ``__init__`` as for any other module)."""
     trees = {}
     for path in sorted(PACKAGE.rglob('*.py')):
         parts = path.relative_to(PACKAGE.parent).with_suffix('').parts
         name = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
-        trees[name] = ast.parse(path.read_text(), str(path))
+        trees[name] = ast.parse(path.read_text(), str(path)), list(parts[:-1])
     return trees
 
 
-def _imported(name: str, tree: ast.Module, is_package: bool) -> set[str]:
-    """The absolute names module ``name`` imports (relative imports resolved)."""
-    package = name.split('.') if is_package else name.split('.')[:-1]
+def _imported(tree: ast.Module, package: list[str]) -> set[str]:
+    """The absolute names a module of ``package`` imports (relative imports resolved)."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -44,10 +46,10 @@ def _imported(name: str, tree: ast.Module, is_package: bool) -> set[str]:
 
 
 def _layer(name: str) -> int | None:
-    for index, layer in enumerate(LAYERS):
-        if any(name == prefix or name.startswith(prefix + '.') for prefix in layer):
-            return index
-    return None
+    """The layer of module ``name``: that of its longest prefix in ``LAYERS``."""
+    prefixes = [(len(prefix), index) for index, layer in enumerate(LAYERS) for prefix in layer
+                if name == prefix or name.startswith(prefix + '.')]
+    return max(prefixes)[1] if prefixes else None
 
 
 def test_no_module_of_the_package_is_over_500_lines():
@@ -70,10 +72,9 @@ def test_imports_point_from_the_edges_to_the_core():
     """A module of a layer imports nothing of a layer above it, and no module imports the
     command lines, benchmarks, configs or tests."""
     upward = []
-    for name, tree in _modules().items():
+    for name, (tree, package) in _modules().items():
         own = _layer(name)
-        is_package = (PACKAGE.parent / name.replace('.', '/') / '__init__.py').exists()
-        for imported in _imported(name, tree, is_package):
+        for imported in _imported(tree, package):
             target = _layer(imported)
             if imported.split('.')[0] in EDGES or \
                     own is not None and target is not None and target < own:
@@ -85,6 +86,8 @@ def test_imports_point_from_the_edges_to_the_core():
     ('vitdense.models.layers.attention', 'vitdense.models.backbones.base', True),
     ('vitdense.models.backbones.base', 'vitdense.models.layers.attention', False),
     ('vitdense.models.backbones.base', 'vitdense.engine.hooks', True),
+    ('vitdense.models.layers.attention', 'vitdense.models', True),
+    ('vitdense.models', 'vitdense.models.layers.attention', False),
 ])
 def test_the_layer_order_tells_an_upward_import(name, imported, upward):
     assert (_layer(imported) < _layer(name)) is upward
